@@ -1,0 +1,25 @@
+"""The project's error types.
+
+Every error a user can cause carries a message that names the problem (the bad regex, the missing file, the
+strategy a backend cannot run), so the CLI can print it without a traceback.
+"""
+
+
+class FormtaxError(Exception):
+    """Base class of every error formtax raises on purpose."""
+
+
+class ConstraintError(FormtaxError):
+    """An invalid constraint: a bad regex, JSON schema, template slot or Lark grammar."""
+
+
+class CapabilityError(FormtaxError):
+    """A strategy needs something the backend does not provide."""
+
+
+class DataError(FormtaxError):
+    """A data file is missing or malformed."""
+
+
+class ConfigError(FormtaxError):
+    """An invalid configuration: unknown name, mismatched run directory, bad option."""
