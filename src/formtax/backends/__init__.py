@@ -1,0 +1,26 @@
+"""Model engines behind one small protocol (``base``), registered by name."""
+
+from collections.abc import Callable
+
+from formtax.backends.base import Backend, Batch, Capability, TokenizerInfo, require
+from formtax.errors import ConfigError
+
+
+def _hf(model: str | None, device: str, dtype: str) -> Backend:
+    from formtax.backends.hf import HFBackend
+
+    return HFBackend.load(model, device=device, dtype=dtype)
+
+
+BACKENDS: dict[str, Callable[[str | None, str, str], Backend]] = {"hf": _hf}
+
+
+def load_backend(name: str, model: str | None = None, device: str = "cpu", dtype: str = "float32") -> Backend:
+    try:
+        factory = BACKENDS[name]
+    except KeyError:
+        raise ConfigError(f"unknown backend {name!r}; known: {', '.join(sorted(BACKENDS))}") from None
+    return factory(model, device, dtype)
+
+
+__all__ = ["BACKENDS", "Backend", "Batch", "Capability", "TokenizerInfo", "load_backend", "require"]

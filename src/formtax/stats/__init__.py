@@ -1,0 +1,34 @@
+"""Statistics for comparing decoding strategies: bootstrap intervals over items and seeds, the Wilson
+interval, the exact McNemar test, and run-level summaries.
+
+Score matrices are shaped ``(n_items, n_seeds)`` with scores usually in {0, 1}; NaN marks an unscored
+entry and must be removed with :func:`complete_cases` before bootstrapping.
+"""
+
+from formtax.stats.bootstrap import (
+    bootstrap_replicates,
+    complete_cases,
+    paired_bootstrap_contrasts,
+    paired_bootstrap_diff,
+    percentile_bootstrap_mean,
+)
+from formtax.stats.interval import Interval, wilson_interval
+from formtax.stats.mcnemar import McNemarResult, mcnemar_exact
+from formtax.stats.summary import LEVELS, LogisticFit, decomposition, logistic_fit, mean_std_over_runs
+
+__all__ = [
+    "LEVELS",
+    "Interval",
+    "LogisticFit",
+    "McNemarResult",
+    "bootstrap_replicates",
+    "complete_cases",
+    "decomposition",
+    "logistic_fit",
+    "mcnemar_exact",
+    "mean_std_over_runs",
+    "paired_bootstrap_contrasts",
+    "paired_bootstrap_diff",
+    "percentile_bootstrap_mean",
+    "wilson_interval",
+]

@@ -1,0 +1,41 @@
+"""Benchmark tasks: loaders, answer spaces, few-shot examples and prompts.
+
+Importing this package registers every built-in task; look them up with ``get_task(name)``.
+"""
+
+from formtax.tasks import aime, arc, arith, csqa, gsm8k, imdb, lastletter, svamp  # noqa: F401  (registration)
+from formtax.tasks.base import (
+    ANSWER_PREFIX,
+    AnswerKind,
+    Item,
+    OutputFormat,
+    Task,
+    resolve_data_dir,
+    sample_items,
+)
+from formtax.tasks.prompts import (
+    build_messages,
+    conversion_messages,
+    parse_variant_id,
+    render_answer,
+    variant_id,
+)
+from formtax.tasks.registry import get_task, list_tasks, register_task
+
+__all__ = [
+    "ANSWER_PREFIX",
+    "AnswerKind",
+    "Item",
+    "OutputFormat",
+    "Task",
+    "build_messages",
+    "conversion_messages",
+    "get_task",
+    "list_tasks",
+    "parse_variant_id",
+    "register_task",
+    "render_answer",
+    "resolve_data_dir",
+    "sample_items",
+    "variant_id",
+]

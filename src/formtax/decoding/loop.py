@@ -1,0 +1,177 @@
+"""The one decode loop.
+
+Every strategy runs through :func:`decode`. A strategy contributes a small per-row :class:`Policy` that says, at
+each step, what applies now (a forced token, an allowed set, banned tokens, whether to measure the probability
+mass outside the allowed set) and what to do after a token (continue or stop). The loop does the rest, the same
+way for every strategy: prefill, pick tokens (greedy at temperature 0, seeded sampling otherwise), record per
+step whether the token was chosen or forced and whether a mask applied, drop finished rows from the batch.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from formtax.backends.base import Backend
+
+
+@dataclass
+class Plan:
+    """What a policy wants at one step of one row."""
+
+    forced: int | None = None  # emit this token without choosing
+    allowed: torch.Tensor | None = None  # bool [n_logits]; None = unconstrained
+    banned: Sequence[int] = ()  # tokens never chosen at this step (e.g. EOS in InWriting's preamble)
+    measure_mass: bool = False  # record the probability mass outside ``allowed`` (exact, full distribution)
+    stop: str | None = None  # finish the row now, without a token (e.g. the grammar is complete)
+    event: dict[str, Any] | None = None  # a strategy statistic to record at this step
+
+
+class Policy(ABC):
+    """Per-row strategy state. ``phase`` names the part of the output the next token belongs to."""
+
+    phase: str = "main"
+
+    @abstractmethod
+    def plan(self, logits: torch.Tensor, step: int) -> Plan:
+        """Decide what applies at ``step`` (0-based count of tokens generated so far), seeing raw logits."""
+
+    @abstractmethod
+    def advance(self, token: int) -> str | None:
+        """Take the emitted token; return a finish reason to stop, or None to continue."""
+
+    def budget_exhausted(self) -> str:
+        """Finish reason when the token budget runs out (a policy can report an incomplete constraint)."""
+        return "length"
+
+
+@dataclass
+class Step:
+    token: int
+    phase: str
+    forced: bool
+    masked: bool
+
+
+@dataclass
+class RowRequest:
+    prompt_ids: list[int]
+    policy: Policy
+    max_tokens: int
+    seed: int = 0
+
+
+@dataclass
+class RowOutput:
+    prompt_ids: list[int]
+    tokens: list[int] = field(default_factory=list)
+    steps: list[Step] = field(default_factory=list)
+    finish_reason: str = ""
+    masked_mass: float | None = None
+    events: list[dict[str, Any]] = field(default_factory=list)
+    wall_s: float = 0.0
+    forward_passes: int = 0
+
+    def phase_tokens(self, phase: str) -> list[int]:
+        return [s.token for s in self.steps if s.phase == phase]
+
+    def count(self, phase: str | None = None) -> int:
+        return sum(1 for s in self.steps if phase is None or s.phase == phase)
+
+
+def _choose(
+    logits: torch.Tensor, plan: Plan, temperature: float, gen: torch.Generator | None
+) -> tuple[int, bool]:
+    """Pick a token under the plan; returns (token, masked)."""
+    masked = plan.allowed is not None or bool(plan.banned)
+    if masked:
+        logits = logits.clone()
+        if plan.allowed is not None:
+            logits.masked_fill_(~plan.allowed, float("-inf"))
+        if plan.banned:
+            logits[list(plan.banned)] = float("-inf")
+    if temperature <= 0.0:
+        return int(torch.argmax(logits).item()), masked
+    probs = torch.softmax(logits / temperature, dim=-1)
+    return int(torch.multinomial(probs, 1, generator=gen).item()), masked
+
+
+def masked_mass(logits: torch.Tensor, allowed: torch.Tensor) -> float:
+    """Probability mass the unconstrained model puts outside ``allowed`` (softmax of raw logits)."""
+    p = torch.softmax(logits.double(), dim=-1)
+    return float(1.0 - p[allowed].sum().item())
+
+
+def decode(
+    backend: Backend,
+    rows: Sequence[RowRequest],
+    temperature: float = 0.0,
+    on_step: Callable[[int], None] | None = None,
+) -> list[RowOutput]:
+    """Decode a batch of rows to completion; every row follows its own policy."""
+    outs = [RowOutput(prompt_ids=list(r.prompt_ids)) for r in rows]
+    if not rows:
+        return outs
+    gens: list[torch.Generator | None] = [None] * len(rows)
+    if temperature > 0.0:
+        gens = [torch.Generator().manual_seed(int(r.seed)) for r in rows]
+    t0 = time.perf_counter()
+    batch = backend.new_batch([r.prompt_ids for r in rows])
+    logits = batch.prefill()
+    passes = 1
+    live = list(range(len(rows)))
+    for i in live:
+        if rows[i].max_tokens <= 0:
+            outs[i].finish_reason = rows[i].policy.budget_exhausted()
+    live = [i for i in live if not outs[i].finish_reason]
+    if len(live) != len(rows):
+        if not live:
+            return outs
+        batch.keep(live)  # positions equal row indices before the first step
+    while live:
+        next_tokens: list[int] = []
+        keep: list[int] = []
+        for pos, i in enumerate(live):
+            req, out = rows[i], outs[i]
+            row_logits = logits[pos]
+            plan = req.policy.plan(row_logits, len(out.tokens))
+            if plan.event is not None:
+                out.events.append({"step": len(out.tokens), **plan.event})
+            if plan.stop is not None:
+                out.finish_reason = plan.stop
+                out.wall_s = time.perf_counter() - t0
+                out.forward_passes = passes
+                continue
+            if plan.measure_mass and plan.allowed is not None and out.masked_mass is None:
+                out.masked_mass = masked_mass(row_logits, plan.allowed)
+            if plan.forced is not None:
+                token, forced, masked = plan.forced, True, plan.allowed is not None
+            else:
+                token, masked = _choose(row_logits, plan, temperature, gens[i])
+                forced = plan.allowed is not None and int(plan.allowed.sum().item()) == 1
+            out.tokens.append(token)
+            out.steps.append(Step(token, req.policy.phase, forced, masked))
+            reason = req.policy.advance(token)
+            if reason is None and len(out.tokens) >= req.max_tokens:
+                reason = req.policy.budget_exhausted()
+            if reason is not None:
+                out.finish_reason = reason
+                out.wall_s = time.perf_counter() - t0
+                out.forward_passes = passes
+                continue
+            keep.append(pos)
+            next_tokens.append(token)
+        if on_step is not None:
+            on_step(len(keep))
+        if not keep:
+            break
+        batch.keep(keep)
+        live = [live[p] for p in keep]
+        logits = batch.step(next_tokens)
+        passes += 1
+    return outs

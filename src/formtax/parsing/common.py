@@ -1,0 +1,36 @@
+"""Helpers shared by the parsers: turning a raw answer string or JSON value into a ``ParseResult``."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from formtax.parsing.result import ParseResult
+from formtax.tasks.base import Task
+
+_TRAILING_PERIOD_RE = re.compile(r"\.\s*$")
+
+
+def from_raw(task: Task, raw: str) -> ParseResult:
+    """``ok`` if ``raw`` normalises, else ``invalid``; ``raw`` is kept as found."""
+    value = task.normalize(raw)
+    return ParseResult("ok" if value is not None else "invalid", value, raw)
+
+
+def strip_trailing_period(text: str) -> str:
+    """Drop one final period: "The answer is: 18." is accepted as 18 (sentence punctuation, not the answer)."""
+    return _TRAILING_PERIOD_RE.sub("", text, count=1)
+
+
+def from_json_answer(task: Task, answer: Any) -> ParseResult:
+    """Normalise a JSON ``answer`` value: strings as they are, numbers via their JSON text (``18.0`` -> 18).
+
+    Booleans, null, arrays and objects are never answers: ``invalid``.
+    """
+    if isinstance(answer, str):
+        return from_raw(task, answer)
+    raw = json.dumps(answer, ensure_ascii=False)
+    if isinstance(answer, bool) or not isinstance(answer, int | float):
+        return ParseResult("invalid", None, raw)
+    return from_raw(task, raw)

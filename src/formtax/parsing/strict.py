@@ -1,0 +1,55 @@
+"""The strict parser: accepts exactly the output format the prompt asked for, nothing more.
+
+- REASON_ANSWER: the last non-empty line (stripped) must be ``The answer is: <answer>``, with one optional
+  trailing period (a sentence end, not part of the answer). Case and the prefix are exact.
+- ANSWER_ONLY: the whole stripped output must be that single line.
+- JSON: the whole stripped output must be one JSON object whose keys are exactly ``reason`` (a string) and
+  ``answer``. Whitespace inside the JSON is fine; a Markdown code fence or any text around the object is not
+  (paper 003 A.4.3 counts both as failures, since a schema-constrained decoder could never produce them).
+  The answer may be a JSON string or number.
+
+A missing shape is ``no_answer``; the right shape with an answer that does not normalise is ``invalid``.
+"""
+
+from __future__ import annotations
+
+import json
+
+from formtax.parsing.common import from_json_answer, from_raw, strip_trailing_period
+from formtax.parsing.result import NO_ANSWER, ParseResult
+from formtax.tasks.base import ANSWER_PREFIX, Item, OutputFormat, Task
+
+
+def _answer_line(line: str, task: Task) -> ParseResult:
+    if not line.startswith(ANSWER_PREFIX):
+        return NO_ANSWER
+    raw = strip_trailing_period(line[len(ANSWER_PREFIX) :]).strip()
+    if not raw:
+        return ParseResult("invalid", None, raw)
+    return from_raw(task, raw)
+
+
+def _json_object(text: str, task: Task) -> ParseResult:
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError:
+        return NO_ANSWER
+    if not isinstance(obj, dict) or set(obj) != {"reason", "answer"} or not isinstance(obj["reason"], str):
+        return NO_ANSWER
+    return from_json_answer(task, obj["answer"])
+
+
+def parse_strict(text: str, task: Task, item: Item, output_format: OutputFormat) -> ParseResult:
+    """Parse ``text`` only if it has exactly the requested format (see the module docstring)."""
+    stripped = text.strip()
+    fmt = OutputFormat(output_format)
+    if fmt is OutputFormat.JSON:
+        return _json_object(stripped, task)
+    if fmt is OutputFormat.ANSWER_ONLY:
+        if "\n" in stripped or "\r" in stripped:
+            return NO_ANSWER
+        return _answer_line(stripped, task)
+    lines = [line.strip() for line in stripped.splitlines() if line.strip()]
+    if not lines:
+        return NO_ANSWER
+    return _answer_line(lines[-1], task)

@@ -1,0 +1,274 @@
+"""Strategies: what a request asks for, what a result holds, and the registry.
+
+A strategy is small: it turns a request into per-row policies for the shared decode loop (one or two calls) and
+turns the loop's output into a :class:`Result`. The constraint's own Python oracle (``Constraint.validate``) reads
+every constrained answer, so an engine bug shows up as ``parse_ok = False``, never as a silently wrong value.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, Field
+
+from formtax.backends.base import Backend, Capability, require
+from formtax.constraints.spec import Constraint
+from formtax.decoding.loop import Policy, RowOutput, RowRequest, decode
+from formtax.errors import ConfigError, ConstraintError
+
+Prompt = str | list[dict[str, str]]
+
+DEFAULT_RESERVE = 64  # answer budget for constraints whose length has no bound (user regex, JSON, Lark)
+
+
+def answer_reserve(constraint: Constraint | None) -> int:
+    """Tokens reserved for the answer: the constraint's bound plus one for EOS."""
+    if constraint is None:
+        return 0
+    bound = constraint.max_tokens
+    return (bound if bound is not None else DEFAULT_RESERVE) + 1
+
+
+@dataclass
+class Request:
+    """One generation request."""
+
+    prompt: Prompt
+    constraint: Constraint | None = None
+    max_tokens: int = 256
+    seed: int = 0
+    reasoning_prefix: str | None = None  # RC: forced at the start of the (first) generation
+    triggers: Sequence[str] = ()  # InWriting: single-token strings that switch to the constraint
+    constrain: bool = True  # False: same prompt and budget, no mask (the "unconstrained" level of paper 003)
+    conversion: Callable[[str], Prompt] | None = None  # NL-to-Format: reasoning text -> second-call prompt
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+class TokenCounts(BaseModel):
+    prompt: int = 0
+    total: int = 0  # generated tokens over all calls (EOS included when emitted)
+    forced: int = 0
+    by_phase: dict[str, int] = Field(default_factory=dict)
+
+
+class CallInfo(BaseModel):
+    prompt_tokens: int
+    generated: int
+    finish_reason: str
+    wall_s: float
+    forward_passes: int
+
+
+class Result(BaseModel):
+    """Everything one request produced."""
+
+    strategy: str
+    model: str
+    text: str  # the visible output of the main call (all phases, special tokens removed)
+    reasoning: str = ""
+    answer_text: str | None = None
+    parsed: Any = None
+    parse_ok: bool = False
+    parse_error: str | None = None
+    finish_reason: str = ""
+    tokens: TokenCounts = Field(default_factory=TokenCounts)
+    timings: dict[str, float] = Field(default_factory=dict)
+    masked_mass: float | None = None
+    stats: dict[str, Any] = Field(default_factory=dict)
+    phases: dict[str, str] = Field(default_factory=dict)
+    calls: list[CallInfo] = Field(default_factory=list)
+    token_ids: list[int] = Field(default_factory=list)
+    error: str | None = None
+
+
+class Strategy(ABC):
+    """A decoding strategy. Subclasses are registered by name with :func:`register`."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    needs: ClassVar[frozenset[Capability]] = frozenset({Capability.STEP_LOGITS})
+    requires_constraint: ClassVar[bool] = True
+    output_format: ClassVar[str] = "reason-answer"  # the expected output format its prompt must describe
+
+    def check(self, backend: Backend, requests: Sequence[Request]) -> None:
+        """Refuse before any model call: capabilities, a missing constraint, a budget the answer cannot fit."""
+        require(backend, self.needs, self.name)
+        for r in requests:
+            if self.requires_constraint and r.constraint is None:
+                raise ConfigError(f"strategy {self.name!r} needs an answer constraint (--answer)")
+            if r.max_tokens <= 0:
+                raise ConfigError(f"max_tokens must be positive, got {r.max_tokens}")
+            need = self.min_budget(r)
+            if need > r.max_tokens:
+                raise ConfigError(
+                    f"strategy {self.name!r}: max_tokens={r.max_tokens} cannot fit the answer, which needs up to "
+                    f"{need} tokens; raise --max-tokens"
+                )
+
+    def min_budget(self, request: Request) -> int:
+        return 1
+
+    @abstractmethod
+    def run(self, backend: Backend, requests: Sequence[Request]) -> list[Result]: ...
+
+
+_REGISTRY: dict[str, type[Strategy]] = {}
+
+
+def register(cls: type[Strategy]) -> type[Strategy]:
+    if cls.name in _REGISTRY:
+        raise ValueError(f"strategy {cls.name!r} registered twice")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def get_strategy(name: str) -> Strategy:
+    try:
+        return _REGISTRY[name]()
+    except KeyError:
+        raise ConfigError(f"unknown strategy {name!r}; known: {', '.join(sorted(_REGISTRY))}") from None
+
+
+def list_strategies() -> dict[str, str]:
+    return {n: c.summary for n, c in sorted(_REGISTRY.items())}
+
+
+# -- shared assembly -----------------------------------------------------------------------------------------
+
+
+def prefix_ids(backend: Backend, request: Request) -> list[int]:
+    return backend.tokenizer.encode(request.reasoning_prefix) if request.reasoning_prefix else []
+
+
+def with_prefix(backend: Backend, request: Request, policy: Policy) -> Policy:
+    from formtax.strategies.policies import ForcedPrefix
+
+    ids = prefix_ids(backend, request)
+    return ForcedPrefix(ids, policy) if ids else policy
+
+
+def call_info(out: RowOutput) -> CallInfo:
+    return CallInfo(
+        prompt_tokens=len(out.prompt_ids),
+        generated=len(out.tokens),
+        finish_reason=out.finish_reason,
+        wall_s=out.wall_s,
+        forward_passes=out.forward_passes,
+    )
+
+
+def phase_texts(backend: Backend, out: RowOutput) -> dict[str, str]:
+    tok = backend.tokenizer
+    phases: dict[str, list[int]] = {}
+    for s in out.steps:
+        phases.setdefault(s.phase, []).append(s.token)
+    return {p: tok.decode_text(ids) for p, ids in phases.items()}
+
+
+def counts(outs: Sequence[RowOutput], phase_names: Sequence[dict[str, str]] | None = None) -> TokenCounts:
+    by_phase: dict[str, int] = {}
+    for k, out in enumerate(outs):
+        rename = phase_names[k] if phase_names else {}
+        for s in out.steps:
+            p = rename.get(s.phase, s.phase)
+            by_phase[p] = by_phase.get(p, 0) + 1
+    return TokenCounts(
+        prompt=sum(len(o.prompt_ids) for o in outs),
+        total=sum(len(o.tokens) for o in outs),
+        forced=sum(1 for o in outs for s in o.steps if s.forced),
+        by_phase=by_phase,
+    )
+
+
+def read_answer(result: Result, constraint: Constraint | None, constrained: bool) -> None:
+    """Fill parsed/parse_ok: a constrained answer must fullmatch; a free one is searched for the answer."""
+    if constraint is None:
+        result.parse_error = "no answer constraint given"
+        return
+    if constrained and result.answer_text is not None:
+        v = constraint.validate(result.answer_text)
+    else:
+        v = constraint.search(result.text if result.answer_text is None else result.answer_text)
+    result.parse_ok, result.parsed, result.parse_error = v.ok, (v.value if v.ok else None), v.error
+
+
+ERROR_FINISHES = {"constraint-error", "length-incomplete"}
+
+
+class SinglePass(Strategy):
+    """A strategy that is one call of the decode loop with one policy per row."""
+
+    constrained_answer: ClassVar[bool] = True
+
+    @abstractmethod
+    def policy(self, backend: Backend, request: Request) -> Policy: ...
+
+    def effective_constraint(self, request: Request) -> Constraint | None:
+        """The constraint this strategy decodes with (the json strategy wraps the answer's)."""
+        return request.constraint
+
+    def run(self, backend: Backend, requests: Sequence[Request]) -> list[Result]:
+        self.check(backend, requests)
+        results: list[Result | None] = [None] * len(requests)
+        rows: list[RowRequest] = []
+        index: list[int] = []
+        for k, r in enumerate(requests):
+            try:
+                policy = self.policy(backend, r)
+            except ConstraintError as e:  # unsatisfiable for this tokenizer: an error result, the batch goes on
+                results[k] = Result(strategy=self.name, model=backend.model_id, text="", error=str(e),
+                                    finish_reason="constraint-error", parse_error=str(e))
+                continue
+            rows.append(RowRequest(backend.tokenizer.prompt_ids(r.prompt), policy, r.max_tokens, r.seed))
+            index.append(k)
+        t0 = time.perf_counter()
+        outs = decode(backend, rows)
+        wall = time.perf_counter() - t0
+        for k, o in zip(index, outs, strict=True):
+            results[k] = self.assemble(backend, requests[k], o, wall)
+        return [r for r in results if r is not None]
+
+    def assemble(self, backend: Backend, request: Request, out: RowOutput, batch_wall: float) -> Result:
+        tok = backend.tokenizer
+        phases = phase_texts(backend, out)
+        constrained = request.constrain and self.constrained_answer and request.constraint is not None
+        res = Result(
+            strategy=self.name,
+            model=backend.model_id,
+            text=tok.decode_text(out.tokens),
+            reasoning=phases.get("rc", "") + phases.get("reasoning", ""),
+            finish_reason=out.finish_reason,
+            tokens=counts([out]),
+            timings={"wall_s": out.wall_s, "batch_wall_s": batch_wall},
+            masked_mass=out.masked_mass,
+            phases=phases,
+            calls=[call_info(out)],
+            token_ids=list(out.tokens),
+        )
+        for e in out.events:
+            if "switch" in e:
+                res.stats["switch_step"] = e["step"]
+                res.stats["switch_reason"] = e["switch"]
+        res.stats["forward_passes"] = out.forward_passes
+        self.fill_answer(res, request, out, phases, constrained)
+        read_answer(res, self.effective_constraint(request), constrained)
+        self.after_parse(res)
+        if out.finish_reason in ERROR_FINISHES:
+            res.error = (
+                "the constraint could not be completed within the token budget"
+                if out.finish_reason == "length-incomplete"
+                else "the grammar engine reached an error state (empty allowed set or rejected token)"
+            )
+        return res
+
+    def after_parse(self, res: Result) -> None:
+        """A hook for strategies whose parsed value is a part of the constrained output."""
+
+    def fill_answer(
+        self, res: Result, request: Request, out: RowOutput, phases: dict[str, str], constrained: bool
+    ) -> None:
+        res.answer_text = phases.get("answer") if constrained else None

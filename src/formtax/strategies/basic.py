@@ -1,0 +1,109 @@
+"""The single-pass base strategies: free, short, constrained, json (ALGORITHMS.md sections 1-3)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from formtax.backends.base import Backend
+from formtax.constraints.compile import compile_grammar
+from formtax.constraints.spec import JSON_SCAFFOLD, Constraint, JsonReasonAnswer
+from formtax.decoding.loop import Policy
+from formtax.strategies.base import (
+    DEFAULT_RESERVE,
+    Request,
+    Result,
+    SinglePass,
+    answer_reserve,
+    register,
+    with_prefix,
+)
+from formtax.strategies.policies import ConstrainedPolicy, FreePolicy
+
+
+def constrained_policy(backend: Backend, constraint: Constraint, phase: str = "answer") -> ConstrainedPolicy:
+    tok = backend.tokenizer
+    matcher = compile_grammar(constraint.grammar, tok.engine).matcher(tok.n_logits)
+    return ConstrainedPolicy(matcher, tok.eos_ids, phase=phase)
+
+
+@register
+class Free(SinglePass):
+    name = "free"
+    summary = "unconstrained greedy (or sampled) decoding to EOS or the budget; the answer is read from the text"
+    requires_constraint = False
+    constrained_answer = False
+
+    def policy(self, backend: Backend, request: Request) -> Policy:
+        return with_prefix(backend, request, FreePolicy(backend.tokenizer.eos_ids, phase="reasoning"))
+
+
+@register
+class Short(SinglePass):
+    name = "short"
+    summary = "unconstrained, stopped at the first token containing a newline; the line is the answer"
+    requires_constraint = False
+    constrained_answer = False
+    output_format = "answer-only"
+
+    def policy(self, backend: Backend, request: Request) -> Policy:
+        tok = backend.tokenizer
+        return with_prefix(backend, request, FreePolicy(tok.eos_ids, tok.newline_ids, phase="answer"))
+
+    def fill_answer(self, res: Result, request: Request, out: Any, phases: dict[str, str], constrained: bool) -> None:
+        res.answer_text = phases.get("answer", "").split("\n", 1)[0]
+
+
+@register
+class Constrained(SinglePass):
+    name = "constrained"
+    summary = "the answer constraint from the first token (constrained greedy; no free reasoning)"
+    output_format = "answer-only"
+
+    def min_budget(self, request: Request) -> int:
+        c = request.constraint
+        return answer_reserve(c) if c is not None and c.max_tokens is not None else 1
+
+    def policy(self, backend: Backend, request: Request) -> Policy:
+        assert request.constraint is not None
+        if not request.constrain:
+            return with_prefix(backend, request, FreePolicy(backend.tokenizer.eos_ids, phase="answer"))
+        return with_prefix(backend, request, constrained_policy(backend, request.constraint))
+
+
+
+
+@register
+class Json(SinglePass):
+    name = "json"
+    summary = 'one compact JSON object {"reason": free text, "answer": typed answer}, constrained throughout'
+    output_format = "json"
+
+    @staticmethod
+    def _answer_bound(c: Constraint) -> int:
+        return JsonReasonAnswer.answer_bound(c, DEFAULT_RESERVE)
+
+    def min_budget(self, request: Request) -> int:
+        assert request.constraint is not None
+        return JSON_SCAFFOLD + self._answer_bound(request.constraint) + 2
+
+    def effective_constraint(self, request: Request) -> Constraint | None:
+        if request.constraint is None:
+            return None
+        c = request.constraint
+        reason = request.max_tokens - JSON_SCAFFOLD - self._answer_bound(c) - 1
+        return JsonReasonAnswer(c, reason_tokens=max(1, reason))
+
+    def policy(self, backend: Backend, request: Request) -> Policy:
+        c = self.effective_constraint(request)
+        assert c is not None
+        if not request.constrain:
+            return with_prefix(backend, request, FreePolicy(backend.tokenizer.eos_ids, phase="answer"))
+        return with_prefix(backend, request, constrained_policy(backend, c))
+
+    def fill_answer(self, res: Result, request: Request, out: Any, phases: dict[str, str], constrained: bool) -> None:
+        res.answer_text = phases.get("answer")
+
+    def after_parse(self, res: Result) -> None:
+        if res.parse_ok and isinstance(res.parsed, dict):
+            res.reasoning = (res.reasoning or "") + str(res.parsed.get("reason", ""))
+            res.parsed = res.parsed.get("answer")

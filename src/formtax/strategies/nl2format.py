@@ -1,0 +1,104 @@
+"""NL-to-Format (ALGORITHMS.md section 5; paper 003): free reasoning, then a constrained extraction call."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from formtax.backends.base import Backend
+from formtax.decoding.loop import RowRequest, decode
+from formtax.strategies.base import (
+    Prompt,
+    Request,
+    Result,
+    Strategy,
+    answer_reserve,
+    call_info,
+    counts,
+    phase_texts,
+    read_answer,
+    register,
+    with_prefix,
+)
+from formtax.strategies.basic import constrained_policy
+from formtax.strategies.policies import FreePolicy
+
+
+def default_conversion(request: Request, reasoning: str) -> Prompt:
+    """A generic conversion prompt; tasks pass their own (``Request.conversion``)."""
+    question = request.prompt if isinstance(request.prompt, str) else request.prompt[-1]["content"]
+    fmt = request.constraint.describe() if request.constraint is not None else "the final answer"
+    return [
+        {
+            "role": "user",
+            "content": (
+                f"{question}\n\nA response to this question:\n{reasoning}\n\n"
+                f"Write only the final answer of that response, in this exact format: {fmt}"
+            ),
+        }
+    ]
+
+
+@register
+class NL2Format(Strategy):
+    name = "nl2format"
+    summary = "call 1: free reasoning; call 2: a conversion prompt decoded with the answer constraint"
+
+    def __init__(self, extractor: Backend | None = None) -> None:
+        self.extractor = extractor
+
+    def min_budget(self, request: Request) -> int:
+        return 1
+
+    def run(self, backend: Backend, requests: Sequence[Request]) -> list[Result]:
+        self.check(backend, requests)
+        ext = self.extractor or backend
+        tok = backend.tokenizer
+        t0 = time.perf_counter()
+        first = decode(
+            backend,
+            [
+                RowRequest(tok.prompt_ids(r.prompt), with_prefix(backend, r, FreePolicy(tok.eos_ids, phase="reasoning")),
+                           r.max_tokens, r.seed)
+                for r in requests
+            ],
+        )
+        reasonings = [tok.decode_text(o.tokens) for o in first]
+        second_rows = []
+        for r, text in zip(requests, reasonings, strict=True):
+            prompt = r.conversion(text) if r.conversion is not None else default_conversion(r, text)
+            assert r.constraint is not None
+            policy = (
+                constrained_policy(ext, r.constraint)
+                if r.constrain
+                else FreePolicy(ext.tokenizer.eos_ids, ext.tokenizer.newline_ids, phase="answer")
+            )
+            second_rows.append(RowRequest(ext.tokenizer.prompt_ids(prompt), policy, answer_reserve(r.constraint), r.seed))
+        second = decode(ext, second_rows)
+        wall = time.perf_counter() - t0
+        results = []
+        for r, o1, o2, text in zip(requests, first, second, reasonings, strict=True):
+            answer = ext.tokenizer.decode_text(o2.tokens)
+            if not r.constrain:
+                answer = answer.split("\n", 1)[0]
+            res = Result(
+                strategy=self.name,
+                model=backend.model_id,
+                text=text,
+                reasoning=text,
+                answer_text=answer,
+                finish_reason=o2.finish_reason,
+                tokens=counts([o1, o2], [{"rc": "rc", "reasoning": "reasoning"}, {"answer": "answer"}]),
+                timings={"wall_s": o1.wall_s + o2.wall_s, "batch_wall_s": wall},
+                masked_mass=o2.masked_mass,
+                phases={**phase_texts(backend, o1), "answer": answer},
+                calls=[call_info(o1), call_info(o2)],
+                token_ids=list(o1.tokens),
+            )
+            res.stats["extractor"] = ext.model_id
+            res.stats["call1_finish"] = o1.finish_reason
+            read_answer(res, r.constraint, r.constrain)
+            if o2.finish_reason in ("constraint-error", "length-incomplete"):
+                res.error = f"the extraction call ended with {o2.finish_reason}"
+            results.append(res)
+        return results

@@ -1,0 +1,232 @@
+"""Core task types: what an evaluated item is, what a task must provide, and how items are sampled.
+
+Every decoding strategy is compared on the same items with the same prompts, so everything here is
+deterministic: items come out of a loader in file order, sampling is a fixed-seed permutation, and few-shot
+examples are drawn with a seed. The answer space of a task lives in three places that must agree — the prompt's
+answer description, the constraint slot (``answer_slot``) and ``normalize`` — so all three are methods of the task.
+"""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+
+from formtax.errors import ConfigError, DataError
+
+ANSWER_PREFIX = "The answer is: "
+"""The exact text that introduces the final answer in the ``reason-answer`` and ``answer-only`` formats."""
+
+DATA_ENV_VAR = "FORMTAX_DATA"
+"""Environment variable naming the data folder when no explicit path is given."""
+
+ConstraintLevel = Literal["fc", "vc"]
+
+
+class AnswerKind(StrEnum):
+    """The shape of a task's answer; parsers use it to pick their fallbacks."""
+
+    INTEGER = "integer"
+    CHOICE = "choice"
+    LETTERS = "letters"
+
+
+class OutputFormat(StrEnum):
+    """The output format the prompt asks for, and that the strict parser accepts."""
+
+    REASON_ANSWER = "reason-answer"
+    """Free reasoning, then a final line ``The answer is: <answer>``."""
+    ANSWER_ONLY = "answer-only"
+    """A single line ``The answer is: <answer>`` and nothing else."""
+    JSON = "json"
+    """One compact JSON object ``{"reason": "...", "answer": ...}``."""
+
+
+@dataclass(frozen=True)
+class Item:
+    """One evaluated question with its normalised gold answer.
+
+    ``gold`` is already in the form ``Task.normalize`` produces, so scoring is plain string equality.
+    ``meta`` is excluded from hashing (it is a mapping) but compared, so items stay usable as dict keys.
+    """
+
+    id: str
+    question: str
+    gold: str
+    choices: tuple[tuple[str, str], ...] = ()
+    solution: str | None = None
+    meta: Mapping[str, Any] = field(default_factory=dict, hash=False)
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        """The choice labels in order (empty for non-choice tasks)."""
+        return tuple(label for label, _ in self.choices)
+
+
+class Task(ABC):
+    """A benchmark: a loader, the answer space (prompt text, constraint slot, normaliser) and few-shot examples.
+
+    Subclasses are registered with ``formtax.tasks.registry.register_task`` and built without arguments by
+    ``get_task``. ``shots`` needs the data folder when the shot pool comes from files; it uses the folder last
+    passed to ``load`` on this instance (or ``resolve_data_dir(None)`` when ``load`` was never called).
+    """
+
+    name: ClassVar[str]
+    answer_kind: ClassVar[AnswerKind]
+    description: ClassVar[str]
+    instructions: ClassVar[tuple[str, str, str]]
+    """Three task-description variants (prompt variants t1..t3); they must not mention the output format."""
+
+    def __init__(self) -> None:
+        self._data_dir: Path | None = None
+        self._shot_pool_cache: list[Item] | None = None
+
+    # -- data ---------------------------------------------------------------------------------------------
+
+    @abstractmethod
+    def data_files(self, data_dir: Path) -> list[Path]:
+        """The files ``load`` reads, so a run can record their sha256; empty for generated tasks."""
+
+    def load(self, data_dir: Path | None) -> list[Item]:
+        """Load the evaluation items in file order; ``data_dir=None`` resolves the default data folder."""
+        resolved = self._remember_data_dir(data_dir)
+        return self._load(resolved)
+
+    @abstractmethod
+    def _load(self, data_dir: Path | None) -> list[Item]:
+        """Read (or generate) the evaluation items. ``data_dir`` is None only for generated tasks."""
+
+    def _needs_data(self) -> bool:
+        """Whether ``load`` reads files; generated tasks override this to skip resolving a data folder."""
+        return True
+
+    def _require_dir(self, data_dir: Path | None) -> Path:
+        """The resolved data folder for file-backed tasks (``load`` always passes one to them)."""
+        if data_dir is None:
+            raise DataError(f"{self.name}: no data folder given")
+        return data_dir
+
+    def _remember_data_dir(self, data_dir: Path | None) -> Path | None:
+        if not self._needs_data():
+            return None
+        resolved = resolve_data_dir(data_dir)
+        if resolved != self._data_dir:
+            self._shot_pool_cache = None
+        self._data_dir = resolved
+        return resolved
+
+    # -- answer space -------------------------------------------------------------------------------------
+
+    def answer_slot(self, level: ConstraintLevel, item: Item) -> str:
+        """The typed slot of the answer template for a constraint level.
+
+        FC (format constraint) allows any single-line text, ``{str}``, for every task: it enforces the format
+        only. VC (validity constraint) narrows the slot to the task's answer space, per paper 003 A.2.2.
+        """
+        if level == "fc":
+            return "{str}"
+        if level == "vc":
+            return self._vc_slot(item)
+        raise ConfigError(f"unknown constraint level {level!r}; known levels: fc, vc")
+
+    @abstractmethod
+    def _vc_slot(self, item: Item) -> str:
+        """The validity-constraint slot for this item."""
+
+    @abstractmethod
+    def answer_description(self, item: Item) -> str:
+        """How the prompt describes ``<answer>``, e.g. "a non-negative integer"; must match ``_vc_slot``."""
+
+    @abstractmethod
+    def normalize(self, value: str) -> str | None:
+        """Map a raw answer string to the canonical form used for ``Item.gold``; None if it is outside the space."""
+
+    def display_answer(self, item: Item) -> str:
+        """The gold answer as the model should write it (in few-shot examples); usually the gold itself."""
+        return item.gold
+
+    def score(self, item: Item, value: str | None) -> bool:
+        """Whether a parsed answer is correct.
+
+        ``value`` is normally already normalised (``ParseResult.value``); a raw string is normalised first, so
+        ``score(item, "1,450,000")`` also works. None is always wrong.
+        """
+        if value is None:
+            return False
+        return value == item.gold or self.normalize(value) == item.gold
+
+    # -- few-shot examples --------------------------------------------------------------------------------
+
+    def shots(self, n: int, seed: int, exclude_ids: set[str]) -> list[Item]:
+        """``n`` few-shot examples drawn deterministically (given ``seed``) from the shot pool.
+
+        The pool is the train split where the data has one, otherwise the task's own items, so the caller must
+        pass the evaluated item ids in ``exclude_ids`` to keep shots out of the evaluated set.
+        """
+        if n < 0:
+            raise ConfigError(f"{self.name}: number of shots must be >= 0, got {n}")
+        if n == 0:
+            return []
+        pool = [item for item in self._cached_shot_pool() if item.id not in exclude_ids]
+        if len(pool) < n:
+            raise DataError(
+                f"{self.name}: asked for {n} shots but only {len(pool)} items remain outside the excluded ids"
+            )
+        order = np.random.default_rng(seed).permutation(len(pool))[:n]
+        return [pool[int(i)] for i in order]
+
+    def _cached_shot_pool(self) -> list[Item]:
+        if self._shot_pool_cache is None:
+            if self._needs_data() and self._data_dir is None:
+                self._data_dir = resolve_data_dir(None)
+            self._shot_pool_cache = self._shot_pool(self._data_dir)
+        return self._shot_pool_cache
+
+    def _shot_pool(self, data_dir: Path | None) -> list[Item]:
+        """Candidate shots; the default is the evaluation items themselves (tasks without a train split)."""
+        return self._load(data_dir)
+
+
+def sample_items(items: Sequence[Item], limit: int | None, seed: int) -> list[Item]:
+    """The items to evaluate: the same for every strategy given ``limit`` and ``seed``.
+
+    With a limit, a fixed-seed permutation (numpy ``default_rng(seed)``) of all items is cut to its first
+    ``limit`` entries, so a small run is a random but reproducible subset and a larger limit extends a smaller
+    one. With ``limit=None`` every item is kept in its original (file) order: the full set needs no sampling,
+    and file order keeps run records easy to compare with the source data.
+    """
+    if limit is None:
+        return list(items)
+    if limit < 0:
+        raise ConfigError(f"limit must be >= 0 or None, got {limit}")
+    order = np.random.default_rng(seed).permutation(len(items))[:limit]
+    return [items[int(i)] for i in order]
+
+
+def resolve_data_dir(explicit: Path | None) -> Path:
+    """The benchmark data folder.
+
+    An explicit path is used alone; otherwise ``$FORMTAX_DATA`` alone when it is set; otherwise
+    ``../shared/data`` then ``./shared/data`` relative to the current directory. An explicit or environment
+    path that does not exist is an error rather than a silent fallback, so a typo never evaluates other data.
+    """
+    if explicit is not None:
+        candidates = [Path(explicit)]
+    elif os.environ.get(DATA_ENV_VAR):
+        candidates = [Path(os.environ[DATA_ENV_VAR])]
+    else:
+        candidates = [Path("..") / "shared" / "data", Path(".") / "shared" / "data"]
+    for candidate in candidates:
+        if candidate.is_dir():
+            return candidate.resolve()
+    tried = ", ".join(str(c.resolve()) for c in candidates)
+    raise DataError(
+        f"benchmark data folder not found; tried: {tried} "
+        f"(pass a data path or set {DATA_ENV_VAR} to the folder holding gsm8k/, svamp/, ...)"
+    )

@@ -1,0 +1,158 @@
+"""Prompt construction: task description, format description, optional few-shot block, question.
+
+This is the "Let me speak freely?" / paper 003 A.2 structure. The format description states the expected output
+format exactly as the strict parser accepts it, so constrained and unconstrained decoding are compared under the
+same prompt and expected format (paper 003's central point). Everything is plain string assembly from fixed
+templates: the same arguments always give byte-identical messages, and strategies sharing an output format get
+identical prompts (the runner checks this).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+
+from formtax.errors import ConfigError
+from formtax.tasks.base import ANSWER_PREFIX, AnswerKind, Item, OutputFormat, Task
+
+N_VARIANTS = 3
+_VARIANT_ID_RE = re.compile(r"t([1-9]\d*)f([1-9]\d*)")
+
+# Format descriptions per output format, variants 1..3. ``{desc}`` is the task's answer description; ``{json}``
+# is the JSON template (integers unquoted, other answers quoted).
+_FORMAT_TEMPLATES: dict[OutputFormat, tuple[str, str, str]] = {
+    OutputFormat.REASON_ANSWER: (
+        "Think step by step. Then, on the last line of your response, write the final answer in the form "
+        f'"{ANSWER_PREFIX}<answer>", where <answer> is {{desc}}. Write nothing after that line.',
+        "First reason about the problem in as much detail as you need. End your response with a final line of "
+        f"exactly this form:\n{ANSWER_PREFIX}<answer>\nHere <answer> is {{desc}}.",
+        "Explain your reasoning, then finish with a single line that starts with "
+        f'"{ANSWER_PREFIX}" followed by your answer. The answer must be {{desc}}; nothing may follow that line.',
+    ),
+    OutputFormat.ANSWER_ONLY: (
+        f'Respond with a single line of the form "{ANSWER_PREFIX}<answer>" and nothing else, '
+        "where <answer> is {desc}.",
+        f"Give only the final answer, as exactly one line:\n{ANSWER_PREFIX}<answer>\n"
+        "Here <answer> is {desc}. Do not write any explanation.",
+        f'Output nothing but the line "{ANSWER_PREFIX}<answer>", with <answer> being {{desc}}.',
+    ),
+    OutputFormat.JSON: (
+        "Respond with one JSON object and nothing else, on a single line, in the form "
+        "{json}, where the reason field holds your step-by-step reasoning and <answer> is {desc}. "
+        "Do not wrap the JSON in a code block.",
+        "Your whole response must be a single JSON object of the form {json}. Put your reasoning in "
+        '"reason" and the final answer in "answer"; <answer> is {desc}. Write no text or code fences '
+        "outside the object.",
+        "Reply in JSON only: exactly one object {json}. First reason inside the reason field, then give "
+        "<answer>, which is {desc}. No markdown, no text before or after the object.",
+    ),
+}
+
+_CONVERSION_INTRO = "Below are a question and a response that reasons about it. Read the response and extract its final answer."
+
+
+def variant_id(task_variant: int, format_variant: int) -> str:
+    """The prompt-variant id, e.g. ``t1f2`` for task description 1 and format description 2."""
+    _check_variant("task", task_variant)
+    _check_variant("format", format_variant)
+    return f"t{task_variant}f{format_variant}"
+
+
+def parse_variant_id(value: str) -> tuple[int, int]:
+    """Inverse of ``variant_id``: ``"t1f2"`` -> ``(1, 2)``; ConfigError for anything else."""
+    match = _VARIANT_ID_RE.fullmatch(value.strip())
+    if match is None:
+        raise ConfigError(
+            f"bad prompt variant id {value!r}; expected t<1-{N_VARIANTS}>f<1-{N_VARIANTS}>, e.g. t1f1"
+        )
+    task_variant, format_variant = int(match.group(1)), int(match.group(2))
+    _check_variant("task", task_variant)
+    _check_variant("format", format_variant)
+    return task_variant, format_variant
+
+
+def all_variant_ids() -> list[str]:
+    """Every prompt-variant id, t1f1 .. t3f3."""
+    return [variant_id(t, f) for t in range(1, N_VARIANTS + 1) for f in range(1, N_VARIANTS + 1)]
+
+
+def _check_variant(kind: str, number: int) -> None:
+    if not 1 <= number <= N_VARIANTS:
+        raise ConfigError(f"{kind} variant must be 1..{N_VARIANTS}, got {number}")
+
+
+def json_template(task: Task) -> str:
+    """The JSON shape shown in prompts: integer answers as bare numbers, others as strings."""
+    answer = "<answer>" if task.answer_kind is AnswerKind.INTEGER else '"<answer>"'
+    return '{"reason": "<reasoning>", "answer": ' + answer + "}"
+
+
+def format_description(task: Task, item: Item, output_format: OutputFormat, format_variant: int) -> str:
+    """The format instruction for one output format and variant, with the item's answer description."""
+    _check_variant("format", format_variant)
+    template = _FORMAT_TEMPLATES[OutputFormat(output_format)][format_variant - 1]
+    return template.format(desc=task.answer_description(item), json=json_template(task))
+
+
+def render_answer(task: Task, item: Item, output_format: OutputFormat, reason: str | None = None) -> str:
+    """An item's gold answer written in ``output_format`` (few-shot examples; also a parser round-trip check).
+
+    REASON_ANSWER: the reasoning (if any) then the answer line. ANSWER_ONLY: the answer line. JSON: one compact
+    object; an integer answer is a JSON number, any other answer a JSON string.
+    """
+    answer = task.display_answer(item)
+    if reason is None:
+        reason = item.solution
+    fmt = OutputFormat(output_format)
+    if fmt is OutputFormat.JSON:
+        value: object = int(answer) if task.answer_kind is AnswerKind.INTEGER else answer
+        return json.dumps({"reason": reason or "", "answer": value}, ensure_ascii=False)
+    line = f"{ANSWER_PREFIX}{answer}"
+    if fmt is OutputFormat.REASON_ANSWER and reason:
+        return f"{reason.strip()}\n{line}"
+    return line
+
+
+def build_messages(
+    task: Task,
+    item: Item,
+    output_format: OutputFormat,
+    task_variant: int,
+    format_variant: int,
+    shots: Sequence[Item] = (),
+) -> list[dict[str, str]]:
+    """The chat messages for one item: a single user message.
+
+    Layout: task description, blank line, format description, then (with shots) an "Examples:" block where each
+    shot is its question followed by its answer in ``output_format``, then ``Question: <question>``.
+    """
+    _check_variant("task", task_variant)
+    parts = [
+        task.instructions[task_variant - 1],
+        format_description(task, item, output_format, format_variant),
+    ]
+    if shots:
+        examples = "\n\n".join(
+            f"Question: {shot.question}\n{render_answer(task, shot, output_format)}" for shot in shots
+        )
+        parts.append(f"Examples:\n\n{examples}")
+    parts.append(f"Question: {item.question}")
+    return [{"role": "user", "content": "\n\n".join(parts)}]
+
+
+def conversion_messages(
+    task: Task, item: Item, reasoning_text: str, format_variant: int
+) -> list[dict[str, str]]:
+    """The NL-to-Format second call: the question, the first call's reasoning, and an instruction to output only
+    ``The answer is: <answer>`` (the ANSWER_ONLY format description of the given variant)."""
+    instruction = format_description(task, item, OutputFormat.ANSWER_ONLY, format_variant)
+    content = "\n\n".join(
+        [
+            _CONVERSION_INTRO,
+            f"Question: {item.question}",
+            f"Response:\n{reasoning_text.strip()}",
+            instruction,
+        ]
+    )
+    return [{"role": "user", "content": content}]

@@ -1,0 +1,157 @@
+"""The decode loop and the base strategies on the fake backend (milliseconds)."""
+
+import pytest
+
+import formtax
+from formtax.backends.base import Capability
+from formtax.backends.fake import EOS, FakeBackend, random_logits, scripted
+from formtax.errors import CapabilityError, ConfigError
+
+Q = [{"role": "user", "content": "What is 2+3?"}]
+SCRIPT = "Let me think. 2+3=5.\nThe answer is: 5"
+
+
+def fake(text=SCRIPT):
+    return FakeBackend(scripted(text))
+
+
+def test_free_follows_the_model_and_stops_at_eos():
+    r = formtax.generate(fake(), Q, "free", "The answer is: {int}", max_tokens=100)
+    assert r.text == SCRIPT
+    assert r.finish_reason == "eos"
+    assert r.parsed == 5 and r.parse_ok
+    assert r.token_ids[-1] == EOS
+    assert r.tokens.total == len(SCRIPT.encode()) + 1
+
+
+def test_free_budget():
+    r = formtax.generate(fake(), Q, "free", None, max_tokens=5)
+    assert r.text == SCRIPT[:5] and r.finish_reason == "length"
+    assert not r.parse_ok
+
+
+def test_short_stops_at_first_newline():
+    r = formtax.generate(fake(), Q, "short", "The answer is: {int}", max_tokens=100)
+    assert r.finish_reason == "newline"
+    assert r.answer_text == "Let me think. 2+3=5."
+    assert not r.parse_ok  # the first line holds no answer
+
+
+def test_constrained_output_fullmatches_and_records_masked_mass():
+    r = formtax.generate(fake(), Q, "constrained", "The answer is: {int:0..999}", max_tokens=40)
+    assert r.parse_ok, r
+    assert r.answer_text.startswith("The answer is: ")
+    assert 0.0 <= r.masked_mass <= 1.0
+    # the scripted model wanted 'L' first: nearly all its mass is outside the template's first byte 'T'
+    assert r.masked_mass > 0.99
+    assert r.tokens.forced > 0
+
+
+def test_inwriting_switches_exactly_where_the_model_wants_eos():
+    free = formtax.generate(fake(), Q, "free", None, max_tokens=100)
+    r = formtax.generate(fake(), Q, "inwriting", "The answer is: {int}", max_tokens=100)
+    n = len(SCRIPT.encode())
+    assert r.stats["switch_reason"] == "eos"
+    assert r.stats["switch_step"] == n == len(free.token_ids) - 1
+    assert r.phases["reasoning"] == SCRIPT  # the preamble is the free text, EOS never emitted
+    assert r.token_ids[:n] == free.token_ids[:n]
+    assert EOS not in r.token_ids[:n]
+    assert r.parse_ok and r.answer_text.startswith("The answer is: ")
+
+
+def test_inwriting_switches_after_a_trigger_token():
+    r = formtax.generate(fake(), Q, "inwriting", "The answer is: {int}", max_tokens=100, triggers=["."])
+    first_dot = SCRIPT.index(".") + 1
+    assert r.stats["switch_reason"] == "trigger"
+    assert r.stats["switch_step"] == first_dot
+    assert r.phases["reasoning"] == SCRIPT[:first_dot]  # the trigger stays in the preamble
+    assert r.parse_ok
+
+
+def test_inwriting_multi_token_trigger_is_refused():
+    with pytest.raises(ConfigError, match="one token"):
+        formtax.generate(fake(), Q, "inwriting", "The answer is: {int}", triggers=["ab"])
+
+
+def test_inwriting_budget_reserves_the_answer():
+    spec = "The answer is: {int:0..99}"
+    reserve = len(b"The answer is: ") + 19 + 1
+    r = formtax.generate(FakeBackend(random_logits(seed=3)), Q, "inwriting", spec, max_tokens=reserve + 4)
+    assert r.stats["switch_reason"] in {"budget", "eos"}
+    assert r.parse_ok and r.tokens.total <= reserve + 4
+
+
+def test_budget_too_small_for_the_answer_is_refused_before_running():
+    with pytest.raises(ConfigError, match="cannot fit the answer"):
+        formtax.generate(fake(), Q, "constrained", "The answer is: {int}", max_tokens=5)
+
+
+def test_reasoning_prefix_is_forced_then_strategy_runs():
+    r = formtax.generate(fake(), Q, "inwriting", "The answer is: {int}", max_tokens=120,
+                         reasoning="Let's think step by step.")
+    assert r.text.startswith("Let's think step by step.")
+    assert r.tokens.by_phase["rc"] == len(b"Let's think step by step.")
+    assert r.tokens.forced >= r.tokens.by_phase["rc"]
+    assert r.parse_ok
+
+
+def test_json_strategy_validates_and_extracts_answer():
+    r = formtax.generate(fake(), Q, "json", "{int:0..}", max_tokens=60)
+    assert r.parse_ok, r
+    assert isinstance(r.parsed, int) and r.parsed >= 0
+    assert r.answer_text.startswith('{"reason": "')
+
+
+def test_json_reason_is_capped_so_the_answer_always_fits():
+    # a model that never wants to close the string: the engine caps the reason, the answer still completes
+    r = formtax.generate(FakeBackend(scripted("x" * 500)), Q, "json", "{choice:yes|no}", max_tokens=40)
+    assert r.parse_ok and r.parsed in {"yes", "no"}
+    assert r.tokens.total <= 40
+
+
+def test_nl2format_makes_two_calls():
+    r = formtax.generate(fake(), Q, "nl2format", "The answer is: {int}", max_tokens=100)
+    assert len(r.calls) == 2
+    assert r.reasoning == SCRIPT
+    assert r.parse_ok
+    assert r.tokens.by_phase["reasoning"] == len(SCRIPT.encode()) + 1
+
+
+def test_unknown_strategy_lists_known():
+    with pytest.raises(ConfigError, match="known: .*free"):
+        formtax.generate(fake(), Q, "nope", None)
+
+
+def test_capability_mismatch_fails_before_run():
+    fb = fake()
+    fb.capabilities = frozenset({Capability.GRAMMAR_PARAM})
+    with pytest.raises(CapabilityError, match="step-logits"):
+        formtax.generate(fb, Q, "inwriting", "The answer is: {int}")
+    assert fb.batches == []
+
+
+def test_constrained_strategy_without_constraint_is_refused():
+    with pytest.raises(ConfigError, match="needs an answer constraint"):
+        formtax.generate(fake(), Q, "constrained", None)
+
+
+def test_batch_rows_finish_independently():
+    fb = FakeBackend(random_logits(seed=7))
+    prompts = [[{"role": "user", "content": f"q{i}"}] for i in range(5)]
+    batch = formtax.generate_batch(fb, prompts, "constrained", "{choice:a|bb|ccc}", max_tokens=10)
+    single = [formtax.generate(fb, p, "constrained", "{choice:a|bb|ccc}", max_tokens=10) for p in prompts]
+    assert [r.text for r in batch] == [r.text for r in single]
+    assert all(r.parse_ok for r in batch)
+
+
+def test_sampling_is_seeded():
+    fb = FakeBackend(random_logits(seed=2, scale=0.5))
+    from formtax.decoding import RowRequest, decode
+    from formtax.strategies.policies import FreePolicy
+
+    def run(seed):
+        rows = [RowRequest([1, 2, 3], FreePolicy(frozenset({EOS})), 20, seed=seed)]
+        return decode(fb, rows, temperature=1.0)[0].tokens
+
+    assert run(1) == run(1)
+    assert run(1) != run(2)

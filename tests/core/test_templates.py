@@ -1,0 +1,72 @@
+import pytest
+
+from formtax.constraints import parse_spec, parse_template
+from formtax.errors import ConstraintError
+
+
+@pytest.mark.parametrize(
+    "spec,text,ok,value",
+    [
+        ("The answer is: {int}", "The answer is: 42", True, 42),
+        ("The answer is: {int}", "The answer is: -7", True, -7),
+        ("The answer is: {int}", "The answer is: 042", False, None),
+        ("The answer is: {int}", " The answer is: 42", False, None),
+        ("{int:0..999}", "999", True, 999),
+        ("{int:0..999}", "1000", False, None),
+        ("{int:0..}", "-1", False, None),
+        ("{letters:4}", "abcd", True, "abcd"),
+        ("{letters:4}", "abcde", False, None),
+        ("{letters:4}", "ABCD", False, None),
+        ("{choice:yes|no}", "no", True, "no"),
+        ("{choice:yes|no}", "maybe", False, None),
+        ("Answer: {str}", "Answer: anything at all", True, "anything at all"),
+        ("Answer: {str}", "Answer: two\nlines", False, None),
+        ("{{{int}}}", "{5}", True, 5),
+    ],
+)
+def test_template_oracle(spec, text, ok, value):
+    v = parse_spec(spec).validate(text)
+    assert v.ok is ok
+    if ok:
+        assert v.value == value
+
+
+@pytest.mark.parametrize(
+    "bad,fragment",
+    [
+        ("The answer is {intx}", "unknown slot type {intx}"),
+        ("{int:9..1}", "empty integer range"),
+        ("{int:a..b}", "bad integer range"),
+        ("{letters:0}", "letters:N"),
+        ("{choice:}", "non-empty alternatives"),
+        ("{choice:a|a}", "duplicate"),
+        ("no slot here", "has no slot"),
+        ("broken {int", "malformed slot"),
+        ("x } y {int}", "unmatched"),
+        ("regex:(ab", "invalid regex"),
+        ('json:{"type": "nope"}', "invalid JSON schema"),
+        ("json:{not json", "not valid JSON"),
+        ("lark:start: undefined_rule", "invalid lark"),
+        ("json:@/nonexistent/file.json", "cannot read"),
+    ],
+)
+def test_bad_specs_fail_clearly(bad, fragment):
+    with pytest.raises(ConstraintError, match=None) as e:
+        parse_spec(bad)
+    assert fragment in str(e.value)
+
+
+def test_search_finds_last_valid_occurrence():
+    c = parse_spec("The answer is: {int:0..100}")
+    assert c.search("The answer is: 5. No wait, The answer is: 500. Really The answer is: 7").value == 7
+    assert not c.search("nothing here").ok
+
+
+def test_template_bound_counts_literal_bytes_and_slots():
+    t = parse_template("A: {letters:3}")
+    assert t.max_tokens() == len(b"A: ") + 3
+
+
+def test_unsatisfiable_schema_is_refused_before_any_model_call():
+    with pytest.raises(ConstraintError, match="Unsatisfiable"):
+        parse_spec('json:{"type": "integer", "minimum": 5, "maximum": 3}')
