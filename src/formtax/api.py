@@ -26,13 +26,14 @@ def generate_batch(
     triggers: Sequence[str] = (),
     seed: int = 0,
     constrain: bool = True,
+    temperature: float = 0.0,
 ) -> list[Result]:
     """Generate for several prompts in one batch with one strategy and answer constraint."""
     strat = get_strategy(strategy)
     constraint = as_constraint(answer) if answer is not None else None
     reqs = [
         Request(p, constraint, max_tokens=max_tokens, seed=seed, reasoning_prefix=reasoning, triggers=triggers,
-                constrain=constrain)
+                constrain=constrain, temperature=temperature)
         for p in prompts
     ]
     return strat.run(model, reqs)
@@ -48,6 +49,8 @@ def generate(
     triggers: Sequence[str] = (),
     seed: int = 0,
     constrain: bool = True,
+    temperature: float = 0.0,
 ) -> Result:
     """Generate one output. ``answer`` is a SPEC string, a Constraint, a Pydantic model or a JSON schema."""
-    return generate_batch(model, [prompt], strategy, answer, max_tokens, reasoning, triggers, seed, constrain)[0]
+    return generate_batch(model, [prompt], strategy, answer, max_tokens, reasoning, triggers, seed, constrain,
+                          temperature)[0]

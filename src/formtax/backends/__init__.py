@@ -12,7 +12,15 @@ def _hf(model: str | None, device: str, dtype: str) -> Backend:
     return HFBackend.load(model, device=device, dtype=dtype)
 
 
-BACKENDS: dict[str, Callable[[str | None, str, str], Backend]] = {"hf": _hf}
+def _fake(model: str | None, device: str, dtype: str) -> Backend:
+    """Seeded random logits over a byte vocabulary: for tests and dry runs of the lab, never for results."""
+    from formtax.backends.fake import FakeBackend, random_logits
+
+    seed = int(model) if model and model.isdigit() else 0
+    return FakeBackend(random_logits(seed=seed), model_id=f"fake-random-{seed}")
+
+
+BACKENDS: dict[str, Callable[[str | None, str, str], Backend]] = {"hf": _hf, "fake": _fake}
 
 
 def load_backend(name: str, model: str | None = None, device: str = "cpu", dtype: str = "float32") -> Backend:

@@ -8,6 +8,7 @@ columns (the positions of later tokens continue from the cropped length, so the 
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -21,12 +22,19 @@ from formtax.errors import ConfigError
 log = logging.getLogger(__name__)
 
 
+def _cache_kwarg(model: Any) -> str:
+    """transformers 5.x renamed ``past_key_values`` to ``cache``; use whichever this model's forward takes."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
 class HFBatch(Batch):
     def __init__(self, model: Any, prompts: Sequence[Sequence[int]], pad_id: int, device: torch.device) -> None:
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")
         self.model = model
         self.device = device
+        self._cache_kw = _cache_kwarg(model)
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
         attn = torch.zeros((len(prompts), width), dtype=torch.long)
@@ -45,15 +53,16 @@ class HFBatch(Batch):
         from transformers import DynamicCache
 
         pos = (self.attn.cumsum(-1) - 1).masked_fill(self.attn == 0, 1)
+        cache = DynamicCache(config=self.model.config)
         out = self.model(
             input_ids=self._ids,
             attention_mask=self.attn,
             position_ids=pos,
-            past_key_values=DynamicCache(config=self.model.config),
             use_cache=True,
             logits_to_keep=1,
+            **{self._cache_kw: cache},
         )
-        self.cache = out.past_key_values
+        self.cache = cache
         return out.logits[:, -1, :].float()
 
     @torch.inference_mode()
@@ -68,10 +77,9 @@ class HFBatch(Batch):
             input_ids=ids,
             attention_mask=self.attn,
             position_ids=self.next_pos.unsqueeze(1),
-            past_key_values=self.cache,
             use_cache=True,
+            **{self._cache_kw: self.cache},
         )
-        self.cache = out.past_key_values
         self.next_pos = self.next_pos + 1
         for cols in self.gen_cols:
             cols.append(col)

@@ -26,7 +26,7 @@ from typing import Any
 import jsonschema
 import llguidance
 
-from formtax.constraints.template import Template, lark_string, parse_template
+from formtax.constraints.template import STR_SLOT_MAX_TOKENS, Template, lark_string, parse_template
 from formtax.errors import ConstraintError
 
 # Compact JSON with fixed separators, the same as Python's json.dumps: engines that let the model pick its
@@ -274,13 +274,17 @@ class JsonReasonAnswer(Constraint):
         # No escapes in the reason: the engine's max_tokens cut may fall anywhere, and every prefix of an
         # escape-free body is still a valid JSON string body (a cut inside "\\u12" would not be).
         body = r'/[^"\\\x00-\x1F\x7F]*/'
-        answer = "%json" + json.dumps(
-            {**self.answer_field, "x-guidance": JSON_OPTIONS}, separators=(",", ":"), ensure_ascii=False
-        )
+        if self._plain_string_answer():
+            # A free-text answer (FC) gets the same capped, escape-free body as the reason.
+            answer_rules = f'answer: "\\"" answer_body "\\""\nanswer_body[max_tokens={STR_SLOT_MAX_TOKENS}]: {body}\n'
+        else:
+            answer = "%json" + json.dumps(
+                {**self.answer_field, "x-guidance": JSON_OPTIONS}, separators=(",", ":"), ensure_ascii=False
+            )
+            answer_rules = f"answer: {answer}\n"
         lark = (
             'start: "{\\"reason\\": \\"" reason "\\", \\"answer\\": " answer "}"\n'
-            f"reason[max_tokens={self.reason_tokens}]: {body}\n"
-            f"answer: {answer}\n"
+            f"reason[max_tokens={self.reason_tokens}]: {body}\n" + answer_rules
         )
         return llguidance.grammar_from("lark", lark)
 
@@ -294,13 +298,19 @@ class JsonReasonAnswer(Constraint):
             return Validation(False, value, error=f"schema violation: {errors[0].message}")
         return Validation(True, value)
 
+    def _plain_string_answer(self) -> bool:
+        return self.answer_field.get("type") == "string" and set(self.answer_field) <= {"type", "minLength"}
+
     @staticmethod
     def answer_bound(answer: Constraint, default: int) -> int:
         """Tokens the JSON-encoded answer can take: numbers as is; strings add quotes and, at worst, an escape
         per character."""
         inner = answer.max_tokens if answer.max_tokens is not None else default
-        if answer.answer_schema().get("type") in ("integer", "number"):
+        schema = answer.answer_schema()
+        if schema.get("type") in ("integer", "number"):
             return inner
+        if schema.get("type") == "string" and set(schema) <= {"type", "minLength"}:
+            return STR_SLOT_MAX_TOKENS + 2
         return 2 * inner + 2
 
     @property

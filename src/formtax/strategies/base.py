@@ -41,6 +41,7 @@ class Request:
     constraint: Constraint | None = None
     max_tokens: int = 256
     seed: int = 0
+    temperature: float = 0.0  # 0 = greedy; otherwise sampled with a generator seeded by ``seed``
     reasoning_prefix: str | None = None  # RC: forced at the start of the (first) generation
     triggers: Sequence[str] = ()  # InWriting: single-token strings that switch to the constraint
     constrain: bool = True  # False: same prompt and budget, no mask (the "unconstrained" level of paper 003)
@@ -140,6 +141,13 @@ def list_strategies() -> dict[str, str]:
 # -- shared assembly -----------------------------------------------------------------------------------------
 
 
+def batch_temperature(requests: Sequence[Request]) -> float:
+    temps = {r.temperature for r in requests}
+    if len(temps) > 1:
+        raise ConfigError("all requests of one batch must share a temperature")
+    return temps.pop() if temps else 0.0
+
+
 def prefix_ids(backend: Backend, request: Request) -> list[int]:
     return backend.tokenizer.encode(request.reasoning_prefix) if request.reasoning_prefix else []
 
@@ -226,7 +234,7 @@ class SinglePass(Strategy):
             rows.append(RowRequest(backend.tokenizer.prompt_ids(r.prompt), policy, r.max_tokens, r.seed))
             index.append(k)
         t0 = time.perf_counter()
-        outs = decode(backend, rows)
+        outs = decode(backend, rows, temperature=batch_temperature(requests))
         wall = time.perf_counter() - t0
         for k, o in zip(index, outs, strict=True):
             results[k] = self.assemble(backend, requests[k], o, wall)

@@ -16,6 +16,7 @@ from formtax.strategies.base import (
     call_info,
     counts,
     phase_texts,
+    batch_temperature,
     read_answer,
     register,
     with_prefix,
@@ -62,6 +63,7 @@ class NL2Format(Strategy):
                            r.max_tokens, r.seed)
                 for r in requests
             ],
+            temperature=batch_temperature(requests),
         )
         reasonings = [tok.decode_text(o.tokens) for o in first]
         second_rows = []
@@ -74,7 +76,7 @@ class NL2Format(Strategy):
                 else FreePolicy(ext.tokenizer.eos_ids, ext.tokenizer.newline_ids, phase="answer")
             )
             second_rows.append(RowRequest(ext.tokenizer.prompt_ids(prompt), policy, answer_reserve(r.constraint), r.seed))
-        second = decode(ext, second_rows)
+        second = decode(ext, second_rows, temperature=batch_temperature(requests))
         wall = time.perf_counter() - t0
         results = []
         for r, o1, o2, text in zip(requests, first, second, reasonings, strict=True):

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The main job on the embedded default model (SmolLM2-135M-Instruct): an evaluation run of the base strategies
+# on the synthetic arithmetic task, then the report and its verification. Re-running resumes.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+source scripts/env.sh
+OUT=${OUT:-runs/arith-default}
+formtax run --task arith --strategies free,short,constrained,json,inwriting,nl2format,inwriting+rc \
+  --limit "${LIMIT:-16}" --max-tokens 192 --batch-size 8 --out "$OUT"
+formtax report "$OUT"
+formtax verify "$OUT"
+echo "report: $OUT/report.md (and report.html)"

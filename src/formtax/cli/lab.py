@@ -1,0 +1,91 @@
+"""``formtax run``, ``formtax report`` and ``formtax verify``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from pathlib import Path
+
+from formtax.cli.generate import add_model_args
+from formtax.cli.main import command
+
+
+def _run_args(p: argparse.ArgumentParser) -> None:
+    add_model_args(p)
+    p.add_argument("--task", required=True, help="see `formtax ls tasks`")
+    p.add_argument("--strategies", required=True,
+                   help="comma list of NAME[@none|fc|vc][+rc], e.g. free,constrained,json@fc,json@vc,inwriting+rc")
+    p.add_argument("--limit", type=int, default=None, help="items (the same fixed-seed sample for every strategy)")
+    p.add_argument("--seeds", type=int, default=1, help="seeds per request (only matter when sampling)")
+    p.add_argument("--prompt-variants", default="t1f1", help="'all' (3 task x 3 format) or e.g. t1f1,t2f3")
+    p.add_argument("--shots", type=int, default=0)
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--data-dir", default=None, help="benchmark data folder (default: $FORMTAX_DATA or ../shared/data)")
+    p.add_argument("--out", required=True, type=Path, help="run directory (re-running resumes)")
+
+
+@command("run", _run_args, "run an evaluation grid (task x strategies x prompt variants x seeds), resumable")
+def run_cmd(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from formtax.runner import RunConfig, run
+
+    cfg = RunConfig(task=args.task, strategies=[s for s in args.strategies.split(",") if s.strip()],
+                    model=args.model, backend=args.backend, device=args.device, dtype=args.dtype, limit=args.limit,
+                    seeds=args.seeds, prompt_variants=args.prompt_variants, shots=args.shots,
+                    max_tokens=args.max_tokens, batch_size=args.batch_size, temperature=args.temperature,
+                    data_dir=args.data_dir)
+    bar: tqdm | None = None
+
+    def progress(done: int, total: int) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = tqdm(total=total, initial=done, unit="req", desc=f"{cfg.task}", file=sys.stderr)
+        else:
+            bar.update(done - bar.n)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            s = run(cfg, args.out, progress)
+        finally:
+            if bar is not None:
+                bar.close()
+    print(f"{s.done} requests run, {s.skipped} already recorded, {s.errors} errors, {s.wall_s:.1f} s -> "
+          f"{args.out / 'records.jsonl'}")
+    return 0
+
+
+def _report_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("--replicates", type=int, default=10_000, help="bootstrap replicates")
+    p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+
+
+@command("report", _report_args, "write report.md/.html, tables/*.csv and figures/*.png from records.jsonl")
+def report_cmd(args: argparse.Namespace) -> int:
+    from formtax.report import write_report
+
+    path = write_report(args.run_dir, n_resamples=args.replicates, seed=args.seed)
+    print(f"report: {path}")
+    return 0
+
+
+def _verify_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", type=Path)
+
+
+@command("verify", _verify_args, "recompute every table from records.jsonl; non-zero exit naming any differing cell")
+def verify_cmd(args: argparse.Namespace) -> int:
+    from formtax.report import verify_report
+
+    problems = verify_report(args.run_dir)
+    if problems:
+        for p in problems:
+            print(f"MISMATCH {p}")
+        return 1
+    print(f"verified: every table in {args.run_dir} regenerates from records.jsonl")
+    return 0

@@ -1,0 +1,194 @@
+"""Tables comparing strategies on the same items and runs: ``decomposition`` and ``paired``.
+
+Both compare cells on *common cases*: the runs (seed x prompt variant) that every compared strategy has, and
+the items scored in all of those runs under every compared strategy (:func:`formtax.stats.complete_cases`);
+items dropped for an unscored or absent entry are counted in ``n_items_dropped``.
+
+``decomposition`` (paper 003): per task and base strategy, the strategies at levels none (unconstrained),
+fc, vc (= fc+vc) and vc with rc (= fc+vc+rc) are mapped to the levels of :func:`formtax.stats.decomposition`;
+the columns ``strategy_<level>`` state the mapping. Gains come from :func:`formtax.stats.decomposition` on the
+strict accuracies over common cases, and their intervals from :func:`formtax.stats.paired_bootstrap_contrasts`
+(one set of paired replicates for all gains). Rows need at least two levels.
+
+``paired``: every sorted pair (strategy_a < strategy_b) within a task: ``diff = acc_a - acc_b`` (strict)
+with a paired percentile bootstrap interval (:func:`formtax.stats.paired_bootstrap_diff`), and the exact
+McNemar test (:func:`formtax.stats.mcnemar_exact`) on the *flattened* item x run outcomes, each (item, run)
+counted as one pair (``b01``: only b correct; ``b10``: only a correct).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any
+
+import pandas as pd
+
+from formtax.report.matrices import CONFIDENCE, Run, cell_items, cell_runs, frame, score_matrix
+from formtax.stats import (
+    complete_cases,
+    decomposition,
+    mcnemar_exact,
+    paired_bootstrap_contrasts,
+    paired_bootstrap_diff,
+)
+
+NAN = math.nan
+
+LEVEL_MAP: dict[tuple[str, bool], tuple[str, str]] = {
+    ("none", False): ("none", "unconstrained"),
+    ("fc", False): ("fc", "fc"),
+    ("vc", False): ("vc", "fc+vc"),
+    ("vc", True): ("vc_rc", "fc+vc+rc"),
+}
+"""(record level, rc) -> (column suffix, level name of :func:`formtax.stats.decomposition`)."""
+
+SUFFIXES = ("none", "fc", "vc", "vc_rc")
+GAINS = (
+    ("format_gain", "fc", "none"),
+    ("validity_gain", "vc", "fc"),
+    ("reasoning_gain", "vc_rc", "vc"),
+)
+
+DECOMPOSITION_COLUMNS = (
+    ["task", "base_strategy", "levels"]
+    + [f"strategy_{s}" for s in SUFFIXES]
+    + ["n_items", "n_runs", "n_items_dropped", "n_unscored"]
+    + [f"acc_{s}" for s in SUFFIXES]
+    + [
+        f"{g}{end}"
+        for g in ("format_gain", "validity_gain", "reasoning_gain", "total_gain")
+        for end in ("", "_low", "_high")
+    ]
+    + ["confidence", "interval_method", "n_resamples", "notes"]
+)
+
+PAIRED_COLUMNS = [
+    "task", "strategy_a", "strategy_b", "n_items", "n_runs", "n_pairs", "n_items_dropped", "n_unscored",
+    "acc_a", "acc_b", "diff", "diff_low", "diff_high", "b01", "b10", "mcnemar_p", "mcnemar_unit",
+    "confidence", "interval_method", "n_resamples",
+]  # fmt: skip
+
+MCNEMAR_UNIT = "exact McNemar on flattened item x run pairs"
+
+
+def _common(cells: list[pd.DataFrame]) -> tuple[list[str], list[Run]]:
+    """Union of the cells' items and intersection of their runs."""
+    items = sorted(set().union(*(cell_items(c) for c in cells)))
+    runs = sorted(set.intersection(*(set(cell_runs(c)) for c in cells)))
+    return items, runs
+
+
+def _strict_matrices(cells: list[pd.DataFrame]) -> tuple[tuple[Any, ...], int, int]:
+    """Complete-case strict score matrices of the cells, items dropped, and runs kept."""
+    items, runs = _common(cells)
+    if not items or not runs:
+        return tuple(), len(items), len(runs)
+    filtered, dropped = complete_cases(*(score_matrix(c, "score_strict", items, runs) for c in cells))
+    return filtered, dropped, len(runs)
+
+
+def _decomposition_row(
+    task: str, base: str, group: pd.DataFrame, n_resamples: int, seed: int
+) -> dict[str, Any] | None:
+    by_suffix: dict[str, list[str]] = {}
+    for strategy, cell in group.groupby("strategy", sort=True):
+        first = cell.iloc[0]
+        key = (str(first["level"]), bool(first["rc"]))
+        if key in LEVEL_MAP:
+            by_suffix.setdefault(LEVEL_MAP[key][0], []).append(str(strategy))
+    if len(by_suffix) < 2:
+        return None
+    notes = [
+        f"level {s} has strategies {', '.join(names)}; used {names[0]}"
+        for s, names in sorted(by_suffix.items())
+        if len(names) > 1
+    ]
+    chosen = {s: by_suffix[s][0] for s in SUFFIXES if s in by_suffix}
+    cells = [group[group["strategy"] == name] for name in chosen.values()]
+    matrices, dropped, n_runs = _strict_matrices(cells)
+    row: dict[str, Any] = {"task": task, "base_strategy": base, "levels": ",".join(chosen)}
+    for s in SUFFIXES:
+        row[f"strategy_{s}"] = chosen.get(s, "")
+    n_items = int(matrices[0].shape[0]) if matrices else 0
+    row.update(
+        n_items=n_items,
+        n_runs=n_runs,
+        n_items_dropped=dropped,
+        n_unscored=int((~pd.concat(cells)["scored"]).sum()),
+    )
+    for s in SUFFIXES:
+        row[f"acc_{s}"] = NAN
+    for g in ("format_gain", "validity_gain", "reasoning_gain", "total_gain"):
+        row[g] = row[f"{g}_low"] = row[f"{g}_high"] = NAN
+    if n_items:
+        mats = dict(zip(chosen, matrices, strict=True))
+        acc = {s: float(m.mean()) for s, m in mats.items()}
+        for s, value in acc.items():
+            row[f"acc_{s}"] = value
+        level_names = {LEVEL_MAP[k][0]: LEVEL_MAP[k][1] for k in LEVEL_MAP}
+        gains = decomposition({level_names[s]: value for s, value in acc.items()})
+        contrasts = {name: (upper, lower) for name, upper, lower in GAINS if upper in mats and lower in mats}
+        top = [s for s in SUFFIXES[1:] if s in mats]
+        if "none" in mats and top:
+            contrasts["total_gain"] = (top[-1], "none")
+        intervals = paired_bootstrap_contrasts(
+            mats, contrasts, n_resamples=n_resamples, confidence=CONFIDENCE, seed=seed
+        )
+        for name, interval in intervals.items():
+            row[name] = gains["total" if name == "total_gain" else name]
+            row[f"{name}_low"], row[f"{name}_high"] = interval.low, interval.high
+    row.update(confidence=CONFIDENCE, interval_method="paired percentile-bootstrap", n_resamples=n_resamples)
+    row["notes"] = "; ".join(notes)
+    return row
+
+
+def decomposition_table(df: pd.DataFrame, n_resamples: int, seed: int) -> pd.DataFrame:
+    rows = []
+    for (task, base), group in df.groupby(["task", "base_strategy"], sort=True):
+        row = _decomposition_row(str(task), str(base), group, n_resamples, seed)
+        if row is not None:
+            rows.append(row)
+    return frame(rows, DECOMPOSITION_COLUMNS)
+
+
+def _paired_row(
+    task: str, a: str, b: str, group: pd.DataFrame, n_resamples: int, seed: int
+) -> dict[str, Any]:
+    cell_a, cell_b = group[group["strategy"] == a], group[group["strategy"] == b]
+    matrices, dropped, n_runs = _strict_matrices([cell_a, cell_b])
+    n_items = int(matrices[0].shape[0]) if matrices else 0
+    row: dict[str, Any] = {
+        "task": task, "strategy_a": a, "strategy_b": b, "n_items": n_items, "n_runs": n_runs,
+        "n_pairs": n_items * n_runs, "n_items_dropped": dropped,
+        "n_unscored": int((~cell_a["scored"]).sum() + (~cell_b["scored"]).sum()),
+    }  # fmt: skip
+    if n_items:
+        mat_a, mat_b = matrices
+        interval = paired_bootstrap_diff(
+            mat_a, mat_b, n_resamples=n_resamples, confidence=CONFIDENCE, seed=seed
+        )
+        test = mcnemar_exact(mat_a.ravel(), mat_b.ravel())
+        row.update(
+            acc_a=float(mat_a.mean()), acc_b=float(mat_b.mean()), diff=interval.estimate,
+            diff_low=interval.low, diff_high=interval.high,
+            b01=test.b01, b10=test.b10, mcnemar_p=test.p_value,
+        )  # fmt: skip
+    else:
+        row.update(
+            acc_a=NAN, acc_b=NAN, diff=NAN, diff_low=NAN, diff_high=NAN, b01=NAN, b10=NAN, mcnemar_p=NAN
+        )
+    row.update(
+        mcnemar_unit=MCNEMAR_UNIT, confidence=CONFIDENCE, interval_method="paired percentile-bootstrap",
+        n_resamples=n_resamples,
+    )  # fmt: skip
+    return row
+
+
+def paired_table(df: pd.DataFrame, n_resamples: int, seed: int) -> pd.DataFrame:
+    rows = []
+    for task, group in df.groupby("task", sort=True):
+        strategies = sorted(str(s) for s in group["strategy"].unique())
+        for a, b in itertools.combinations(strategies, 2):
+            rows.append(_paired_row(str(task), a, b, group, n_resamples, seed))
+    return frame(rows, PAIRED_COLUMNS)

@@ -1,0 +1,80 @@
+"""Score matrices (items x runs) from the flat record frame, and the shared table conventions.
+
+A *run* is one (seed, prompt variant) pair; runs are ordered by ``(seed, prompt_variant)``. Items are ordered
+by ``item_id`` (string order). Entry ``[i, j]`` of a matrix holds the record of item ``i`` in run ``j``; it is
+NaN when that record is unscored (errored) or absent.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+
+Run = tuple[int, str]
+FloatMatrix = npt.NDArray[np.float64]
+
+DECIMALS = 6
+"""Every float in every table is rounded to this many decimals, so that CSV files round-trip exactly."""
+
+CONFIDENCE = 0.95
+"""Nominal coverage of every interval in the report."""
+
+TABLE_KEYS: dict[str, tuple[str, ...]] = {
+    "accuracy": ("task", "strategy"),
+    "runs": ("task", "strategy"),
+    "decomposition": ("task", "base_strategy"),
+    "paired": ("task", "strategy_a", "strategy_b"),
+    "tokens": ("task", "strategy"),
+    "timing": ("task", "strategy"),
+}
+"""The tables, in report order, with the columns that identify a row."""
+
+
+def run_label(run: Run) -> str:
+    return f"s{run[0]}/{run[1]}"
+
+
+def cell_runs(cell: pd.DataFrame) -> list[Run]:
+    """The sorted (seed, prompt_variant) runs present in ``cell`` (any record, scored or not)."""
+    return sorted(
+        {
+            (int(seed), str(variant))
+            for seed, variant in zip(cell["seed"], cell["prompt_variant"], strict=True)
+        }
+    )
+
+
+def cell_items(cell: pd.DataFrame) -> list[str]:
+    return sorted({str(item) for item in cell["item_id"]})
+
+
+def score_matrix(cell: pd.DataFrame, column: str, items: list[str], runs: list[Run]) -> FloatMatrix:
+    """``items x runs`` matrix of ``cell[column]``; NaN where unscored or absent.
+
+    Records of items or runs not listed are left out (the caller chose the items and runs to compare).
+    """
+    out = np.full((len(items), len(runs)), np.nan, dtype=np.float64)
+    item_index = {item: i for i, item in enumerate(items)}
+    run_index = {run: j for j, run in enumerate(runs)}
+    for item, seed, variant, value in zip(
+        cell["item_id"], cell["seed"], cell["prompt_variant"], cell[column], strict=True
+    ):
+        i = item_index.get(str(item))
+        j = run_index.get((int(seed), str(variant)))
+        if i is not None and j is not None:
+            out[i, j] = float(value)
+    return out
+
+
+def round_table(table: pd.DataFrame) -> pd.DataFrame:
+    """Round every float column to :data:`DECIMALS` decimals (in place and returned)."""
+    for column in table.columns:
+        if pd.api.types.is_float_dtype(table[column]):
+            table[column] = table[column].round(DECIMALS)
+    return table
+
+
+def frame(rows: list[dict[str, object]], columns: list[str]) -> pd.DataFrame:
+    """A table from row dicts with a fixed column order (so empty tables still have their columns)."""
+    return round_table(pd.DataFrame(rows, columns=columns))

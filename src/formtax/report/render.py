@@ -1,0 +1,222 @@
+"""Render the tables and figures as ``report.md`` and a self-contained ``report.html``."""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from formtax.report.figures import FIGURES
+from formtax.report.matrices import CONFIDENCE, DECIMALS
+
+DESCRIPTIONS: dict[str, str] = {
+    "accuracy": (
+        "Accuracy per task x strategy under the strict and lenient parsers, and the strict parse rate: "
+        "the mean of the items x runs score matrix (run = seed x prompt variant) after dropping items "
+        "with an unscored or absent entry (n_items_dropped)."
+    ),
+    "runs": (
+        "Per-run accuracy (over that run's scored items), then mean and sample std over runs "
+        "(seed x prompt variant), paper 003's way."
+    ),
+    "decomposition": (
+        "Paper 003's decomposition per task and base strategy: strict accuracy at each constraint level on "
+        "common items x runs; format_gain = fc - none, validity_gain = vc - fc, reasoning_gain = vc_rc - vc, "
+        "total_gain = most constrained level - none. The strategy_<level> columns give the level -> strategy "
+        "mapping (none = unconstrained, vc = fc+vc, vc_rc = fc+vc+rc)."
+    ),
+    "paired": (
+        "Every pair of strategies within a task on the items and runs both scored: "
+        "diff = acc_a - acc_b (strict); b01 = pairs only b got right, b10 = pairs only a got right; "
+        "mcnemar_p is the exact McNemar test on the flattened item x run outcomes (each item x run "
+        "counted as one pair, which overstates independence)."
+    ),
+    "tokens": "Mean tokens per scored request: prompt, generated total, forced, and generated per phase.",
+    "timing": "Wall-clock seconds per scored request: mean, median, and the total over the cell.",
+}
+
+_WITH_BOOTSTRAP = {"accuracy", "decomposition", "paired"}
+
+
+@dataclass
+class ReportContext:
+    """What the renderers need besides the tables."""
+
+    df: pd.DataFrame
+    meta: dict[str, Any]
+    manifest: dict[str, Any] | None
+    figures: dict[str, Path]
+
+
+def _covered(name: str, table: pd.DataFrame) -> set[tuple[str, str]]:
+    """The (task, strategy) cells a table's rows are about."""
+    if name == "decomposition":
+        cols = [c for c in table.columns if c.startswith("strategy_")]
+    elif name == "paired":
+        cols = ["strategy_a", "strategy_b"]
+    else:
+        cols = ["strategy"]
+    return {(str(row["task"]), str(row[c])) for _, row in table.iterrows() for c in cols if str(row[c])}
+
+
+def footer(name: str, table: pd.DataFrame, ctx: ReportContext) -> str:
+    """The line under a table: n, unscored count, replicates, interval method."""
+    cells = _covered(name, table)
+    keys = list(zip(ctx.df["task"].astype(str), ctx.df["strategy"].astype(str), strict=True))
+    mask = [key in cells for key in keys]
+    sub = ctx.df[mask]
+    n, unscored = len(sub), int((~sub["scored"]).sum())
+    confidence = f"{100 * CONFIDENCE:g}%"
+    replicates = ctx.meta["n_resamples"] if name in _WITH_BOOTSTRAP else 0
+    seed = f", bootstrap seed = {ctx.meta['seed']}" if name in _WITH_BOOTSTRAP else ""
+    method = {
+        "accuracy": f"{confidence} percentile bootstrap resampling items and runs jointly",
+        "decomposition": f"{confidence} paired percentile bootstrap over common items x runs (gains jointly)",
+        "paired": f"{confidence} paired percentile bootstrap; p-value: exact McNemar on flattened item x run "
+        "pairs",
+        "runs": "none (mean and sample std, ddof=1, over runs)",
+        "tokens": "none (means over scored records)",
+        "timing": "none (mean, median, total over scored records)",
+    }[name]
+    return (
+        f"n = {n} records ({n - unscored} scored), unscored = {unscored}, replicates = {replicates}, "
+        f"interval = {method}{seed}."
+    )
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, float):
+        return "n/a" if math.isnan(value) else f"{value:.4g}"
+    if value is None:
+        return ""
+    return str(value)
+
+
+def _section(manifest: dict[str, Any], key: str) -> dict[str, Any]:
+    value = manifest.get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def manifest_lines(ctx: ReportContext) -> list[tuple[str, str]]:
+    """(label, value) pairs for the report header."""
+    lines = [("records model(s)", ", ".join(sorted(str(m) for m in ctx.df["model"].unique())))]
+    manifest = ctx.manifest
+    if manifest is None:
+        lines.append(("manifest", "none (no manifest.json in the run directory)"))
+    else:
+        backend = _section(manifest, "backend")
+        config = _section(manifest, "config")
+        model = manifest.get("model") or backend.get("model") or config.get("model") or "unknown"
+        git = _section(manifest, "git")
+        commit = git.get("commit") or manifest.get("git_commit") or manifest.get("commit") or "unknown"
+        if git.get("dirty"):
+            commit = f"{commit} (uncommitted changes)"
+        lines += [("model", str(model)), ("git commit", str(commit))]
+        if manifest.get("status"):
+            lines.append(("run status", str(manifest["status"])))
+        for key, value in config.items():
+            shown = json.dumps(value, sort_keys=True, default=str)
+            lines.append((f"config.{key}", shown if len(shown) <= 120 else shown[:117] + "..."))
+    meta = ctx.meta
+    lines += [
+        ("formtax version", str(meta["formtax_version"])),
+        ("records.jsonl sha256", str(meta["records_sha256"])),
+        ("bootstrap", f"{meta['n_resamples']} replicates, seed {meta['seed']}"),
+    ]
+    return lines
+
+
+def _md_cell(value: Any) -> str:
+    return _text(value).replace("|", "\\|").replace("\n", " ")
+
+
+def markdown_table(table: pd.DataFrame) -> str:
+    header = "| " + " | ".join(_md_cell(c) for c in table.columns) + " |"
+    rule = "| " + " | ".join("---" for _ in table.columns) + " |"
+    body = ["| " + " | ".join(_md_cell(v) for v in row) + " |" for row in table.itertuples(index=False)]
+    if not body:
+        body = ["| " + " | ".join("" for _ in table.columns) + " |"]
+    return "\n".join([header, rule, *body])
+
+
+def render_markdown(tables: dict[str, pd.DataFrame], ctx: ReportContext) -> str:
+    out = ["# formtax report", ""]
+    out += [f"- **{label}**: {_md_cell(value)}" for label, value in manifest_lines(ctx)]
+    out += [
+        "",
+        "Numbers below show 4 significant digits; `tables/*.csv` hold every value rounded to "
+        f"{DECIMALS} decimals, and `formtax.report.verify_report` recomputes them from `records.jsonl`.",
+        "",
+    ]
+    for name, table in tables.items():
+        out += [
+            f"## {name}",
+            "",
+            DESCRIPTIONS[name],
+            "",
+            markdown_table(table),
+            "",
+            footer(name, table, ctx),
+            "",
+        ]
+    out += ["## Figures", ""]
+    for stem, caption in FIGURES.items():
+        if stem in ctx.figures:
+            out += [f"![{stem}](figures/{ctx.figures[stem].name})", "", caption, ""]
+    return "\n".join(out)
+
+
+def html_table(table: pd.DataFrame) -> str:
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in table.columns)
+    rows = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(_text(v))}</td>" for v in row) + "</tr>"
+        for row in table.itertuples(index=False)
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
+
+
+_STYLE = (
+    "body{font-family:sans-serif;margin:2em;}"
+    "table{border-collapse:collapse;font-size:0.85em;margin:0.5em 0;}"
+    "th,td{border:1px solid #bbb;padding:2px 6px;text-align:right;} th{background:#eee;}"
+    ".footer{color:#444;font-size:0.9em;} .table-wrap{overflow-x:auto;} img{max-width:100%;}"
+)
+
+
+def render_html(tables: dict[str, pd.DataFrame], ctx: ReportContext) -> str:
+    parts = [
+        "<!DOCTYPE html>",
+        '<html><head><meta charset="utf-8"><title>formtax report</title>',
+        f"<style>{_STYLE}</style></head><body>",
+        "<h1>formtax report</h1><ul>",
+    ]
+    parts += [
+        f"<li><b>{html.escape(label)}</b>: {html.escape(value)}</li>" for label, value in manifest_lines(ctx)
+    ]
+    parts.append(
+        "</ul><p>Numbers show 4 significant digits; tables/*.csv hold every value rounded to "
+        f"{DECIMALS} decimals.</p>"
+    )
+    for name, table in tables.items():
+        parts += [
+            f"<h2>{html.escape(name)}</h2>",
+            f"<p>{html.escape(DESCRIPTIONS[name])}</p>",
+            f'<div class="table-wrap">{html_table(table)}</div>',
+            f'<p class="footer">{html.escape(footer(name, table, ctx))}</p>',
+        ]
+    parts.append("<h2>Figures</h2>")
+    for stem, caption in FIGURES.items():
+        if stem in ctx.figures:
+            data = base64.b64encode(ctx.figures[stem].read_bytes()).decode("ascii")
+            parts += [
+                f'<figure><img alt="{html.escape(stem)}" src="data:image/png;base64,{data}">',
+                f"<figcaption>{html.escape(caption)}</figcaption></figure>",
+            ]
+    parts.append("</body></html>")
+    return "\n".join(parts)

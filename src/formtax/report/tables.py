@@ -1,0 +1,204 @@
+"""Per task x strategy tables: ``accuracy``, ``runs``, ``tokens`` and ``timing``; and :func:`compute_tables`.
+
+Conventions shared by every table:
+
+- An errored record (``error`` set) is *unscored*: it is left out of every number and counted in the
+  ``n_unscored`` column.
+- ``accuracy``: the score matrix of a cell is items x runs (run = seed x prompt variant). Items with an
+  unscored or absent entry are dropped (:func:`formtax.stats.complete_cases`; counted in
+  ``n_items_dropped``), and the accuracy is the mean of what remains, with a 95% percentile bootstrap
+  interval resampling items and runs jointly (:func:`formtax.stats.percentile_bootstrap_mean`). The strict
+  parse rate is computed the same way.
+- ``runs``: per-run accuracy over that run's scored items, then mean and sample std (ddof=1) over runs
+  (:func:`formtax.stats.mean_std_over_runs`), paper 003's way.
+- ``tokens`` and ``timing``: means over scored records.
+
+Every float is rounded to :data:`~formtax.report.matrices.DECIMALS` decimals.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from formtax.report.comparisons import decomposition_table, paired_table
+from formtax.report.load import phases_of
+from formtax.report.matrices import (
+    CONFIDENCE,
+    TABLE_KEYS,
+    cell_items,
+    cell_runs,
+    frame,
+    run_label,
+    score_matrix,
+)
+from formtax.stats import Interval, complete_cases, mean_std_over_runs, percentile_bootstrap_mean
+
+NAN = math.nan
+
+ACCURACY_COLUMNS = [
+    "task", "strategy", "n_items", "n_runs", "n_records", "n_scored", "n_unscored", "n_missing",
+    "n_items_used", "n_items_dropped",
+    "acc_strict", "acc_strict_low", "acc_strict_high",
+    "acc_lenient", "acc_lenient_low", "acc_lenient_high",
+    "parse_rate_strict", "parse_rate_strict_low", "parse_rate_strict_high",
+    "confidence", "interval_method", "resampling", "n_resamples",
+]  # fmt: skip
+
+RUNS_COLUMNS = [
+    "task", "strategy", "n_runs", "n_runs_used", "n_scored", "n_unscored",
+    "acc_strict_mean", "acc_strict_std", "acc_lenient_mean", "acc_lenient_std",
+    "acc_strict_min", "acc_strict_max", "std_ddof", "runs",
+]  # fmt: skip
+
+TIMING_COLUMNS = [
+    "task", "strategy", "n_scored", "n_unscored", "n_timed",
+    "wall_s_mean", "wall_s_median", "wall_s_total", "batch_wall_s_mean",
+]  # fmt: skip
+
+
+def _cells(df: pd.DataFrame) -> list[tuple[str, str, pd.DataFrame]]:
+    """``(task, strategy, records)`` for every cell, sorted by task then strategy."""
+    return [
+        (str(task), str(strategy), cell)
+        for (task, strategy), cell in df.groupby(["task", "strategy"], sort=True)
+    ]
+
+
+def _interval(matrix: np.ndarray, n_resamples: int, seed: int) -> tuple[float, float, float]:
+    if matrix.shape[0] == 0:
+        return NAN, NAN, NAN
+    result: Interval = percentile_bootstrap_mean(
+        matrix, n_resamples=n_resamples, confidence=CONFIDENCE, seed=seed
+    )
+    return result.estimate, result.low, result.high
+
+
+def accuracy_table(df: pd.DataFrame, n_resamples: int, seed: int) -> pd.DataFrame:
+    rows: list[dict[str, Any]] = []
+    for task, strategy, cell in _cells(df):
+        items, runs = cell_items(cell), cell_runs(cell)
+        matrices = [
+            score_matrix(cell, col, items, runs)
+            for col in ("score_strict", "score_lenient", "parse_ok_strict")
+        ]
+        (strict, lenient, parse_ok), n_dropped = complete_cases(*matrices)
+        n_scored = int(cell["scored"].sum())
+        row: dict[str, Any] = {
+            "task": task,
+            "strategy": strategy,
+            "n_items": len(items),
+            "n_runs": len(runs),
+            "n_records": len(cell),
+            "n_scored": n_scored,
+            "n_unscored": len(cell) - n_scored,
+            "n_missing": len(items) * len(runs) - len(cell),
+            "n_items_used": int(strict.shape[0]),
+            "n_items_dropped": n_dropped,
+        }
+        for name, matrix in (
+            ("acc_strict", strict),
+            ("acc_lenient", lenient),
+            ("parse_rate_strict", parse_ok),
+        ):
+            row[name], row[f"{name}_low"], row[f"{name}_high"] = _interval(matrix, n_resamples, seed)
+        row.update(
+            confidence=CONFIDENCE,
+            interval_method="percentile-bootstrap",
+            resampling="items x runs jointly",
+            n_resamples=n_resamples,
+        )
+        rows.append(row)
+    return frame(rows, ACCURACY_COLUMNS)
+
+
+def runs_table(df: pd.DataFrame) -> pd.DataFrame:
+    rows: list[dict[str, Any]] = []
+    for task, strategy, cell in _cells(df):
+        runs = cell_runs(cell)
+        scored = cell[cell["scored"]]
+        per_run: dict[str, dict[tuple[int, str], float]] = {"strict": {}, "lenient": {}}
+        for (seed, variant), group in scored.groupby(["seed", "prompt_variant"], sort=True):
+            for parser in per_run:
+                per_run[parser][(int(seed), str(variant))] = float(group[f"score_{parser}"].mean())
+        row: dict[str, Any] = {
+            "task": task,
+            "strategy": strategy,
+            "n_runs": len(runs),
+            "n_runs_used": len(per_run["strict"]),
+            "n_scored": len(scored),
+            "n_unscored": len(cell) - len(scored),
+        }
+        for parser, by_run in per_run.items():
+            mean, std = mean_std_over_runs(by_run) if by_run else (NAN, NAN)
+            row[f"acc_{parser}_mean"], row[f"acc_{parser}_std"] = mean, std
+        strict_values = list(per_run["strict"].values())
+        row["acc_strict_min"] = min(strict_values) if strict_values else NAN
+        row["acc_strict_max"] = max(strict_values) if strict_values else NAN
+        row["std_ddof"] = 1
+        row["runs"] = ";".join(run_label(run) for run in runs)
+        rows.append(row)
+    return frame(rows, RUNS_COLUMNS)
+
+
+def tokens_table(df: pd.DataFrame) -> pd.DataFrame:
+    phases = phases_of(df)
+    means = ["tokens_prompt", "tokens_total", "tokens_forced"] + [f"tokens_{phase}" for phase in phases]
+    columns = ["task", "strategy", "n_scored", "n_unscored", "n_counted"] + [f"{name}_mean" for name in means]
+    rows: list[dict[str, Any]] = []
+    for task, strategy, cell in _cells(df):
+        scored = cell[cell["scored"]]
+        row: dict[str, Any] = {
+            "task": task,
+            "strategy": strategy,
+            "n_scored": len(scored),
+            "n_unscored": len(cell) - len(scored),
+            "n_counted": int(scored["tokens_total"].notna().sum()),
+        }
+        for name in means:
+            values = scored[name].dropna()
+            row[f"{name}_mean"] = float(values.mean()) if len(values) else NAN
+        rows.append(row)
+    return frame(rows, columns)
+
+
+def timing_table(df: pd.DataFrame) -> pd.DataFrame:
+    rows: list[dict[str, Any]] = []
+    for task, strategy, cell in _cells(df):
+        scored = cell[cell["scored"]]
+        wall = scored["wall_s"].dropna()
+        batch = scored["batch_wall_s"].dropna()
+        rows.append(
+            {
+                "task": task,
+                "strategy": strategy,
+                "n_scored": len(scored),
+                "n_unscored": len(cell) - len(scored),
+                "n_timed": len(wall),
+                "wall_s_mean": float(wall.mean()) if len(wall) else NAN,
+                "wall_s_median": float(wall.median()) if len(wall) else NAN,
+                "wall_s_total": float(wall.sum()),
+                "batch_wall_s_mean": float(batch.mean()) if len(batch) else NAN,
+            }
+        )
+    return frame(rows, TIMING_COLUMNS)
+
+
+def compute_tables(df: pd.DataFrame, n_resamples: int = 10_000, seed: int = 0) -> dict[str, pd.DataFrame]:
+    """Every report table from a frame of :func:`~formtax.report.load_records`, keyed by CSV file stem.
+
+    Deterministic given ``seed``: each bootstrap uses ``seed`` for its own generator.
+    """
+    tables = {
+        "accuracy": accuracy_table(df, n_resamples, seed),
+        "runs": runs_table(df),
+        "decomposition": decomposition_table(df, n_resamples, seed),
+        "paired": paired_table(df, n_resamples, seed),
+        "tokens": tokens_table(df),
+        "timing": timing_table(df),
+    }
+    assert list(tables) == list(TABLE_KEYS)
+    return tables

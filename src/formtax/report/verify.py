@@ -1,0 +1,142 @@
+"""Check a written report against its records: recompute every table and compare every CSV cell.
+
+The tables are recomputed from ``records.jsonl`` with the ``n_resamples`` and ``seed`` stored in
+``tables/meta.json``, written to CSV text exactly as :func:`~formtax.report.write_report` writes them, and
+compared cell by cell with the written files, rows matched by their key columns. Text cells must be equal.
+Numeric cells are equal when their text is identical or, after parsing, when both are empty (NaN) or differ
+by at most :data:`TOLERANCE` (values are already rounded to 6 decimals, so this accepts only a different
+spelling of the same number, e.g. ``0.5`` vs ``0.500000``).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from formtax.errors import DataError
+from formtax.report.load import load_records, records_path, sha256_of
+from formtax.report.matrices import TABLE_KEYS
+from formtax.report.tables import compute_tables
+from formtax.report.write import META_FILE, TABLES_DIR, table_to_csv
+
+TOLERANCE = 1e-9
+
+
+def _read_csv(text: str) -> pd.DataFrame:
+    return pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False)
+
+
+def _close(written: str, recomputed: str) -> bool:
+    try:
+        w = float(written) if written.strip() else math.nan
+        r = float(recomputed) if recomputed.strip() else math.nan
+    except ValueError:
+        return False
+    if math.isnan(w) or math.isnan(r):
+        return math.isnan(w) and math.isnan(r)
+    return abs(w - r) <= TOLERANCE
+
+
+def _shown(text: str) -> str:
+    return text if text != "" else "(empty)"
+
+
+def compare_table(name: str, written_text: str, expected: pd.DataFrame) -> list[str]:
+    """Mismatches between a written CSV's text and the recomputed table ``expected``."""
+    label = f"{name}.csv"
+    try:
+        written = _read_csv(written_text)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
+        return [f"{label}: cannot be read as CSV ({exc})"]
+    recomputed = _read_csv(table_to_csv(expected))
+    numeric = {
+        str(c)
+        for c in expected.columns
+        if pd.api.types.is_numeric_dtype(expected[c]) and not pd.api.types.is_bool_dtype(expected[c])
+    }
+    keys = list(TABLE_KEYS[name])
+    problems = [f"{label}: column {c} is missing" for c in recomputed.columns if c not in written.columns]
+    problems += [f"{label}: unexpected column {c}" for c in written.columns if c not in recomputed.columns]
+    if any(k not in written.columns for k in keys):
+        return problems
+    written_rows: dict[tuple[str, ...], int] = {}
+    for position, key in enumerate(zip(*(written[k] for k in keys), strict=True)):
+        if key in written_rows:
+            problems.append(f"{label}: duplicate row ({', '.join(key)})")
+        else:
+            written_rows[key] = position
+    expected_keys = [tuple(key) for key in zip(*(recomputed[k] for k in keys), strict=True)]
+    for position, key in enumerate(expected_keys):
+        row_name = f"row ({', '.join(key)})"
+        if key not in written_rows:
+            problems.append(f"{label}: {row_name} is missing")
+            continue
+        w_row = written.iloc[written_rows[key]]
+        r_row = recomputed.iloc[position]
+        for column in recomputed.columns:
+            if column in keys or column not in written.columns:
+                continue
+            w, r = str(w_row[column]), str(r_row[column])
+            if w == r or (column in numeric and _close(w, r)):
+                continue
+            problems.append(
+                f"{label} {row_name} column {column}: written {_shown(w)}, recomputed {_shown(r)}"
+            )
+    expected_set = set(expected_keys)
+    problems += [f"{label}: extra row ({', '.join(key)})" for key in written_rows if key not in expected_set]
+    return problems
+
+
+def verify_report(run_dir: Path) -> list[str]:
+    """Recompute every table and compare it with the written report; an empty list means verified.
+
+    Reports, as human-readable lines: a missing ``meta.json`` or table file, a ``records.jsonl`` whose sha256
+    differs from the one recorded at report time, records that can no longer be read, and every cell, row or
+    column that differs (naming the table, the row key and the column).
+    """
+    run_dir = Path(run_dir)
+    tables_dir = run_dir / TABLES_DIR
+    meta_path = tables_dir / META_FILE
+    if not meta_path.is_file():
+        return [f"{TABLES_DIR}/{META_FILE} is missing: no report to verify in {run_dir}"]
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        n_resamples, seed, recorded_sha = (
+            int(meta["n_resamples"]),
+            int(meta["seed"]),
+            str(meta["records_sha256"]),
+        )
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError) as exc:
+        return [f"{TABLES_DIR}/{META_FILE} is unreadable or incomplete ({exc!r})"]
+    path = records_path(run_dir)
+    if not path.is_file():
+        return [f"{path.name} is missing: cannot recompute the tables"]
+    problems: list[str] = []
+    sha = sha256_of(path)
+    if sha != recorded_sha:
+        problems.append(
+            f"{path.name} changed since the report was written: its sha256 is now {sha}, the report was made "
+            f"from {recorded_sha}"
+        )
+    try:
+        df = load_records(run_dir)
+    except DataError as exc:
+        problems.append(f"cannot recompute the tables: {exc}")
+        return problems
+    expected = compute_tables(df, n_resamples=n_resamples, seed=seed)
+    for name, table in expected.items():
+        csv_path = tables_dir / f"{name}.csv"
+        if not csv_path.is_file():
+            problems.append(f"{name}.csv is missing")
+            continue
+        problems += compare_table(name, csv_path.read_text(encoding="utf-8"), table)
+    problems += [
+        f"{extra.name}: unexpected table file (compute_tables makes no such table)"
+        for extra in sorted(tables_dir.glob("*.csv"))
+        if extra.stem not in expected
+    ]
+    return problems

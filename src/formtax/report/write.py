@@ -1,0 +1,91 @@
+"""Write a run directory's report: ``tables/*.csv``, ``tables/meta.json``, ``figures/*.png``, ``report.md``,
+``report.html``."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from formtax.errors import DataError
+from formtax.report.figures import write_figures
+from formtax.report.load import MANIFEST_FILE, load_records, records_path, sha256_of
+from formtax.report.matrices import CONFIDENCE, DECIMALS, TABLE_KEYS
+from formtax.report.render import ReportContext, render_html, render_markdown
+from formtax.report.tables import compute_tables
+
+TABLES_DIR = "tables"
+FIGURES_DIR = "figures"
+META_FILE = "meta.json"
+
+
+def table_to_csv(table: pd.DataFrame) -> str:
+    """The CSV text of a table (no index; NaN as an empty cell; floats as Python writes them)."""
+    return table.to_csv(index=False, lineterminator="\n")
+
+
+def formtax_version() -> str:
+    import formtax
+
+    return str(formtax.__version__)
+
+
+def read_manifest(run_dir: Path) -> dict[str, Any] | None:
+    """``run_dir/manifest.json`` as a dict, or None when absent."""
+    path = Path(run_dir) / MANIFEST_FILE
+    if not path.is_file():
+        return None
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise DataError(f"{path}: not valid JSON ({exc})") from exc
+    if not isinstance(manifest, dict):
+        raise DataError(f"{path}: expected a JSON object, got {type(manifest).__name__}")
+    return manifest
+
+
+def write_report(run_dir: Path, n_resamples: int = 10_000, seed: int = 0) -> Path:
+    """Compute every table from ``run_dir/records.jsonl`` and write the report files; returns ``report.md``.
+
+    Raises:
+        DataError: records.jsonl is missing or malformed, or manifest.json is not a JSON object.
+    """
+    run_dir = Path(run_dir)
+    path = records_path(run_dir)
+    if not path.is_file():
+        raise DataError(f"records file not found: {path}")
+    sha = sha256_of(path)
+    df = load_records(run_dir)
+    if sha256_of(path) != sha:
+        raise DataError(f"{path} changed while the report was being computed; run write_report again")
+    manifest = read_manifest(run_dir)
+    tables = compute_tables(df, n_resamples=n_resamples, seed=seed)
+
+    tables_dir = run_dir / TABLES_DIR
+    tables_dir.mkdir(parents=True, exist_ok=True)
+    for name, table in tables.items():
+        (tables_dir / f"{name}.csv").write_text(table_to_csv(table), encoding="utf-8")
+    meta: dict[str, Any] = {
+        "n_resamples": n_resamples,
+        "seed": seed,
+        "confidence": CONFIDENCE,
+        "decimals": DECIMALS,
+        "formtax_version": formtax_version(),
+        "records_file": path.name,
+        "records_sha256": sha,
+        "n_records": len(df),
+        "tables": list(tables),
+        "table_keys": {name: list(keys) for name, keys in TABLE_KEYS.items()},
+        "generated_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+    (tables_dir / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+
+    figures = write_figures(tables, run_dir / FIGURES_DIR)
+    ctx = ReportContext(df=df, meta=meta, manifest=manifest, figures=figures)
+    report_md = run_dir / "report.md"
+    report_md.write_text(render_markdown(tables, ctx), encoding="utf-8")
+    (run_dir / "report.html").write_text(render_html(tables, ctx), encoding="utf-8")
+    return report_md

@@ -1,0 +1,133 @@
+"""The evaluation grid: task x strategy spec x prompt variant x seed, expanded into planned requests.
+
+A strategy spec is ``NAME[@LEVEL][+rc]``: LEVEL is paper 003's constraint level (``none``: the strategy's prompt
+and budget with no mask; ``fc``: format constraint, the answer any string; ``vc``: validity constraint, the typed
+answer space; the default for constrained strategies), ``+rc`` adds the reasoning constraint (a forced
+"Let's think step by step." prefix). ``free`` and ``short`` are always unconstrained.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from formtax.constraints.spec import Constraint, parse_spec
+from formtax.errors import ConfigError
+from formtax.strategies import get_strategy
+from formtax.strategies.base import Strategy
+from formtax.tasks import ANSWER_PREFIX, Item, OutputFormat, Task, build_messages, conversion_messages, variant_id
+
+RC_PREFIX = "Let's think step by step."
+LEVELS = ("none", "fc", "vc")
+
+
+@dataclass(frozen=True)
+class StrategySpec:
+    spec: str
+    name: str
+    level: str
+    rc: bool
+
+    @property
+    def strategy(self) -> Strategy:
+        return get_strategy(self.name)
+
+
+def parse_strategy_spec(spec: str) -> StrategySpec:
+    s = spec.strip()
+    rc = s.endswith("+rc")
+    if rc:
+        s = s[: -len("+rc")]
+    name, _, level = s.partition("@")
+    strat = get_strategy(name)  # unknown names list the known ones
+    if not strat.requires_constraint:
+        if level and level != "none":
+            raise ConfigError(f"strategy {name!r} is unconstrained; it takes no level (got {spec!r})")
+        level = "none"
+    level = level or "vc"
+    if level not in LEVELS:
+        raise ConfigError(f"unknown constraint level {level!r} in {spec!r}; use one of {', '.join(LEVELS)}")
+    return StrategySpec(spec=spec.strip(), name=name, level=level, rc=rc)
+
+
+def answer_spec(task: Task, item: Item, s: StrategySpec) -> str:
+    """The answer constraint for this item: the template (or, for json, the answer field) at the spec's level.
+
+    Level ``none`` still has a constraint: it is not enforced, only used to read the answer.
+    """
+    slot = task.answer_slot("fc" if s.level == "fc" else "vc", item)
+    if s.strategy.output_format == OutputFormat.JSON.value:
+        return slot
+    return ANSWER_PREFIX + slot
+
+
+@dataclass
+class Planned:
+    request_id: str
+    task: str
+    item: Item
+    spec: StrategySpec
+    prompt_variant: str
+    seed: int
+    shots: int
+    messages: list[dict[str, str]]
+    answer: str | None
+    output_format: str
+    format_variant: int
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def constraint(self) -> Constraint | None:
+        return parse_spec(self.answer) if self.answer is not None else None
+
+    def conversion(self, task: Task) -> Any:
+        return lambda text: conversion_messages(task, self.item, text, self.format_variant)
+
+
+def request_id(task: str, item_id: str, spec: str, variant: str, seed: int, shots: int) -> str:
+    key = json.dumps([task, item_id, spec, variant, seed, shots])
+    return hashlib.sha256(key.encode()).hexdigest()[:20]
+
+
+def plan_grid(
+    task: Task,
+    items: list[Item],
+    specs: list[StrategySpec],
+    variants: list[tuple[int, int]],
+    seeds: list[int],
+    shots: int,
+    shot_seed: int = 0,
+) -> list[Planned]:
+    """Every request of the grid, in a stable order (strategy, variant, seed, item)."""
+    shot_items = task.shots(shots, shot_seed, {it.id for it in items}) if shots else []
+    out: list[Planned] = []
+    for s in specs:
+        fmt = OutputFormat(s.strategy.output_format)
+        for tv, fv in variants:
+            vid = variant_id(tv, fv)
+            for seed in seeds:
+                for it in items:
+                    msgs = build_messages(task, it, fmt, tv, fv, shot_items)
+                    ans = answer_spec(task, it, s)
+                    out.append(Planned(request_id(task.name, it.id, s.spec, vid, seed, shots), task.name, it, s, vid,
+                                       seed, shots, msgs, ans, fmt.value, fv))
+    return out
+
+
+def check_prompt_identity(planned: list[Planned], render: Any) -> None:
+    """Strategies that share an expected output format must see byte-identical prompts; refuse otherwise."""
+    seen: dict[tuple[str, str, str, int, str], tuple[str, str]] = {}
+    groups: dict[str, set[str]] = defaultdict(set)
+    for p in planned:
+        key = (p.task, p.item.id, p.prompt_variant, p.seed, p.output_format)
+        text = render(p.messages)
+        groups[p.output_format].add(p.spec.spec)
+        if key in seen and seen[key][0] != text:
+            raise ConfigError(
+                f"prompts differ between strategies {seen[key][1]!r} and {p.spec.spec!r} that share the output "
+                f"format {p.output_format!r} (task {p.task}, item {p.item.id}, variant {p.prompt_variant}); "
+                "refusing to run an unfair comparison"
+            )
+        seen.setdefault(key, (text, p.spec.spec))

@@ -1,0 +1,155 @@
+"""The resumable runner on the fake backend: resume, refusal, crash recovery, prompt identity."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from formtax.backends.fake import FakeBackend, random_logits
+from formtax.errors import ConfigError
+from formtax.records import read_records
+from formtax.runner import RunConfig, run
+from formtax.runner.grid import Planned, check_prompt_identity, parse_strategy_spec
+
+STRATS = ["free", "short", "constrained", "json@fc", "json@vc", "inwriting", "nl2format", "inwriting@vc+rc"]
+
+
+def cfg(**kw):
+    base = dict(task="arith", strategies=STRATS, backend="fake", limit=5, seeds=2, batch_size=3)
+    base.update(kw)
+    return RunConfig(**base)
+
+
+class InterruptAfter(FakeBackend):
+    """Raises KeyboardInterrupt (like Ctrl-C) when the n-th batch starts."""
+
+    def __init__(self, n):
+        super().__init__(random_logits(seed=0), model_id="fake-random-0")
+        self.n = n
+
+    def new_batch(self, prompts):
+        if len(self.batches) >= self.n:
+            raise KeyboardInterrupt
+        return super().new_batch(prompts)
+
+
+def test_full_run_records_every_request_once(tmp_path):
+    s = run(cfg(), tmp_path)
+    recs = read_records(tmp_path / "records.jsonl")
+    assert s.planned == len(recs) == 5 * 2 * len(STRATS)
+    assert len({r.request_id for r in recs}) == len(recs)
+    assert all(r.constraint_ok for r in recs if r.level != "none")
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["status"] == "complete"
+    assert manifest["config"]["task"] == "arith" and manifest["packages"]["torch"]
+
+
+def test_interrupt_then_resume_loses_and_duplicates_nothing(tmp_path):
+    with pytest.raises(KeyboardInterrupt):
+        run(cfg(), tmp_path, backend=InterruptAfter(4))
+    before = (tmp_path / "records.jsonl").read_bytes()
+    assert before and before.endswith(b"\n")
+    assert json.loads((tmp_path / "manifest.json").read_text())["status"] == "interrupted"
+    s = run(cfg(), tmp_path)
+    after = (tmp_path / "records.jsonl").read_bytes()
+    assert after.startswith(before)  # nothing rewritten
+    recs = read_records(tmp_path / "records.jsonl")
+    assert len(recs) == s.planned and len({r.request_id for r in recs}) == s.planned
+    assert s.skipped == before.count(b"\n")
+
+
+def test_unfinished_last_line_is_moved_aside(tmp_path):
+    run(cfg(strategies=["free"]), tmp_path)
+    path = tmp_path / "records.jsonl"
+    full = path.read_bytes()
+    lines = full.splitlines(keepends=True)
+    path.write_bytes(b"".join(lines[:-1]) + lines[-1][:40])  # a hard kill mid-write
+    s = run(cfg(strategies=["free"]), tmp_path)
+    assert s.done == 1
+    assert len(read_records(path)) == len(lines)
+    assert (tmp_path / "records.jsonl.partial").read_bytes().count(lines[-1][:40]) == 1
+
+
+def test_other_config_is_refused(tmp_path):
+    run(cfg(strategies=["free"]), tmp_path)
+    with pytest.raises(ConfigError, match="another configuration .*limit"):
+        run(cfg(strategies=["free"], limit=6), tmp_path)
+    run(cfg(strategies=["free"], batch_size=1), tmp_path)  # speed options may change
+
+
+def test_limit_takes_the_same_items_for_every_strategy(tmp_path):
+    run(cfg(), tmp_path)
+    recs = read_records(tmp_path / "records.jsonl")
+    by = {}
+    for r in recs:
+        by.setdefault(r.strategy, set()).add(r.item_id)
+    assert len({frozenset(v) for v in by.values()}) == 1
+
+
+def test_shared_output_format_means_byte_identical_prompts(tmp_path):
+    run(cfg(strategies=["free", "inwriting", "nl2format", "json@fc", "json@vc"]), tmp_path)
+    recs = read_records(tmp_path / "records.jsonl")
+    groups = {}
+    for r in recs:
+        groups.setdefault((r.item_id, r.seed, r.output_format), set()).add(r.prompt_hash)
+    assert all(len(v) == 1 for v in groups.values())
+
+
+def test_prompt_difference_is_refused():
+    from formtax.tasks import Item, get_task
+
+    s1, s2 = parse_strategy_spec("free"), parse_strategy_spec("inwriting")
+    it = Item(id="1", question="q", gold="1")
+    a = Planned("a", "arith", it, s1, "t1f1", 0, 0, [{"role": "user", "content": "x"}], None, "reason-answer", 1)
+    b = Planned("b", "arith", it, s2, "t1f1", 0, 0, [{"role": "user", "content": "y"}], None, "reason-answer", 1)
+    with pytest.raises(ConfigError, match="prompts differ"):
+        check_prompt_identity([a, b], repr)
+    get_task("arith")
+
+
+def test_unknown_strategy_level_and_task_fail_clearly(tmp_path):
+    with pytest.raises(ConfigError, match="unknown strategy"):
+        run(cfg(strategies=["nope"]), tmp_path)
+    with pytest.raises(ConfigError, match="unknown constraint level"):
+        run(cfg(strategies=["json@xx"]), tmp_path)
+    with pytest.raises(ConfigError, match="takes no level"):
+        run(cfg(strategies=["free@vc"]), tmp_path)
+    with pytest.raises(ConfigError):
+        run(cfg(task="nope"), tmp_path)
+
+
+def test_missing_data_file_names_the_path(tmp_path):
+    from formtax.errors import DataError
+
+    with pytest.raises(DataError, match=str(tmp_path)):
+        run(cfg(task="gsm8k", data_dir=str(tmp_path)), tmp_path / "out")
+
+
+def test_sigkill_mid_run_then_rerun(tmp_path):
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "formtax", "run", "--backend", "fake", "--task", "arith", "--strategies",
+           "free,constrained", "--limit", "150", "--batch-size", "1", "--max-tokens", "64", "--out", str(out)]
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    path = out / "records.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if path.exists() and path.read_bytes().count(b"\n") >= 20:
+            break
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    killed = proc.poll() is None
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert killed, "the run finished before it could be killed; raise --limit"
+    n_before = len(read_records(path))
+    assert 20 <= n_before < 300
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    recs = read_records(path)
+    assert len(recs) == 300 and len({r.request_id for r in recs}) == 300
