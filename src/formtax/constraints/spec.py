@@ -321,7 +321,7 @@ class JsonReasonAnswer(Constraint):
         return JSON_SCAFFOLD + self.reason_tokens + self.answer_bound(self.answer, 0)
 
 
-JSON_SCAFFOLD = len('{"reason": "", "answer": }'.encode())
+JSON_SCAFFOLD = len(b'{"reason": "", "answer": }')
 
 
 def _read_arg(arg: str, what: str) -> str:

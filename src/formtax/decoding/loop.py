@@ -28,6 +28,7 @@ class Plan:
     allowed: torch.Tensor | None = None  # bool [n_logits]; None = unconstrained
     banned: Sequence[int] = ()  # tokens never chosen at this step (e.g. EOS in InWriting's preamble)
     measure_mass: bool = False  # record the probability mass outside ``allowed`` (exact, full distribution)
+    scores: torch.Tensor | None = None  # choose from these instead of the raw logits (e.g. Deco-G's reweighting)
     stop: str | None = None  # finish the row now, without a token (e.g. the grammar is complete)
     event: dict[str, Any] | None = None  # a strategy statistic to record at this step
 
@@ -152,7 +153,8 @@ def decode(
             if plan.forced is not None:
                 token, forced, masked = plan.forced, True, plan.allowed is not None
             else:
-                token, masked = _choose(row_logits, plan, temperature, gens[i])
+                base = plan.scores if plan.scores is not None else row_logits
+                token, masked = _choose(base, plan, temperature, gens[i])
                 forced = plan.allowed is not None and int(plan.allowed.sum().item()) == 1
             out.tokens.append(token)
             out.steps.append(Step(token, req.policy.phase, forced, masked))

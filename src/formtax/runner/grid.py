@@ -18,7 +18,15 @@ from formtax.constraints.spec import Constraint, parse_spec
 from formtax.errors import ConfigError
 from formtax.strategies import get_strategy
 from formtax.strategies.base import Strategy
-from formtax.tasks import ANSWER_PREFIX, Item, OutputFormat, Task, build_messages, conversion_messages, variant_id
+from formtax.tasks import (
+    ANSWER_PREFIX,
+    Item,
+    OutputFormat,
+    Task,
+    build_messages,
+    conversion_messages,
+    variant_id,
+)
 
 RC_PREFIX = "Let's think step by step."
 LEVELS = ("none", "fc", "vc")
@@ -54,14 +62,9 @@ def parse_strategy_spec(spec: str) -> StrategySpec:
 
 
 def answer_spec(task: Task, item: Item, s: StrategySpec) -> str:
-    """The answer constraint for this item: the template (or, for json, the answer field) at the spec's level.
-
-    Level ``none`` still has a constraint: it is not enforced, only used to read the answer.
-    """
-    slot = task.answer_slot("fc" if s.level == "fc" else "vc", item)
-    if s.strategy.output_format == OutputFormat.JSON.value:
-        return slot
-    return ANSWER_PREFIX + slot
+    """The answer constraint for this item at the spec's level (``none`` still has one: it is not enforced,
+    only used to read the answer)."""
+    return task.answer_spec("fc" if s.level == "fc" else "vc", item, OutputFormat(s.strategy.output_format))
 
 
 @dataclass
@@ -109,7 +112,7 @@ def plan_grid(
             vid = variant_id(tv, fv)
             for seed in seeds:
                 for it in items:
-                    msgs = build_messages(task, it, fmt, tv, fv, shot_items)
+                    msgs = task.messages(it, fmt, tv, fv, shot_items)
                     ans = answer_spec(task, it, s)
                     out.append(Planned(request_id(task.name, it.id, s.spec, vid, seed, shots), task.name, it, s, vid,
                                        seed, shots, msgs, ans, fmt.value, fv))

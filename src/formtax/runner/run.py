@@ -146,7 +146,8 @@ def run(config: RunConfig, out_dir: Path, progress: Callable[[int, int], None] |
     if config.seeds < 1:
         raise ConfigError("--seeds must be at least 1")
     task = get_task(config.task)
-    data_dir = resolve_data_dir(Path(config.data_dir)) if task.data_files(Path(".")) or config.data_dir else None
+    needs_data = bool(task.data_files(Path("."))) or config.data_dir is not None
+    data_dir = resolve_data_dir(Path(config.data_dir) if config.data_dir else None) if needs_data else None
     items = sample_items(task.load(data_dir), config.limit, config.item_seed)
     planned = plan_grid(task, items, specs, config.variants(), list(range(config.seeds)), config.shots)
     check_prompt_identity(planned, lambda m: repr(m))

