@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -107,9 +108,16 @@ def tokens_figure(tokens: pd.DataFrame) -> Figure:
 def write_figures(tables: dict[str, pd.DataFrame], out_dir: Path) -> dict[str, Path]:
     """Write ``<stem>.png`` for each of :data:`FIGURES` into ``out_dir``; returns the paths by stem."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    makers = {"accuracy": accuracy_figure, "paired": paired_figure, "tokens": tokens_figure}
+    from formtax.report.analyses import ANALYSES
+
+    makers: dict[str, Any] = {"accuracy": accuracy_figure, "paired": paired_figure, "tokens": tokens_figure}
+    stems = list(FIGURES)
+    for name, a in ANALYSES.items():
+        if a.figure is not None and name in tables:
+            makers[name] = a.figure
+            stems.append(name)
     paths: dict[str, Path] = {}
-    for stem in FIGURES:
+    for stem in stems:
         fig = makers[stem](tables[stem])
         path = out_dir / f"{stem}.png"
         fig.savefig(path, dpi=110, metadata={"Software": None})

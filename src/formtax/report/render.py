@@ -54,14 +54,29 @@ class ReportContext:
     figures: dict[str, Path]
 
 
+def _captions() -> dict[str, str]:
+    from formtax.report.analyses import ANALYSES
+
+    return {**FIGURES, **{n: a.figure_caption for n, a in ANALYSES.items() if a.figure is not None}}
+
+
+def _description(name: str) -> str:
+    from formtax.report.analyses import ANALYSES
+
+    return DESCRIPTIONS[name] if name in DESCRIPTIONS else ANALYSES[name].description
+
+
 def _covered(name: str, table: pd.DataFrame) -> set[tuple[str, str]]:
     """The (task, strategy) cells a table's rows are about."""
     if name == "decomposition":
         cols = [c for c in table.columns if c.startswith("strategy_")]
     elif name == "paired":
         cols = ["strategy_a", "strategy_b"]
-    else:
+    elif "strategy" in table.columns:
         cols = ["strategy"]
+    else:  # an analysis over whole tasks: every record of its tasks (strategy "*")
+        tasks = {str(t) for t in table["task"]} if "task" in table.columns else set()
+        return {(t, "*") for t in tasks}
     return {(str(row["task"]), str(row[c])) for _, row in table.iterrows() for c in cols if str(row[c])}
 
 
@@ -69,12 +84,20 @@ def footer(name: str, table: pd.DataFrame, ctx: ReportContext) -> str:
     """The line under a table: n, unscored count, replicates, interval method."""
     cells = _covered(name, table)
     keys = list(zip(ctx.df["task"].astype(str), ctx.df["strategy"].astype(str), strict=True))
-    mask = [key in cells for key in keys]
+    mask = [key in cells or (key[0], "*") in cells for key in keys]
     sub = ctx.df[mask]
     n, unscored = len(sub), int((~sub["scored"]).sum())
     confidence = f"{100 * CONFIDENCE:g}%"
-    replicates = ctx.meta["n_resamples"] if name in _WITH_BOOTSTRAP else 0
-    seed = f", bootstrap seed = {ctx.meta['seed']}" if name in _WITH_BOOTSTRAP else ""
+    from formtax.report.analyses import ANALYSES
+
+    boot = name in _WITH_BOOTSTRAP or (name in ANALYSES and ANALYSES[name].bootstrap)
+    replicates = ctx.meta["n_resamples"] if boot else 0
+    seed = f", bootstrap seed = {ctx.meta['seed']}" if boot else ""
+    if name in ANALYSES:
+        return (
+            f"n = {n} records ({n - unscored} scored), unscored = {unscored}, replicates = {replicates}, "
+            f"interval = {ANALYSES[name].method}{seed}."
+        )
     method = {
         "accuracy": f"{confidence} percentile bootstrap resampling items and runs jointly",
         "decomposition": f"{confidence} paired percentile bootstrap over common items x runs (gains jointly)",
@@ -158,7 +181,7 @@ def render_markdown(tables: dict[str, pd.DataFrame], ctx: ReportContext) -> str:
         out += [
             f"## {name}",
             "",
-            DESCRIPTIONS[name],
+            _description(name),
             "",
             markdown_table(table),
             "",
@@ -166,7 +189,7 @@ def render_markdown(tables: dict[str, pd.DataFrame], ctx: ReportContext) -> str:
             "",
         ]
     out += ["## Figures", ""]
-    for stem, caption in FIGURES.items():
+    for stem, caption in _captions().items():
         if stem in ctx.figures:
             out += [f"![{stem}](figures/{ctx.figures[stem].name})", "", caption, ""]
     return "\n".join(out)
@@ -206,12 +229,12 @@ def render_html(tables: dict[str, pd.DataFrame], ctx: ReportContext) -> str:
     for name, table in tables.items():
         parts += [
             f"<h2>{html.escape(name)}</h2>",
-            f"<p>{html.escape(DESCRIPTIONS[name])}</p>",
+            f"<p>{html.escape(_description(name))}</p>",
             f'<div class="table-wrap">{html_table(table)}</div>',
             f'<p class="footer">{html.escape(footer(name, table, ctx))}</p>',
         ]
     parts.append("<h2>Figures</h2>")
-    for stem, caption in FIGURES.items():
+    for stem, caption in _captions().items():
         if stem in ctx.figures:
             data = base64.b64encode(ctx.figures[stem].read_bytes()).decode("ascii")
             parts += [

@@ -201,4 +201,7 @@ def compute_tables(df: pd.DataFrame, n_resamples: int = 10_000, seed: int = 0) -
         "timing": timing_table(df),
     }
     assert list(tables) == list(TABLE_KEYS)
+    from formtax.report.analyses import extra_tables
+
+    tables.update(extra_tables(df, n_resamples, seed))
     return tables

@@ -18,8 +18,8 @@ from pathlib import Path
 import pandas as pd
 
 from formtax.errors import DataError
+from formtax.report.analyses import table_keys
 from formtax.report.load import load_records, records_path, sha256_of
-from formtax.report.matrices import TABLE_KEYS
 from formtax.report.tables import compute_tables
 from formtax.report.write import META_FILE, TABLES_DIR, table_to_csv
 
@@ -58,7 +58,7 @@ def compare_table(name: str, written_text: str, expected: pd.DataFrame) -> list[
         for c in expected.columns
         if pd.api.types.is_numeric_dtype(expected[c]) and not pd.api.types.is_bool_dtype(expected[c])
     }
-    keys = list(TABLE_KEYS[name])
+    keys = list(table_keys(name))
     problems = [f"{label}: column {c} is missing" for c in recomputed.columns if c not in written.columns]
     problems += [f"{label}: unexpected column {c}" for c in written.columns if c not in recomputed.columns]
     if any(k not in written.columns for k in keys):

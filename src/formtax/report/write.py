@@ -11,9 +11,10 @@ from typing import Any
 import pandas as pd
 
 from formtax.errors import DataError
+from formtax.report.analyses import table_keys
 from formtax.report.figures import write_figures
 from formtax.report.load import MANIFEST_FILE, load_records, records_path, sha256_of
-from formtax.report.matrices import CONFIDENCE, DECIMALS, TABLE_KEYS
+from formtax.report.matrices import CONFIDENCE, DECIMALS
 from formtax.report.render import ReportContext, render_html, render_markdown
 from formtax.report.tables import compute_tables
 
@@ -78,7 +79,7 @@ def write_report(run_dir: Path, n_resamples: int = 10_000, seed: int = 0) -> Pat
         "records_sha256": sha,
         "n_records": len(df),
         "tables": list(tables),
-        "table_keys": {name: list(keys) for name, keys in TABLE_KEYS.items()},
+        "table_keys": {name: list(table_keys(name)) for name in tables},
         "generated_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
     (tables_dir / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")

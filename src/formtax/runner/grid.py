@@ -19,11 +19,9 @@ from formtax.errors import ConfigError
 from formtax.strategies import get_strategy
 from formtax.strategies.base import Strategy
 from formtax.tasks import (
-    ANSWER_PREFIX,
     Item,
     OutputFormat,
     Task,
-    build_messages,
     conversion_messages,
     variant_id,
 )
