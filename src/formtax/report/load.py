@@ -63,6 +63,7 @@ BASE_COLUMNS = (
     "tokens_forced",
     "wall_s",
     "batch_wall_s",
+    "record",  # the whole Record, for study analyses that need text, stats or parses
 )
 
 
@@ -110,6 +111,7 @@ def _flatten(rec: Record, where: str, line: int) -> dict[str, Any]:
         "finish_reason": rec.finish_reason,
         "masked_mass": nan if rec.masked_mass is None else rec.masked_mass,
         "constraint_ok": rec.constraint_ok,
+        "record": rec,
     }
     for parser in ("strict", "lenient"):
         parse = rec.parses.get(parser)
