@@ -75,7 +75,7 @@ def test_inwriting_multi_token_trigger_is_refused():
 
 def test_inwriting_budget_reserves_the_answer():
     spec = "The answer is: {int:0..99}"
-    reserve = len(b"The answer is: ") + 19 + 1
+    reserve = len(b"The answer is: ") + 16 + 1
     r = formtax.generate(FakeBackend(random_logits(seed=3)), Q, "inwriting", spec, max_tokens=reserve + 4)
     assert r.stats["switch_reason"] in {"budget", "eos"}
     assert r.parse_ok and r.tokens.total <= reserve + 4

@@ -70,3 +70,12 @@ def test_template_bound_counts_literal_bytes_and_slots():
 def test_unsatisfiable_schema_is_refused_before_any_model_call():
     with pytest.raises(ConstraintError, match="Unsatisfiable"):
         parse_spec('json:{"type": "integer", "minimum": 5, "maximum": 3}')
+
+
+def test_int_slot_engine_and_oracle_agree_at_the_bound():
+    # the engine reads JSON bounds as doubles: the slot's limit must be exact in a double
+    from formtax.constraints.compile import validate_with_engine
+
+    c = parse_spec("{int}")
+    for text in ["999999999999999", "-999999999999999", "1000000000000000", "0", "-0"]:
+        assert c.validate(text).ok == validate_with_engine(c.grammar, text)[0], text

@@ -48,7 +48,7 @@ def test_choice_and_letters_constraints_on_the_model(default_model):
 def test_inwriting_switches_on_the_step_the_model_wants_eos(default_model):
     free = formtax.generate(default_model, PROMPTS[0], "free", None, max_tokens=60)
     assert free.finish_reason == "eos"
-    # the preamble budget (max_tokens minus the answer's reserve of 35) must exceed the free run's length
+    # the preamble budget (max_tokens minus the answer's reserve of 32) must exceed the free run's length
     r = formtax.generate(default_model, PROMPTS[0], "inwriting", "The answer is: {int}", max_tokens=100)
     n = len(free.token_ids) - 1  # the step where free greedy emitted EOS
     assert r.stats["switch_reason"] == "eos"

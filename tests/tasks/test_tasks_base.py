@@ -24,6 +24,8 @@ ALL_TASKS = [
     "imdb-alt",
     "lastletter",
     "lastletter-ext",
+    "metatool",
+    "summeval",
     "svamp",
 ]
 

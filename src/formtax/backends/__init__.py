@@ -1,6 +1,7 @@
 """Model engines behind one small protocol (``base``), registered by name."""
 
 from collections.abc import Callable
+from typing import Any
 
 from formtax.backends.base import Backend, Batch, Capability, TokenizerInfo, require
 from formtax.errors import ConfigError
@@ -20,15 +21,41 @@ def _fake(model: str | None, device: str, dtype: str) -> Backend:
     return FakeBackend(random_logits(seed=seed), model_id=f"fake-random-{seed}")
 
 
-BACKENDS: dict[str, Callable[[str | None, str, str], Backend]] = {"hf": _hf, "fake": _fake}
+def _vllm(model: str | None, device: str, dtype: str, **options: Any) -> Backend:
+    """vLLM in this process (optional extra ``formtax[vllm]``); ``options`` are ``vllm.LLM`` keywords."""
+    from formtax.backends.vllm_backend import VLLMBackend
+
+    return VLLMBackend.load(model, device=device, dtype=dtype, **options)
 
 
-def load_backend(name: str, model: str | None = None, device: str = "cpu", dtype: str = "float32") -> Backend:
+def _openai(model: str | None, device: str, dtype: str, **options: Any) -> Backend:
+    """Any OpenAI-compatible server (``server=URL``); ``model`` names the local tokenizer (default: embedded)."""
+    import inspect
+
+    from formtax.backends.openai_backend import OpenAIBackend
+
+    # No api_key here: options land in the run manifest; the key is read from $OPENAI_API_KEY instead.
+    known = set(inspect.signature(OpenAIBackend.connect).parameters) - {"model", "api_key"}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ConfigError(f"backend 'openai' does not take {', '.join(unknown)} (it takes: {', '.join(sorted(known))})")
+    return OpenAIBackend.connect(model, **options)
+
+
+BACKENDS: dict[str, Callable[..., Backend]] = {"hf": _hf, "fake": _fake, "vllm": _vllm, "openai": _openai}
+TAKES_OPTIONS = {"vllm", "openai"}  # backends whose factory accepts keyword options (engine / server settings)
+
+
+def load_backend(name: str, model: str | None = None, device: str = "cpu", dtype: str = "float32",
+                 **options: Any) -> Backend:
     try:
         factory = BACKENDS[name]
     except KeyError:
         raise ConfigError(f"unknown backend {name!r}; known: {', '.join(sorted(BACKENDS))}") from None
-    return factory(model, device, dtype)
+    options = {k: v for k, v in options.items() if v is not None}
+    if options and name not in TAKES_OPTIONS:
+        raise ConfigError(f"backend {name!r} takes no options (got: {', '.join(sorted(options))})")
+    return factory(model, device, dtype, **options)
 
 
 __all__ = ["BACKENDS", "Backend", "Batch", "Capability", "TokenizerInfo", "load_backend", "require"]

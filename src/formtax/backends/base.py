@@ -7,6 +7,15 @@ to an earlier length (``crop``; the suffix strategies need it).
 
 Capabilities are declared, so a strategy that needs what a backend lacks fails before a run starts
 (:func:`require`), never half-way through a batch.
+
+Engines that cannot hand the loop a steppable :class:`Batch` (vLLM, OpenAI-compatible servers) run strategies
+their own way through one explicit dispatch hook, so the decode loop itself never learns about them:
+
+* :meth:`Backend.check_strategy` is asked first by ``Strategy.check``: True means "I run this strategy natively and
+  have checked these requests" (it raises CapabilityError/ConfigError to refuse, before any model call); False (the
+  default) means "use the decode loop", and the strategy's capability needs are checked as before.
+* :meth:`Backend.run_strategy` is asked by ``Strategy.run`` after the check: a list of results, or None (the default)
+  to run the decode loop over :meth:`Backend.new_batch`.
 """
 
 from __future__ import annotations
@@ -15,12 +24,15 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from formtax.constraints.compile import EngineTokenizer
 from formtax.errors import CapabilityError
+
+if TYPE_CHECKING:  # the strategies import this module: type-only imports avoid the cycle
+    from formtax.strategies.base import Request, Result, Strategy
 
 
 class Capability(StrEnum):
@@ -127,6 +139,16 @@ class Backend(ABC):
 
     def describe(self) -> dict[str, Any]:
         return {"backend": self.name, "model": self.model_id}
+
+    # -- the dispatch hook (see the module docstring) --------------------------------------------------------
+    def check_strategy(self, strategy: Strategy, requests: Sequence[Request]) -> bool:
+        """True when this backend runs ``strategy`` natively (and accepts ``requests``; raise to refuse).
+        False: the decode loop runs it, and ``require`` checks the strategy's capability needs."""
+        return False
+
+    def run_strategy(self, strategy: Strategy, requests: Sequence[Request]) -> list[Result] | None:
+        """This backend's own way to run ``strategy`` (called after the check); None: use the decode loop."""
+        return None
 
 
 def require(backend: Backend, needs: frozenset[Capability], who: str) -> None:

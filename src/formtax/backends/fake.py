@@ -81,7 +81,12 @@ class FakeBatch(Batch):
         self.plen = [self.plen[i] for i in live_positions]
 
     def crop(self, live_position: int, n_generated: int) -> None:
+        """Keep the prompt and the first ``n_generated`` tokens; ``-1`` also drops the prompt's last token (the
+        caller feeds it again), as the transformers backend does."""
         p = self.plen[live_position]
+        generated = len(self.seqs[live_position]) - p
+        if not -1 <= n_generated <= generated:
+            raise ValueError(f"cannot crop row to {n_generated} generated tokens (it has {generated})")
         self.seqs[live_position] = self.seqs[live_position][: p + n_generated]
 
 

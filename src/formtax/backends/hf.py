@@ -4,6 +4,9 @@ Rows are left-padded; the attention mask and per-row position ids are ours, comp
 ``model.generate`` computes them, so greedy decoding is token-identical to it. Finished rows leave the batch
 (``keep`` selects cache rows), and a row can be cropped back to an earlier length by masking the dropped cache
 columns (the positions of later tokens continue from the cropped length, so the math equals a fresh prefill).
+``crop`` also accepts ``n_generated = -1``: it then drops the prompt's last token too, and the caller feeds that
+token again (the suffix strategies' rewind to the very start of a generation needs p(. | prompt) once more, and
+the cache holds no logits, only keys and values).
 """
 
 from __future__ import annotations
@@ -44,8 +47,10 @@ class HFBatch(Batch):
         self._ids = ids.to(device)
         self.attn = attn.to(device)
         self.next_pos = torch.tensor([len(p) for p in prompts], dtype=torch.long, device=device)
-        # cache column of every generated token, per live row (crop masks the columns it forgets)
-        self.gen_cols: list[list[int]] = [[] for _ in prompts]
+        # cache column of every token of the row's sequence (prompt, then generated), per live row: crop masks the
+        # columns it forgets, and a token fed again after a crop simply gets a new column
+        self.prompt_len = [len(p) for p in prompts]
+        self.cols: list[list[int]] = [list(range(width - len(p), width)) for p in prompts]
         self.cache: Any = None
 
     @torch.inference_mode()
@@ -81,7 +86,7 @@ class HFBatch(Batch):
             **{self._cache_kw: self.cache},
         )
         self.next_pos = self.next_pos + 1
-        for cols in self.gen_cols:
+        for cols in self.cols:
             cols.append(col)
         return out.logits[:, -1, :].float()
 
@@ -92,17 +97,22 @@ class HFBatch(Batch):
         self.cache.batch_select_indices(idx)
         self.attn = self.attn[idx]
         self.next_pos = self.next_pos[idx]
-        self.gen_cols = [self.gen_cols[i] for i in live_positions]
+        self.prompt_len = [self.prompt_len[i] for i in live_positions]
+        self.cols = [self.cols[i] for i in live_positions]
 
+    @torch.inference_mode()
     def crop(self, live_position: int, n_generated: int) -> None:
-        cols = self.gen_cols[live_position]
-        if not 0 <= n_generated <= len(cols):
-            raise ValueError(f"cannot crop row to {n_generated} generated tokens (it has {len(cols)})")
-        dropped = cols[n_generated:]
+        """Keep the prompt and the first ``n_generated`` generated tokens; ``-1`` also drops the prompt's last."""
+        cols = self.cols[live_position]
+        generated = len(cols) - self.prompt_len[live_position]
+        if not -1 <= n_generated <= generated:
+            raise ValueError(f"cannot crop row to {n_generated} generated tokens (it has {generated})")
+        length = self.prompt_len[live_position] + n_generated
+        dropped = cols[length:]
         if dropped:
             self.attn[live_position, torch.tensor(dropped, device=self.device)] = 0
-            self.next_pos[live_position] -= len(dropped)
-        self.gen_cols[live_position] = cols[:n_generated]
+            self.next_pos[live_position] = length  # a token's position = the number of real tokens before it
+        self.cols[live_position] = cols[:length]
 
 
 class HFBackend(Backend):

@@ -5,8 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import warnings
+from typing import TYPE_CHECKING
 
 from formtax.cli.main import command
+
+FEM_STRATEGIES = ("decog", "ctrlg")  # strategies/decog.py (not imported here: it would load torch for --help)
+
+if TYPE_CHECKING:
+    from formtax.strategies.base import Request, Strategy
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -14,6 +20,31 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default="hf", help="model engine (default: hf = transformers in-process)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--server", default=None, help="--backend openai: the server's URL, e.g. http://127.0.0.1:8000/v1")
+    p.add_argument("--served-model", default=None, help="--backend openai: the served model's name (default: its only one)")
+    p.add_argument("--tensor-parallel-size", type=int, default=None, help="--backend vllm: passed to the engine")
+    p.add_argument("--engine-opt", action="append", default=[], metavar="KEY=VALUE",
+                   help="--backend vllm: a vllm.LLM keyword (VALUE read as JSON when it parses, e.g. enforce_eager=true)"
+                        "; --backend openai: timeout, retries, concurrency, flavor, top_logprobs (repeatable)")
+
+
+def backend_options(args: argparse.Namespace) -> dict[str, object]:
+    """The backend keyword options the model arguments name (engine settings, the server URL)."""
+    from formtax.errors import ConfigError
+
+    opts: dict[str, object] = {}
+    for item in args.engine_opt:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--engine-opt needs KEY=VALUE, got {item!r}")
+        try:
+            opts[key.replace("-", "_")] = json.loads(value)
+        except json.JSONDecodeError:
+            opts[key.replace("-", "_")] = value
+    for key in ("server", "served_model", "tensor_parallel_size"):
+        if getattr(args, key, None) is not None:
+            opts[key] = getattr(args, key)
+    return opts
 
 
 def _args(p: argparse.ArgumentParser) -> None:
@@ -26,6 +57,14 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trigger", action="append", default=[], help="InWriting trigger token (repeatable)")
     p.add_argument("--no-constrain", action="store_true", help="same prompt and budget, no mask")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tau", type=float, default=None,
+                   help="suffix-last / suffix-beam: branch where the bifurcation penalty is <= TAU (default 0)")
+    p.add_argument("--beam-rule", choices=["last", "min"], default=None,
+                   help="suffix-beam: which branch replaces the constrained hypothesis (default last)")
+    p.add_argument("--fem", default=None, metavar="FILE",
+                   help="decog / ctrlg: the HMM artifact (`formtax fem build`), or NAME=FILE,...,OPTION=VALUE")
+    p.add_argument("--gamma", type=float, default=None, help="decog / ctrlg: control strength (default 1)")
+    p.add_argument("--top-k", type=int, default=None, help="decog / ctrlg: hidden states kept (0 = all)")
     p.add_argument("--raw", action="store_true", help="send PROMPT as plain text, without the chat template")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("prompt")
@@ -36,6 +75,7 @@ def generate_cmd(args: argparse.Namespace) -> int:
     from formtax.api import generate, load_model
     from formtax.constraints import parse_spec
     from formtax.strategies import get_strategy
+    from formtax.strategies.base import Request
 
     strategy = get_strategy(args.strategy)  # unknown names fail before the model loads
     constraint = parse_spec(args.answer) if args.answer is not None else None
@@ -43,12 +83,30 @@ def generate_cmd(args: argparse.Namespace) -> int:
         from formtax.errors import ConfigError
 
         raise ConfigError(f"strategy {args.strategy!r} needs --answer SPEC")
+    # strategy options travel in Request.options; a strategy that takes none refuses them before the model loads
+    options = {k: v for k, v in (("tau", args.tau), ("rule", args.beam_rule), ("fem", args.fem),
+                                 ("gamma", args.gamma), ("top_k", args.top_k)) if v is not None}
+    prompt = args.prompt if args.raw else [{"role": "user", "content": args.prompt}]
+    if options or args.strategy in FEM_STRATEGIES:  # decog / ctrlg without --fem fail here, before the model loads
+        request = Request(prompt, constraint, max_tokens=args.max_tokens, seed=args.seed,
+                          reasoning_prefix=args.reasoning, triggers=args.trigger, constrain=not args.no_constrain,
+                          options=options)
+        _check_options(strategy, request)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = load_model(args.model, backend=args.backend, device=args.device, dtype=args.dtype)
-        prompt = args.prompt if args.raw else [{"role": "user", "content": args.prompt}]
-        r = generate(model, prompt, strategy=args.strategy, answer=constraint, max_tokens=args.max_tokens,
-                     reasoning=args.reasoning, triggers=args.trigger, seed=args.seed, constrain=not args.no_constrain)
+        opts = backend_options(args)
+        if opts:
+            from formtax.backends import load_backend
+
+            model = load_backend(args.backend, args.model, device=args.device, dtype=args.dtype, **opts)
+        else:
+            model = load_model(args.model, backend=args.backend, device=args.device, dtype=args.dtype)
+        if options or args.strategy in FEM_STRATEGIES:
+            r = strategy.run(model, [request])[0]
+        else:
+            r = generate(model, prompt, strategy=args.strategy, answer=constraint, max_tokens=args.max_tokens,
+                         reasoning=args.reasoning, triggers=args.trigger, seed=args.seed,
+                         constrain=not args.no_constrain)
     if args.json:
         out = r.model_dump(exclude={"token_ids"})
         out["tokens_detail"] = out.pop("tokens")
@@ -57,5 +115,29 @@ def generate_cmd(args: argparse.Namespace) -> int:
     else:
         print(f"[{r.strategy}] finish={r.finish_reason} tokens={r.tokens.total} parse_ok={r.parse_ok} "
               f"parsed={r.parsed!r}" + (f" error={r.error}" if r.error else ""))
+        if "t_star" in r.stats:
+            s = r.stats
+            print(f"[suffix] rule={s['rule']} tau={s['tau']} t*={s['t_star']} free_end={s['free_end']} "
+                  f"({s['free_end_reason']}) candidates={s['n_candidates']} delta(t*)={s['delta_at_t_star']:.4f}")
         print(r.text)
     return 0 if r.error is None else 1
+
+
+def _check_options(strategy: Strategy, request: Request) -> None:
+    """Only strategies that read ``Request.options`` accept --tau / --beam-rule; others would silently ignore them."""
+    from formtax.errors import ConfigError
+    from formtax.strategies.decog import FemStrategy
+    from formtax.strategies.suffix import SuffixStrategy
+
+    fem_keys = {"fem", "gamma", "top_k"}
+    if isinstance(strategy, FemStrategy):
+        if set(request.options) - fem_keys:
+            raise ConfigError(f"--tau / --beam-rule apply to the suffix-* strategies, not {strategy.name!r}")
+        strategy.settings(request)  # a missing or mismatched --fem fails here
+        return
+    if set(request.options) & fem_keys:
+        raise ConfigError(f"--fem / --gamma / --top-k apply to decog and ctrlg, not {strategy.name!r}")
+
+    if not isinstance(strategy, SuffixStrategy):
+        raise ConfigError(f"--tau / --beam-rule apply to the suffix-* strategies, not {strategy.name!r}")
+    strategy.options(request)

@@ -7,7 +7,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from formtax.cli.generate import add_model_args
+from formtax.cli.generate import add_model_args, backend_options
 from formtax.cli.main import command
 
 
@@ -24,6 +24,16 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--data-dir", default=None, help="benchmark data folder (default: $FORMTAX_DATA or ../shared/data)")
+    p.add_argument("--pairs", type=int, default=None, help="metatool: pair positions to sample (default 200)")
+    p.add_argument("--translations", type=Path, default=None,
+                   help="metatool: JSON file position -> translated query (adds a second language)")
+    p.add_argument("--hypotheses", type=Path, default=None,
+                   help="pre-registration file, hashed into the manifest before any record; verify fails "
+                        "if it changes")
+    p.add_argument("--workers", type=int, default=1, help="shard the grid over N Ray actors, one backend each")
+    p.add_argument("--ray-address", default=None, help="join this Ray cluster (default: start a local one)")
+    p.add_argument("--fem", default=None, metavar="SPEC",
+                   help="decog / ctrlg: FEM artifact FILE (formtax fem build), or decog=FILE1,ctrlg=FILE2[,gamma=G,...]")
     p.add_argument("--out", required=True, type=Path, help="run directory (re-running resumes)")
 
 
@@ -33,11 +43,19 @@ def run_cmd(args: argparse.Namespace) -> int:
 
     from formtax.runner import RunConfig, run
 
+    task_options: dict[str, object] = {}
+    if args.pairs is not None:
+        task_options["pairs"] = args.pairs
+    if args.translations is not None:
+        task_options["translations"] = str(args.translations.resolve())
     cfg = RunConfig(task=args.task, strategies=[s for s in args.strategies.split(",") if s.strip()],
                     model=args.model, backend=args.backend, device=args.device, dtype=args.dtype, limit=args.limit,
                     seeds=args.seeds, prompt_variants=args.prompt_variants, shots=args.shots,
                     max_tokens=args.max_tokens, batch_size=args.batch_size, temperature=args.temperature,
-                    data_dir=args.data_dir)
+                    data_dir=args.data_dir, task_options=task_options,
+                    hypotheses=str(args.hypotheses.resolve()) if args.hypotheses is not None else None,
+                    workers=args.workers, ray_address=args.ray_address, backend_options=backend_options(args),
+                    fem=args.fem)
     bar: tqdm | None = None
 
     def progress(done: int, total: int) -> None:

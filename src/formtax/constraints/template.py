@@ -7,7 +7,7 @@ Syntax (documented in the README):
 * a slot is ``{TYPE}`` or ``{TYPE:ARG}``:
 
   ===================  =====================================================================
-  ``{int}``            any integer (optional ``-``, no leading zeros, at most 18 digits)
+  ``{int}``            any integer (optional ``-``, no leading zeros, at most 15 digits)
   ``{int:LO..HI}``     an integer in [LO, HI]; either bound may be omitted (``{int:0..}``)
   ``{letters}``        1 to 64 lowercase letters a-z
   ``{letters:N}``      exactly N lowercase letters a-z
@@ -30,7 +30,7 @@ from typing import Any
 
 from formtax.errors import ConstraintError
 
-MAX_INT_DIGITS = 18
+MAX_INT_DIGITS = 15  # 10**15 - 1 is exact in a double: the engine reads JSON bounds as floats
 INT_LIMIT = 10**MAX_INT_DIGITS - 1
 STR_SLOT_MAX_TOKENS = 64
 LETTERS_MAX = 64
@@ -103,9 +103,7 @@ class Slot:
         if re.fullmatch(self.py_regex(), text) is None:
             return False
         if self.kind == "int":
-            v = int(text)
-            if text == "-0":
-                return False
+            v = int(text)  # "-0" is accepted as 0, as JSON (and the engine's integer lexeme) accept it
             return (self.lo is None or v >= self.lo) and (self.hi is None or v <= self.hi)
         return True
 

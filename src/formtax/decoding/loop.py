@@ -5,6 +5,11 @@ each step, what applies now (a forced token, an allowed set, banned tokens, whet
 mass outside the allowed set) and what to do after a token (continue or stop). The loop does the rest, the same
 way for every strategy: prefill, pick tokens (greedy at temperature 0, seeded sampling otherwise), record per
 step whether the token was chosen or forced and whether a mask applied, drop finished rows from the batch.
+
+A policy may also *rewind* its row (``Plan.rewind = n``): the loop forgets the row's tokens after the first ``n``,
+crops the row's cache to match, and feeds the last kept token again (the prompt's last token when ``n = 0``), so
+that at the next step the policy sees p(. | prompt, first n tokens) and plans step ``n`` again. Nothing is emitted
+on a rewind step. The suffix strategies use it to branch back into an earlier point of a free run.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from typing import Any
 
 import torch
 
-from formtax.backends.base import Backend
+from formtax.backends.base import Backend, Batch
 
 
 @dataclass
@@ -31,6 +36,7 @@ class Plan:
     scores: torch.Tensor | None = None  # choose from these instead of the raw logits (e.g. Deco-G's reweighting)
     stop: str | None = None  # finish the row now, without a token (e.g. the grammar is complete)
     event: dict[str, Any] | None = None  # a strategy statistic to record at this step
+    rewind: int | None = None  # go back to this many generated tokens (see the module docstring); no token now
 
 
 class Policy(ABC):
@@ -102,6 +108,21 @@ def _choose(
     return int(torch.multinomial(probs, 1, generator=gen).item()), masked
 
 
+def _rewind(batch: Batch, pos: int, req: RowRequest, out: RowOutput, n: int) -> int:
+    """Cut the row back to its first ``n`` generated tokens; return the token to feed again.
+
+    The cache keeps one token fewer than the row (``n - 1`` generated; ``-1`` drops the prompt's last token), so
+    feeding that token again yields exactly p(. | prompt, first n tokens) at the next step.
+    """
+    if not 0 <= n <= len(out.tokens):
+        raise ValueError(f"cannot rewind a row to {n} tokens (it has {len(out.tokens)})")
+    again = out.tokens[n - 1] if n > 0 else req.prompt_ids[-1]
+    del out.tokens[n:]
+    del out.steps[n:]
+    batch.crop(pos, n - 1)
+    return again
+
+
 def masked_mass(logits: torch.Tensor, allowed: torch.Tensor) -> float:
     """Probability mass the unconstrained model puts outside ``allowed`` (softmax of raw logits)."""
     p = torch.softmax(logits.double(), dim=-1)
@@ -147,6 +168,10 @@ def decode(
                 out.finish_reason = plan.stop
                 out.wall_s = time.perf_counter() - t0
                 out.forward_passes = passes
+                continue
+            if plan.rewind is not None:  # nothing emitted: the row feeds its last kept token again
+                keep.append(pos)
+                next_tokens.append(_rewind(batch, pos, req, out, plan.rewind))
                 continue
             if plan.measure_mass and plan.allowed is not None and out.masked_mass is None:
                 out.masked_mass = masked_mass(row_logits, plan.allowed)

@@ -21,7 +21,7 @@ from formtax.errors import DataError
 from formtax.report.analyses import table_keys
 from formtax.report.load import load_records, records_path, sha256_of
 from formtax.report.tables import compute_tables
-from formtax.report.write import META_FILE, TABLES_DIR, table_to_csv
+from formtax.report.write import META_FILE, TABLES_DIR, read_manifest, table_to_csv
 
 TOLERANCE = 1e-9
 
@@ -91,12 +91,39 @@ def compare_table(name: str, written_text: str, expected: pd.DataFrame) -> list[
     return problems
 
 
+def check_hypotheses(run_dir: Path) -> list[str]:
+    """The pre-registration lock: a hypotheses file registered in ``manifest.json`` (``formtax run
+    --hypotheses``) must still hash to the registered sha256, and so must the text the manifest kept."""
+    import hashlib
+
+    try:
+        manifest = read_manifest(run_dir)
+    except DataError as exc:
+        return [str(exc)]
+    entry = (manifest or {}).get("hypotheses")
+    if not entry:
+        return []
+    registered = str(entry.get("sha256"))
+    if hashlib.sha256(str(entry.get("text", "")).encode()).hexdigest() != registered:
+        return ["manifest.json: the registered hypotheses text does not match its registered sha256"]
+    path = Path(str(entry.get("path")))
+    if not path.is_file():
+        return [f"hypotheses file {path} (registered in manifest.json) is missing; the pre-registration "
+                "cannot be checked"]
+    now = hashlib.sha256(path.read_text(encoding="utf-8").encode()).hexdigest()
+    if now != registered:
+        return [f"hypotheses file {path} changed after it was registered: sha256 now {now}, "
+                f"registered {registered}"]
+    return []
+
+
 def verify_report(run_dir: Path) -> list[str]:
     """Recompute every table and compare it with the written report; an empty list means verified.
 
     Reports, as human-readable lines: a missing ``meta.json`` or table file, a ``records.jsonl`` whose sha256
-    differs from the one recorded at report time, records that can no longer be read, and every cell, row or
-    column that differs (naming the table, the row key and the column).
+    differs from the one recorded at report time, records that can no longer be read, every cell, row or
+    column that differs (naming the table, the row key and the column), and a registered hypotheses file that
+    changed (:func:`check_hypotheses`).
     """
     run_dir = Path(run_dir)
     tables_dir = run_dir / TABLES_DIR
@@ -115,7 +142,7 @@ def verify_report(run_dir: Path) -> list[str]:
     path = records_path(run_dir)
     if not path.is_file():
         return [f"{path.name} is missing: cannot recompute the tables"]
-    problems: list[str] = []
+    problems: list[str] = check_hypotheses(run_dir)
     sha = sha256_of(path)
     if sha != recorded_sha:
         problems.append(

@@ -117,18 +117,25 @@ def plan_grid(
     return out
 
 
-def check_prompt_identity(planned: list[Planned], render: Any) -> None:
-    """Strategies that share an expected output format must see byte-identical prompts; refuse otherwise."""
+def check_prompt_identity(planned: list[Planned], render: Any, across_formats: bool = False) -> None:
+    """Strategies that share an expected output format must see byte-identical prompts; refuse otherwise.
+
+    ``across_formats``: every strategy must see the same prompt whatever its output format (a task with the
+    benchmark's own prompt, e.g. metatool, where free, short and constrained differ only in decoding).
+    """
     seen: dict[tuple[str, str, str, int, str], tuple[str, str]] = {}
     groups: dict[str, set[str]] = defaultdict(set)
     for p in planned:
-        key = (p.task, p.item.id, p.prompt_variant, p.seed, p.output_format)
+        key = (p.task, p.item.id, p.prompt_variant, p.seed, "*" if across_formats else p.output_format)
         text = render(p.messages)
         groups[p.output_format].add(p.spec.spec)
         if key in seen and seen[key][0] != text:
+            share = f"share the output format {p.output_format!r}"
+            if across_formats:
+                share = "must share one prompt"
             raise ConfigError(
-                f"prompts differ between strategies {seen[key][1]!r} and {p.spec.spec!r} that share the output "
-                f"format {p.output_format!r} (task {p.task}, item {p.item.id}, variant {p.prompt_variant}); "
+                f"prompts differ between strategies {seen[key][1]!r} and {p.spec.spec!r} that {share} "
+                f"(task {p.task}, item {p.item.id}, variant {p.prompt_variant}); "
                 "refusing to run an unfair comparison"
             )
         seen.setdefault(key, (text, p.spec.spec))

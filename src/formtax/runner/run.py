@@ -2,7 +2,14 @@
 
 Resume guarantees: a request is identified by a stable id; a re-run of the same command skips every id already in
 ``records.jsonl`` and appends the others, so a killed run loses at most the batch in flight and never duplicates.
-A run directory belongs to one configuration: re-running into it with another configuration is refused.
+A run directory belongs to one configuration: re-running into it with another configuration is refused, and
+so is resuming on data files whose sha256 changed since the run began.
+
+Optional task plumbing, kept generic: ``task_options`` go to a task that implements :class:`ConfigurableTask`;
+a task implementing :class:`OwnParsing` reads its outputs by its benchmark's own rule instead of formtax's
+parsers; a task with ``same_prompt_all_formats = True`` must give every strategy the byte-identical prompt.
+A ``hypotheses`` file is a pre-registration lock: its sha256 and text go into the manifest before any record
+exists, and ``formtax verify`` fails if the file changes afterwards.
 """
 
 from __future__ import annotations
@@ -10,15 +17,15 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from formtax import __version__
 from formtax.backends import Backend, load_backend
 from formtax.errors import ConfigError, FormtaxError
-from formtax.parsing import parse_all
+from formtax.parsing import ParseResult, parse_all
 from formtax.records.schema import ParseRecord, Record
 from formtax.records.store import (
     RECORDS,
@@ -33,12 +40,29 @@ from formtax.records.store import (
 from formtax.runner.grid import RC_PREFIX, Planned, check_prompt_identity, parse_strategy_spec, plan_grid
 from formtax.scoring import score_all
 from formtax.strategies.base import Request, Result
-from formtax.tasks import Task, get_task, parse_variant_id, resolve_data_dir, sample_items
+from formtax.strategies.decog import FEM_STRATEGIES
+from formtax.tasks import Item, OutputFormat, Task, get_task, parse_variant_id, resolve_data_dir, sample_items
 
 log = logging.getLogger(__name__)
 
 # Options that change how fast a run goes, not what it computes: they may differ between resumptions.
-NON_IDENTITY = ("batch_size", "device")
+NON_IDENTITY = ("batch_size", "device", "workers", "ray_address", "backend_options")
+
+
+@runtime_checkable
+class ConfigurableTask(Protocol):
+    """A task that takes options of its own (e.g. metatool's ``pairs``, ``translations``) and samples its
+    items."""
+
+    def configure(self, options: Mapping[str, Any]) -> None: ...
+
+
+@runtime_checkable
+class OwnParsing(Protocol):
+    """A task whose benchmark defines how an output is read (e.g. metatool's mention rules): it returns the
+    per-parser verdicts (at least ``strict`` and ``lenient``) that formtax's parsers would otherwise give."""
+
+    def parse_output(self, text: str, item: Item, output_format: OutputFormat) -> dict[str, ParseResult]: ...
 
 
 @dataclass
@@ -58,11 +82,24 @@ class RunConfig:
     temperature: float = 0.0
     item_seed: int = 0
     data_dir: str | None = None
+    task_options: dict[str, Any] = field(default_factory=dict)  # passed to a ConfigurableTask
+    hypotheses: str | None = None  # pre-registration file, locked into the manifest
+    workers: int = 1  # > 1: shard the chunks over this many Ray actors, one backend each (runner/parallel.py)
+    ray_address: str | None = None  # join this Ray cluster instead of starting a local one
+    backend_options: dict[str, Any] = field(default_factory=dict)  # e.g. server=URL, tensor_parallel_size=2
+    fem: str | None = None  # decog / ctrlg: FEM artifact(s), FILE or NAME=FILE,... (strategies/decog.py)
 
     def identity(self) -> dict[str, Any]:
         d = asdict(self)
         for k in NON_IDENTITY:
             d.pop(k)
+        # Unset new options are left out, so run directories made before they existed still resume.
+        if not d["task_options"]:
+            d.pop("task_options")
+        if d["hypotheses"] is None:
+            d.pop("hypotheses")
+        if d["fem"] is None:
+            d.pop("fem")
         return d
 
     def variants(self) -> list[tuple[int, int]]:
@@ -126,9 +163,13 @@ def make_record(task: Task, p: Planned, res: Result | None, prompt_text: str, ba
     rec.constraint_ok = res.parse_ok if constrained else None
     # Parse what the strategy presents as its answer: the constrained part when there is one.
     text = res.answer_text if res.answer_text is not None else res.text
-    from formtax.tasks import OutputFormat
-
-    parses = parse_all(text, task, p.item, OutputFormat(p.output_format))
+    fmt = OutputFormat(p.output_format)
+    if isinstance(task, OwnParsing):
+        parses = task.parse_output(text, p.item, fmt)
+    else:
+        parses = parse_all(text, task, p.item, fmt)
+    if res.stats.get("constraint_ignored"):  # an engine broke the constraint: its text is never scored as parsed
+        parses = {k: ParseResult("invalid", None, v.raw) for k, v in parses.items()}
     rec.parses = {k: ParseRecord(status=v.status, value=v.value, raw=v.raw) for k, v in parses.items()}
     rec.scores = score_all(task, p.item, parses)
     return rec
@@ -146,11 +187,19 @@ def run(config: RunConfig, out_dir: Path, progress: Callable[[int, int], None] |
     if config.seeds < 1:
         raise ConfigError("--seeds must be at least 1")
     task = get_task(config.task)
+    if isinstance(task, ConfigurableTask):
+        if config.limit is not None:
+            raise ConfigError(f"task {task.name!r} samples its own items (see its options); "
+                              "--limit does not apply")
+        task.configure(config.task_options)
+    elif config.task_options:
+        raise ConfigError(f"task {task.name!r} takes no task options (got {sorted(config.task_options)})")
     needs_data = bool(task.data_files(Path("."))) or config.data_dir is not None
     data_dir = resolve_data_dir(Path(config.data_dir) if config.data_dir else None) if needs_data else None
     items = sample_items(task.load(data_dir), config.limit, config.item_seed)
     planned = plan_grid(task, items, specs, config.variants(), list(range(config.seeds)), config.shots)
-    check_prompt_identity(planned, lambda m: repr(m))
+    one_prompt = bool(getattr(task, "same_prompt_all_formats", False))
+    check_prompt_identity(planned, lambda m: repr(m), across_formats=one_prompt)
 
     out_dir.mkdir(parents=True, exist_ok=True)
     manifest = read_manifest(out_dir)
@@ -161,60 +210,123 @@ def run(config: RunConfig, out_dir: Path, progress: Callable[[int, int], None] |
                           "use a new --out directory")
     done_ids = {r.request_id for r in read_records(out_dir / RECORDS)}
     pending = [p for p in planned if p.request_id not in done_ids]
+    files = task.data_files(data_dir) if data_dir is not None else []
+    file_hashes = {str(f): sha256_file(f) for f in files}
+    if manifest is not None and manifest.get("data_files", file_hashes) != file_hashes:
+        changed = sorted(k for k in set(manifest["data_files"]) | set(file_hashes)
+                         if manifest["data_files"].get(k) != file_hashes.get(k))
+        raise ConfigError(f"{out_dir}: data files changed since the run began ({', '.join(changed)}); "
+                          "use a new --out directory")
+    hypotheses = _hypotheses_lock(config, manifest, bool(done_ids), out_dir)
     summary = RunSummary(planned=len(planned), skipped=len(planned) - len(pending), out_dir=str(out_dir))
 
-    if backend is None:
-        backend = load_backend(config.backend, config.model, device=config.device, dtype=config.dtype)
-    for s in specs:  # refuse a strategy the backend cannot run, before any request
-        sample = next(p for p in planned if p.spec == s)
-        s.strategy.check(backend, [_request(task, sample, config)])
+    samples = [next(p for p in planned if p.spec == s) for s in specs]
+    pool = None
+    if backend is None and (config.workers > 1 or config.ray_address):
+        from formtax.runner.parallel import WorkerPool
 
-    files = task.data_files(data_dir) if data_dir is not None else []
+        pool = WorkerPool(config, task, samples)  # each worker loads its backend and checks every strategy
+        provenance = pool.provenance
+    else:
+        if backend is None:
+            backend = load_backend(config.backend, config.model, device=config.device, dtype=config.dtype,
+                                   **config.backend_options)
+        for sample in samples:  # refuse a strategy the backend cannot run, before any request
+            sample.spec.strategy.check(backend, [_request(task, sample, config)])
+        provenance = _backend_provenance(backend)
+
     manifest = manifest or {
         "formtax_version": __version__, "git": git_state(), "packages": package_versions(),
-        "config": asdict(config), "config_identity": config.identity(), "backend": _backend_provenance(backend),
-        "data_files": {str(f): sha256_file(f) for f in files}, "items": [it.id for it in items],
+        "config": asdict(config), "config_identity": config.identity(), "backend": provenance,
+        "data_files": file_hashes, "items": [it.id for it in items],
         "seeds": list(range(config.seeds)), "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "resumptions": [],
+        **({"hypotheses": hypotheses} if hypotheses else {}),
     }
     manifest["status"] = "running"
     manifest["resumptions"].append({"at": time.strftime("%Y-%m-%dT%H:%M:%S"), "pending": len(pending),
                                     "batch_size": config.batch_size, "device": config.device})
     write_manifest(out_dir, manifest)
 
-    render = backend.tokenizer.chat_prompt
     n_done = summary.skipped
     if progress:
         progress(n_done, len(planned))
+    chunks = [todo[k : k + config.batch_size] for s in specs for todo in [[p for p in pending if p.spec == s]]
+              for k in range(0, len(todo), config.batch_size)]
     try:
         with RecordWriter(out_dir / RECORDS) as writer:
-            for s in specs:
-                todo = [p for p in pending if p.spec == s]
-                for k in range(0, len(todo), config.batch_size):
-                    chunk = todo[k : k + config.batch_size]
-                    for p, res, err in _run_chunk(backend, task, chunk, config):
-                        rec = make_record(task, p, res, render(p.messages), len(chunk), backend.model_id, err)
-                        writer.append(rec)
-                        summary.done += 1
-                        summary.errors += err is not None
-                        summary.by_strategy[s.spec] = summary.by_strategy.get(s.spec, 0) + 1
-                    n_done += len(chunk)
-                    if progress:
-                        progress(n_done, len(planned))
+            if pool is not None:
+                done_chunks: Iterable[tuple[Sequence[Planned], list[Record]]] = pool.run(chunks)
+            else:
+                assert backend is not None
+                local = backend
+                done_chunks = ((c, [rec for _, rec, _ in chunk_records(local, task, c, config)]) for c in chunks)
+            for chunk, records in done_chunks:  # one writer: the driver appends each finished chunk at once
+                for rec in records:
+                    writer.append(rec)
+                    summary.done += 1
+                    summary.errors += rec.error is not None
+                    summary.by_strategy[rec.strategy] = summary.by_strategy.get(rec.strategy, 0) + 1
+                n_done += len(chunk)
+                if progress:
+                    progress(n_done, len(planned))
         manifest["status"] = "complete"
     except KeyboardInterrupt:
         manifest["status"] = "interrupted"
         raise
+    except ConnectionError as e:  # a server gone (after its retries): stop cleanly, keep every record, resume later
+        manifest["status"] = "failed"
+        raise FormtaxError(f"{e}; the records written so far are kept, re-run the same command to resume") from e
+    except FormtaxError:
+        if pool is not None:
+            manifest["status"] = "failed"
+        raise
     finally:
+        if pool is not None:
+            pool.close()
         manifest["ended"] = time.strftime("%Y-%m-%dT%H:%M:%S")
         write_manifest(out_dir, manifest)
     summary.wall_s = time.perf_counter() - t_start
     return summary
 
 
+def _hypotheses_lock(config: RunConfig, manifest: dict[str, Any] | None, has_records: bool, out_dir: Path
+                     ) -> dict[str, Any] | None:
+    """The manifest's pre-registration entry for a new run, after refusing what would break the lock: a
+    hypotheses file registered after records exist, or one that changed since it was registered."""
+    if config.hypotheses is None:
+        return None
+    path = Path(config.hypotheses)
+    if not path.is_file():
+        raise ConfigError(f"hypotheses file not found: {path}")
+    text = path.read_text(encoding="utf-8")
+    entry = {"path": str(path.resolve()), "sha256": _sha(text), "text": text,
+             "registered_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    if manifest is None:
+        if has_records:
+            raise ConfigError(f"{out_dir} already holds records: a hypotheses file must be registered "
+                              "before any")
+        return entry
+    registered = manifest.get("hypotheses") or {}
+    if registered.get("sha256") != entry["sha256"]:
+        raise ConfigError(f"{path} changed since it was registered for {out_dir} "
+                          f"(sha256 {registered.get('sha256')}, now {entry['sha256']}); the pre-registration "
+                          "is locked")
+    return None
+
+
 def _request(task: Task, p: Planned, config: RunConfig) -> Request:
     return Request(prompt=p.messages, constraint=p.constraint(), max_tokens=config.max_tokens, seed=p.seed,
                    temperature=config.temperature, reasoning_prefix=RC_PREFIX if p.spec.rc else None,
-                   constrain=p.spec.level != "none", conversion=p.conversion(task))
+                   constrain=p.spec.level != "none", conversion=p.conversion(task),
+                   options={"fem": config.fem} if config.fem and p.spec.name in FEM_STRATEGIES else {})
+
+
+def chunk_records(backend: Backend, task: Task, chunk: Sequence[Planned], config: RunConfig
+                  ) -> list[tuple[Planned, Record, str | None]]:
+    """Run one chunk and make its records (the same in one process and in a parallel worker)."""
+    render = backend.tokenizer.chat_prompt
+    return [(p, make_record(task, p, res, render(p.messages), len(chunk), backend.model_id, err), err)
+            for p, res, err in _run_chunk(backend, task, chunk, config)]
 
 
 def _run_chunk(backend: Backend, task: Task, chunk: Sequence[Planned], config: RunConfig

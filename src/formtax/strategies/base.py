@@ -3,6 +3,11 @@
 A strategy is small: it turns a request into per-row policies for the shared decode loop (one or two calls) and
 turns the loop's output into a :class:`Result`. The constraint's own Python oracle (``Constraint.validate``) reads
 every constrained answer, so an engine bug shows up as ``parse_ok = False``, never as a silently wrong value.
+
+Backends that cannot step a batch (vLLM, servers) get the dispatch hook of ``backends/base.py``: ``check`` asks
+``Backend.check_strategy`` and ``run`` asks ``Backend.run_strategy`` first. Single-pass strategies and NL-to-Format
+expose ``run_rows(backend, requests, decoder)``: the same row building and assembly, with the decode loop replaced
+by any :data:`RowDecoder` (vLLM's runs the very same Policy objects inside its logits processor).
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ class Request:
     constrain: bool = True  # False: same prompt and budget, no mask (the "unconstrained" level of paper 003)
     conversion: Callable[[str], Prompt] | None = None  # NL-to-Format: reasoning text -> second-call prompt
     meta: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)  # strategy-specific settings (suffix-*: tau, rule)
 
 
 class TokenCounts(BaseModel):
@@ -97,7 +103,8 @@ class Strategy(ABC):
 
     def check(self, backend: Backend, requests: Sequence[Request]) -> None:
         """Refuse before any model call: capabilities, a missing constraint, a budget the answer cannot fit."""
-        require(backend, self.needs, self.name)
+        if not backend.check_strategy(self, requests):  # a backend's native path checks itself (dispatch hook)
+            require(backend, self.needs, self.name)
         for r in requests:
             if self.requires_constraint and r.constraint is None:
                 raise ConfigError(f"strategy {self.name!r} needs an answer constraint (--answer)")
@@ -206,6 +213,17 @@ def read_answer(result: Result, constraint: Constraint | None, constrained: bool
 
 ERROR_FINISHES = {"constraint-error", "length-incomplete"}
 
+RowDecoder = Callable[[Backend, Sequence[RowRequest], float, Sequence[Constraint | None]], list[RowOutput]]
+"""Decodes rows to completion: ``(backend, rows, temperature, whole_output_constraints) -> outputs``. The fourth
+argument names, per row, a constraint that alone governs the row's output after its forced prefix (None: the
+policy must be stepped); an engine with a grammar parameter may enforce it natively instead."""
+
+
+def loop_decoder(backend: Backend, rows: Sequence[RowRequest], temperature: float,
+                 whole: Sequence[Constraint | None]) -> list[RowOutput]:
+    """The decode loop as a :data:`RowDecoder` (it steps every policy, so it needs no constraint hint)."""
+    return decode(backend, rows, temperature=temperature)
+
 
 class SinglePass(Strategy):
     """A strategy that is one call of the decode loop with one policy per row."""
@@ -219,11 +237,31 @@ class SinglePass(Strategy):
         """The constraint this strategy decodes with (the json strategy wraps the answer's)."""
         return request.constraint
 
+    def whole_output_constraint(self, request: Request, policy: Policy) -> Constraint | None:
+        """The constraint that alone governs this row after its forced prefix: when the policy is a plain
+        ConstrainedPolicy (behind an optional ForcedPrefix) decoding ``effective_constraint``. Engines with a
+        grammar parameter may then enforce it natively (the policy still replays the output as a check).
+        None whenever the policy does anything more (InWriting's switch, a wrapper that records statistics)."""
+        from formtax.strategies.policies import ConstrainedPolicy, ForcedPrefix
+
+        inner = policy.inner if isinstance(policy, ForcedPrefix) else policy
+        if not request.constrain or type(inner) is not ConstrainedPolicy:
+            return None
+        return self.effective_constraint(request)
+
     def run(self, backend: Backend, requests: Sequence[Request]) -> list[Result]:
         self.check(backend, requests)
+        native = backend.run_strategy(self, requests)  # the dispatch hook (backends/base.py)
+        if native is not None:
+            return native
+        return self.run_rows(backend, requests, loop_decoder)
+
+    def run_rows(self, backend: Backend, requests: Sequence[Request], decoder: RowDecoder) -> list[Result]:
+        """Build one row per request, decode them with ``decoder``, assemble the results (no check here)."""
         results: list[Result | None] = [None] * len(requests)
         rows: list[RowRequest] = []
         index: list[int] = []
+        whole: list[Constraint | None] = []
         for k, r in enumerate(requests):
             try:
                 policy = self.policy(backend, r)
@@ -233,8 +271,9 @@ class SinglePass(Strategy):
                 continue
             rows.append(RowRequest(backend.tokenizer.prompt_ids(r.prompt), policy, r.max_tokens, r.seed))
             index.append(k)
+            whole.append(self.whole_output_constraint(r, policy))
         t0 = time.perf_counter()
-        outs = decode(backend, rows, temperature=batch_temperature(requests))
+        outs = decoder(backend, rows, batch_temperature(requests), whole)
         wall = time.perf_counter() - t0
         for k, o in zip(index, outs, strict=True):
             results[k] = self.assemble(backend, requests[k], o, wall)
@@ -261,6 +300,8 @@ class SinglePass(Strategy):
             if "switch" in e:
                 res.stats["switch_step"] = e["step"]
                 res.stats["switch_reason"] = e["switch"]
+            if "stats" in e:  # what a backend reports about how it decoded the row (e.g. an approximate mass)
+                res.stats.update(e["stats"])
         res.stats["forward_passes"] = out.forward_passes
         self.fill_answer(res, request, out, phases, constrained)
         read_answer(res, self.effective_constraint(request), constrained)

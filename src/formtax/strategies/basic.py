@@ -6,7 +6,7 @@ from typing import Any
 
 from formtax.backends.base import Backend
 from formtax.constraints.compile import compile_grammar
-from formtax.constraints.spec import JSON_SCAFFOLD, Constraint, JsonReasonAnswer
+from formtax.constraints.spec import JSON_SCAFFOLD, ChoiceConstraint, Constraint, JsonReasonAnswer
 from formtax.decoding.loop import Policy
 from formtax.strategies.base import (
     DEFAULT_RESERVE,
@@ -17,6 +17,8 @@ from formtax.strategies.base import (
     register,
     with_prefix,
 )
+from formtax.strategies.firstmass import EVENT as FIRST_MASS
+from formtax.strategies.firstmass import FirstTokenMass, allowed_first_tokens
 from formtax.strategies.policies import ConstrainedPolicy, FreePolicy
 
 
@@ -41,16 +43,24 @@ class Free(SinglePass):
 class Short(SinglePass):
     name = "short"
     summary = "unconstrained, stopped at the first token containing a newline; the line is the answer"
+    # With a choice answer, the first step also records the probability mass outside the tokens that can begin
+    # an option (stats["first_token_mass"], strategies/firstmass.py); nothing is masked.
     requires_constraint = False
     constrained_answer = False
     output_format = "answer-only"
 
     def policy(self, backend: Backend, request: Request) -> Policy:
         tok = backend.tokenizer
-        return with_prefix(backend, request, FreePolicy(tok.eos_ids, tok.newline_ids, phase="answer"))
+        policy: Policy = FreePolicy(tok.eos_ids, tok.newline_ids, phase="answer")
+        if isinstance(request.constraint, ChoiceConstraint):  # paper 002's mechanism variable; no mask
+            policy = FirstTokenMass(policy, allowed_first_tokens(tok, request.constraint.options))
+        return with_prefix(backend, request, policy)
 
     def fill_answer(self, res: Result, request: Request, out: Any, phases: dict[str, str], constrained: bool) -> None:
         res.answer_text = phases.get("answer", "").split("\n", 1)[0]
+        for event in out.events:  # the first-token masked mass, when the answer is a choice
+            if FIRST_MASS in event:
+                res.stats[FIRST_MASS] = event[FIRST_MASS]
 
 
 @register

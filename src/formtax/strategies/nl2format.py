@@ -6,16 +6,18 @@ import time
 from collections.abc import Sequence
 
 from formtax.backends.base import Backend
-from formtax.decoding.loop import RowRequest, decode
+from formtax.decoding.loop import RowRequest
 from formtax.strategies.base import (
     Prompt,
     Request,
     Result,
+    RowDecoder,
     Strategy,
     answer_reserve,
     batch_temperature,
     call_info,
     counts,
+    loop_decoder,
     phase_texts,
     read_answer,
     register,
@@ -53,17 +55,26 @@ class NL2Format(Strategy):
 
     def run(self, backend: Backend, requests: Sequence[Request]) -> list[Result]:
         self.check(backend, requests)
+        native = backend.run_strategy(self, requests)  # the dispatch hook (backends/base.py)
+        if native is not None:
+            return native
+        return self.run_rows(backend, requests, loop_decoder)
+
+    def run_rows(self, backend: Backend, requests: Sequence[Request], decoder: RowDecoder) -> list[Result]:
+        """The two calls with ``decoder`` in place of the decode loop; call 2's rows name their constraint so a
+        grammar-parameter engine can enforce it natively (a second request on the same engine)."""
         ext = self.extractor or backend
         tok = backend.tokenizer
         t0 = time.perf_counter()
-        first = decode(
+        first = decoder(
             backend,
             [
                 RowRequest(tok.prompt_ids(r.prompt), with_prefix(backend, r, FreePolicy(tok.eos_ids, phase="reasoning")),
                            r.max_tokens, r.seed)
                 for r in requests
             ],
-            temperature=batch_temperature(requests),
+            batch_temperature(requests),
+            [None] * len(requests),
         )
         reasonings = [tok.decode_text(o.tokens) for o in first]
         second_rows = []
@@ -76,7 +87,8 @@ class NL2Format(Strategy):
                 else FreePolicy(ext.tokenizer.eos_ids, ext.tokenizer.newline_ids, phase="answer")
             )
             second_rows.append(RowRequest(ext.tokenizer.prompt_ids(prompt), policy, answer_reserve(r.constraint), r.seed))
-        second = decode(ext, second_rows, temperature=batch_temperature(requests))
+        second = decoder(ext, second_rows, batch_temperature(requests),
+                         [r.constraint if r.constrain else None for r in requests])
         wall = time.perf_counter() - t0
         results = []
         for r, o1, o2, text in zip(requests, first, second, reasonings, strict=True):
@@ -98,6 +110,8 @@ class NL2Format(Strategy):
                 token_ids=list(o1.tokens),
             )
             res.stats["extractor"] = ext.model_id
+            for e in o2.events:  # what the backend reports about the extraction call (e.g. an approximate mass)
+                res.stats.update(e.get("stats", {}))
             res.stats["call1_finish"] = o1.finish_reason
             read_answer(res, r.constraint, r.constrain)
             if o2.finish_reason in ("constraint-error", "length-incomplete"):

@@ -3,7 +3,7 @@
 Importing this package registers every built-in task; look them up with ``get_task(name)``.
 """
 
-from formtax.tasks import aime, arc, arith, csqa, gsm8k, imdb, lastletter, svamp  # noqa: F401  (registration)
+from formtax.tasks import aime, arc, arith, csqa, gsm8k, imdb, lastletter, metatool, summeval, svamp  # noqa: F401  (registration)
 from formtax.tasks.base import (
     ANSWER_PREFIX,
     AnswerKind,

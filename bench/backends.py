@@ -1,0 +1,109 @@
+"""The same 32-request arith run (free and constrained, 16 items each) on the vllm backend vs the hf backend.
+
+ratio = vllm throughput / hf throughput (generated tokens per second of the run, engine start-up excluded;
+target >= 2.5). Both run float32 by default, so their greedy outputs are comparable token for token
+(``outputs_differing`` counts the requests whose text differs). Also reported, on the same grid:
+
+* ``openai_*``: the openai backend against a local vLLM server (same engine settings), start-up excluded;
+* ``ray_*``: ``--workers 2`` vs one worker, both with the vllm backend, wall time of the whole run including
+  each worker's engine start (that is what a user waits for).
+
+Needs vLLM and Ray (the .venv-vllm of scripts/env-vllm.sh): ``.venv-vllm/bin/python bench/backends.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+from _common import finish
+
+from formtax.backends import load_backend
+from formtax.runner import RunConfig, run
+
+
+def grid(args: argparse.Namespace, **kw: Any) -> RunConfig:
+    base: dict[str, Any] = dict(task="arith", strategies=["free", "constrained"], limit=args.limit,
+                                max_tokens=args.max_tokens, batch_size=args.batch_size, dtype=args.dtype)
+    base.update(kw)
+    return RunConfig(**base)
+
+
+def timed_run(cfg: RunConfig, backend: Any = None) -> dict[str, Any]:
+    """Run the grid into a fresh folder; wall time, generated tokens and texts by request id."""
+    with tempfile.TemporaryDirectory() as d:
+        t = time.perf_counter()
+        run(cfg, Path(d), backend=backend)
+        wall = time.perf_counter() - t
+        recs = [json.loads(x) for x in (Path(d) / "records.jsonl").read_text().splitlines()]
+    tokens = sum(r["tokens"]["total"] for r in recs)
+    return {"wall_s": wall, "tokens": tokens, "tok_s": tokens / wall, "requests": len(recs),
+            "texts": {r["request_id"]: r["text"] for r in recs}, "errors": sum(r["error"] is not None for r in recs)}
+
+
+def differing(a: dict[str, Any], b: dict[str, Any]) -> int:
+    return sum(1 for k, v in a["texts"].items() if b["texts"].get(k) != v)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--limit", type=int, default=16)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--skip-server", action="store_true")
+    p.add_argument("--skip-ray", action="store_true")
+    args = p.parse_args()
+    warnings.simplefilter("ignore")
+    out: dict[str, Any] = {"target": 2.5, "better": "higher", "dtype": args.dtype, "limit": args.limit,
+                           "max_tokens": args.max_tokens, "batch_size": args.batch_size}
+
+    t = time.perf_counter()
+    hf = load_backend("hf", None, dtype=args.dtype)
+    out["hf_startup_s"] = round(time.perf_counter() - t, 1)
+    r_hf = timed_run(grid(args), hf)
+    del hf
+
+    t = time.perf_counter()
+    vl = load_backend("vllm", None, dtype=args.dtype, enforce_eager=True)
+    out["vllm_startup_s"] = round(time.perf_counter() - t, 1)
+    timed_run(grid(args, limit=2), vl)  # warm-up: first-call costs (grammar compiles, allocator) out of the way
+    r_vl = timed_run(grid(args), vl)
+    out.update(ratio=round(r_vl["tok_s"] / r_hf["tok_s"], 3), requests=r_hf["requests"],
+               hf_tok_s=round(r_hf["tok_s"], 1), vllm_tok_s=round(r_vl["tok_s"], 1),
+               hf_wall_s=round(r_hf["wall_s"], 1), vllm_wall_s=round(r_vl["wall_s"], 1),
+               outputs_differing=differing(r_hf, r_vl), errors=r_hf["errors"] + r_vl["errors"])
+    print(json.dumps({k: v for k, v in out.items()}), flush=True)
+
+    if not args.skip_server:
+        from formtax.backends.vllm_backend import serve
+
+        t = time.perf_counter()
+        with serve(dtype=args.dtype, extra_args=["--enforce-eager"]) as url:
+            out["server_startup_s"] = round(time.perf_counter() - t, 1)
+            ob = load_backend("openai", None, server=url)
+            timed_run(grid(args, limit=2, backend="openai"), ob)
+            r_ob = timed_run(grid(args, backend="openai"), ob)
+        out.update(openai_tok_s=round(r_ob["tok_s"], 1), openai_wall_s=round(r_ob["wall_s"], 1),
+                   openai_vs_hf=round(r_ob["tok_s"] / r_hf["tok_s"], 3),
+                   openai_vs_vllm=round(r_ob["tok_s"] / r_vl["tok_s"], 3),
+                   openai_outputs_differing_from_vllm=differing(r_vl, r_ob))
+        print(json.dumps(out), flush=True)
+
+    if not args.skip_ray:
+        del vl  # the in-process engine's memory and threads back before the workers start theirs
+        opts = {"enforce_eager": True}
+        r1 = timed_run(grid(args, backend="vllm", backend_options=opts))
+        r2 = timed_run(grid(args, backend="vllm", backend_options=opts, workers=2))
+        out.update(ray_1worker_wall_s=round(r1["wall_s"], 1), ray_2workers_wall_s=round(r2["wall_s"], 1),
+                   ray_speedup=round(r1["wall_s"] / r2["wall_s"], 3), ray_outputs_differing=differing(r1, r2))
+    finish(out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,211 @@
+"""Run formtax's own Policy objects inside vLLM: the decode loop's bookkeeping, driven from a v1 logits processor.
+
+The decode loop (``formtax.decoding``) asks a row's :class:`~formtax.decoding.loop.Policy` for a plan at every step
+and tells it the emitted token afterwards. vLLM owns its loop, but its v1 logits-processor interface sees every
+row's full logits before sampling, in the engine process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), and is told which
+request sits at which batch index. So the SAME policy objects run here unchanged:
+
+* :class:`LiveRow` holds one row's policy and its :class:`~formtax.decoding.loop.RowOutput`. At each engine step
+  it first *catches up*: the tokens the engine emitted since the last step are handed to ``policy.advance`` (with
+  the loop's own budget rule), then it *plans*: ``policy.plan(raw logits row, step)`` becomes an in-place edit of
+  that row (a forced token, the allowed set, banned tokens, replacement scores), the masked mass is measured on
+  the raw row, and events are recorded at the same step numbers as in the loop.
+* A row that must finish without a token (``Plan.stop``) or whose policy returned a finish reason gets EOS forced
+  on the next step; that EOS is an engine artefact and is never recorded, exactly as the loop never emits it.
+* rows the engine decodes on its own (free text, a whole-output grammar) are rebuilt afterwards by
+  ``rowplan.replay``.
+
+vLLM is imported only inside :func:`processor_class`, so this module imports (and type-checks) without it.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from formtax.decoding.loop import Plan, RowOutput, RowRequest, Step, masked_mass
+
+ROW_KEY = "formtax_row"  # the SamplingParams.extra_args key naming a registered LiveRow
+
+_ROWS: dict[str, LiveRow] = {}
+_LOCK = threading.Lock()
+
+
+class LiveRow:
+    """One row of the decode loop, stepped from inside the engine (see the module docstring)."""
+
+    def __init__(self, req: RowRequest, eos_id: int, n_logits: int) -> None:
+        self.req = req
+        self.policy = req.policy
+        self.eos_id = eos_id
+        self.n_logits = n_logits
+        self.out = RowOutput(prompt_ids=list(req.prompt_ids))
+        self.n_seen = 0  # engine tokens handled so far (recorded ones plus artefacts after the finish)
+        self.n_planned = 0  # plans that expect one engine token each
+        self.pending: tuple[str, bool, bool, int | None] | None = None  # (phase, forced, masked, forced token)
+        self.done = False
+        self.error: str | None = None
+
+    # -- the loop's bookkeeping -------------------------------------------------------------------------------
+    def finish(self, reason: str, error: str | None = None) -> None:
+        if not self.done:
+            self.done = True
+            self.out.finish_reason = reason
+            if error is not None:
+                self.error = error
+
+    def catch_up(self, tokens: Sequence[int]) -> None:
+        """Hand the engine's new tokens to the policy, the way the loop does after choosing each one."""
+        while self.n_seen < len(tokens):
+            token = int(tokens[self.n_seen])
+            self.n_seen += 1
+            if self.done:
+                continue  # the EOS forced after a finish: not part of the output
+            if self.pending is None:
+                self.finish("backend-error", "the engine emitted a token no plan was made for")
+                continue
+            phase, forced, masked, want = self.pending
+            self.pending = None
+            if want is not None and token != want:
+                self.finish("backend-error", f"the engine emitted {token} where {want} was forced")
+                continue
+            self.out.tokens.append(token)
+            self.out.steps.append(Step(token, phase, forced, masked))
+            reason = self.policy.advance(token)
+            if reason is None and len(self.out.tokens) >= self.req.max_tokens:
+                reason = self.policy.budget_exhausted()
+            if reason is not None:
+                self.finish(reason)
+
+    def apply(self, row: torch.Tensor) -> None:
+        """Plan this step and edit the logits row in place (``row`` is the raw float32 row of this request)."""
+        if self.n_planned > self.n_seen:  # a plan whose token never came (a discarded partial-prefill sample)
+            self.finish("backend-error", "the engine skipped a planned step (chunked prefill must be off)")
+        if self.done:
+            self._force(row, self.eos_id)
+            return
+        if row.shape[-1] != self.n_logits:
+            self.finish("backend-error", f"logits width {row.shape[-1]} != the tokenizer's {self.n_logits}")
+            self._force(row, self.eos_id)
+            return
+        step = len(self.out.tokens)
+        view = row if row.device.type == "cpu" else row.detach().cpu()  # policies compute on CPU, as in the loop
+        plan: Plan = self.policy.plan(view, step)
+        if plan.event is not None:
+            self.out.events.append({"step": step, **plan.event})
+        if plan.stop is not None:
+            self.finish(plan.stop)
+            self._force(row, self.eos_id)
+            return
+        if plan.rewind is not None:
+            self.finish("backend-error", "the vllm backend cannot rewind a row (no KV crop)")
+            self._force(row, self.eos_id)
+            return
+        if plan.measure_mass and plan.allowed is not None and self.out.masked_mass is None:
+            self.out.masked_mass = masked_mass(view, plan.allowed)
+        phase = self.policy.phase
+        self.n_planned += 1
+        if plan.forced is not None:
+            self.pending = (phase, True, plan.allowed is not None, int(plan.forced))
+            self._force(row, int(plan.forced))
+            return
+        if plan.scores is not None:
+            row.copy_(plan.scores.to(device=row.device, dtype=row.dtype))
+        masked = plan.allowed is not None or bool(plan.banned)
+        if plan.allowed is not None:
+            row.masked_fill_(~plan.allowed.to(row.device), float("-inf"))
+        if plan.banned:
+            row[list(plan.banned)] = float("-inf")
+        forced = plan.allowed is not None and int(plan.allowed.sum().item()) == 1
+        self.pending = (phase, forced, masked, None)
+
+    @staticmethod
+    def _force(row: torch.Tensor, token: int) -> None:
+        row.fill_(float("-inf"))
+        row[token] = 0.0
+
+    def finalize(self, tokens: Sequence[int], engine_finish: str | None) -> RowOutput:
+        """After the engine is done with the request: take its last tokens and name the finish."""
+        self.catch_up(tokens)
+        if not self.done:
+            # The engine stopped on its own: at EOS (a policy that let EOS through), or for a reason of its own.
+            last = self.out.tokens[-1] if self.out.tokens else None
+            if engine_finish == "stop" and last == self.eos_id:
+                self.finish("eos")
+            else:
+                self.finish("backend-error", f"the engine stopped the row ({engine_finish}) before its policy did")
+        self.out.forward_passes = len(tokens)
+        return self.out
+
+
+def register_rows(rows: Sequence[LiveRow]) -> list[str]:
+    """Make rows visible to the processor; returns their keys (pass them in ``extra_args``)."""
+    keys = [uuid.uuid4().hex for _ in rows]
+    with _LOCK:
+        _ROWS.update(zip(keys, rows, strict=True))
+    return keys
+
+
+def unregister_rows(keys: Sequence[str]) -> None:
+    with _LOCK:
+        for k in keys:
+            _ROWS.pop(k, None)
+
+
+def lookup(key: Any) -> LiveRow | None:
+    if not isinstance(key, str):
+        return None
+    with _LOCK:
+        return _ROWS.get(key)
+
+
+_PROCESSOR: type | None = None
+
+
+def processor_class() -> type:
+    """The vLLM v1 logits processor class that steps registered LiveRows (defined on first use: needs vllm)."""
+    global _PROCESSOR
+    if _PROCESSOR is not None:
+        return _PROCESSOR
+    from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
+
+    class PolicyLogitsProcessor(LogitsProcessor):
+        """Steps formtax policies for the requests that carry ``extra_args[ROW_KEY]``; leaves all others alone."""
+
+        def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
+            self.by_index: dict[int, tuple[LiveRow, list[int]]] = {}
+
+        def is_argmax_invariant(self) -> bool:
+            return False  # it changes what greedy decoding picks: vLLM must call it for greedy rows too
+
+        def update_state(self, batch_update: BatchUpdate | None) -> None:
+            if batch_update is None:
+                return
+            for index in batch_update.removed:
+                self.by_index.pop(index, None)
+            for index, params, _prompt, output in batch_update.added:
+                row = lookup((params.extra_args or {}).get(ROW_KEY))
+                if row is None:
+                    self.by_index.pop(index, None)
+                else:
+                    self.by_index[index] = (row, output)  # ``output`` is the engine's live list of the row's tokens
+            for a, b, direction in batch_update.moved:
+                entry_a = self.by_index.pop(a, None)
+                entry_b = self.by_index.pop(b, None)
+                if entry_a is not None:
+                    self.by_index[b] = entry_a
+                if direction == MoveDirectionality.SWAP and entry_b is not None:
+                    self.by_index[a] = entry_b
+
+        def apply(self, logits: torch.Tensor) -> torch.Tensor:
+            for index, (row, output) in self.by_index.items():
+                row.catch_up(output)
+                row.apply(logits[index])
+            return logits
+
+    _PROCESSOR = PolicyLogitsProcessor
+    return _PROCESSOR

@@ -1,0 +1,307 @@
+"""Deco-G and Ctrl-G: free reasoning guided into the answer format by a format estimation module (paper 001).
+
+Both decode once, reweighting the model's next-token distribution by an HMM's estimate that the text will end in
+the format (:mod:`formtax.fem.reweight`), with a hard mask on top so that every output is in the format. The
+format is the request's answer template placed as the *last line* of a free reasoning text (the
+``reason-answer`` output format the prompts ask for), with an optional leading space; ``placement = "anywhere"``
+instead requires the key phrase to appear anywhere (text may follow it), as Deco-G does for GSM8K.
+
+* ``decog``: an instruction-aware HMM (``formtax fem build --form instruction-aware``), top-k state pruning with
+  k = 200 (the paper's value; no pruning when h <= 200), gamma = 1 (the paper tunes it per model; ours is a
+  starting point).
+* ``ctrlg``: Ctrl-G's setting: an HMM from unconditional samples (``--form unconditional``), the full state space,
+  gamma = 1.
+
+Options (``Request.options``; ``formtax generate --fem``; ``formtax run --fem``): ``fem`` (an artifact path, a
+loaded :class:`~formtax.fem.artifact.FemArtifact`, or a spec ``NAME=FILE,NAME.OPTION=VALUE,OPTION=VALUE`` naming a
+file per strategy), ``gamma``, ``top_k`` (0 or "none" = no pruning), ``placement`` (``end`` | ``anywhere``),
+``leading_space`` (true), ``slot_tokens`` (``LO..HI``: every slot's token range), ``allow_form`` (true: use an
+artifact of the other distillation form). The artifact's form must match the strategy unless ``allow_form``.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from formtax.backends.base import Backend
+from formtax.constraints.spec import ChoiceConstraint, Constraint, TemplateConstraint
+from formtax.constraints.template import Slot, Template
+from formtax.decoding.loop import Policy, RowOutput
+from formtax.errors import ConfigError
+from formtax.fem.artifact import FemArtifact, check_compatible, load_fem
+from formtax.fem.dfa import FormatSpec, TokenDFA, TokenVocab, token_dfa, vocab_for
+from formtax.fem.reweight import FemPolicy, FemRuntime
+from formtax.strategies.base import Request, Result, SinglePass, prefix_ids, register, with_prefix
+from formtax.strategies.policies import FreePolicy
+
+FEM_STRATEGIES = ("decog", "ctrlg")  # the strategies that read the ``fem`` option (the runner passes it to them)
+PLACEMENTS = {"end": ("line", "none"), "anywhere": ("any", "any")}
+OPTIONS = ("gamma", "top_k", "placement", "leading_space", "slot_tokens", "allow_form")
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def parse_fem_spec(spec: str, strategy: str) -> tuple[str | None, dict[str, str]]:
+    """``FILE`` or a comma list of ``NAME=FILE`` / ``NAME.OPTION=VALUE`` / ``OPTION=VALUE``: the file and options
+    that apply to ``strategy``."""
+    spec = spec.strip()
+    if "=" not in spec:
+        return spec or None, {}
+    path: str | None = None
+    opts: dict[str, str] = {}
+    for part in (p.strip() for p in spec.split(",") if p.strip()):
+        key, sep, value = part.partition("=")
+        if not sep:
+            raise ConfigError(f"--fem: {part!r} is not NAME=FILE or OPTION=VALUE (in {spec!r})")
+        key = key.strip()
+        if key in FEM_STRATEGIES:
+            if key == strategy:
+                path = value.strip()
+        elif "." in key:
+            name, _, opt = key.partition(".")
+            if name == strategy:
+                opts[opt] = value.strip()
+        else:
+            opts.setdefault(key, value.strip())
+    return path, opts
+
+
+@dataclass(frozen=True)
+class FemSettings:
+    artifact: FemArtifact
+    gamma: float
+    top_k: int | None
+    placement: str
+    leading_space: bool
+    slot_tokens: tuple[int, int] | None
+
+
+def _as_bool(key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    s = str(value).strip().lower()
+    if s in _TRUE | _FALSE:
+        return s in _TRUE
+    raise ConfigError(f"option {key!r} must be true or false, got {value!r}")
+
+
+def answer_template(constraint: Constraint | None) -> Template:
+    """The template the FEM enforces: a template constraint, or a choice as a one-slot template."""
+    if isinstance(constraint, TemplateConstraint):
+        return constraint.template
+    if isinstance(constraint, ChoiceConstraint):
+        return Template(source="{choice}", parts=(Slot("choice", options=tuple(constraint.options)),))
+    kind = constraint.kind if constraint is not None else "none"
+    raise ConfigError(f"the FEM strategies need an answer template (e.g. 'The answer is: {{int}}') or a choice; "
+                      f"got a {kind} constraint")
+
+
+_RUNTIMES: OrderedDict[tuple[int, int, str], FemRuntime] = OrderedDict()
+_LOCK = threading.Lock()
+
+
+def fem_runtime(artifact: FemArtifact, dfa: TokenDFA, eos_ids: Sequence[int], device: torch.device) -> FemRuntime:
+    """One :class:`FemRuntime` per (artifact, DFA, device), so the tables are computed once per budget."""
+    key = (id(artifact), id(dfa), str(device))
+    with _LOCK:
+        hit = _RUNTIMES.get(key)
+        if hit is not None:
+            _RUNTIMES.move_to_end(key)
+            return hit
+    rt = FemRuntime(dfa, artifact.hmm, eos_ids, device=device)
+    with _LOCK:
+        _RUNTIMES[key] = rt
+        while len(_RUNTIMES) > 8:
+            _RUNTIMES.popitem(last=False)
+    return rt
+
+
+class FemStrategy(SinglePass):
+    """The shared machinery of ``decog`` and ``ctrlg``."""
+
+    form: ClassVar[str]
+    default_top_k: ClassVar[int | None]
+    default_gamma: ClassVar[float] = 1.0
+    output_format = "reason-answer"
+
+    # -- options ---------------------------------------------------------------------------------------------
+    def settings(self, request: Request) -> FemSettings:
+        opts: dict[str, Any] = dict(request.options)
+        fem = opts.pop("fem", None)
+        if isinstance(fem, str):
+            path, extra = parse_fem_spec(fem, self.name)
+            unknown = sorted(set(extra) - set(OPTIONS))
+            if unknown:
+                raise ConfigError(f"--fem: unknown option(s) {', '.join(unknown)}; known: {', '.join(OPTIONS)}")
+            opts = {**extra, **opts}
+            fem = path
+        if fem is None:
+            raise ConfigError(
+                f"strategy {self.name!r} needs an HMM: pass --fem FILE (formtax run / generate) or "
+                f"options={{'fem': FILE}}; build one with `formtax fem build --task T --form {self.form} --out FILE`"
+            )
+        art = fem if isinstance(fem, FemArtifact) else load_fem(str(fem))
+        allow = _as_bool("allow_form", opts.pop("allow_form", False))
+        if art.form != self.form and not allow:
+            raise ConfigError(
+                f"strategy {self.name!r} uses a {self.form} HMM, but {art.path or 'the artifact'} is {art.form!r}; "
+                f"give one per strategy (--fem decog=FILE1,ctrlg=FILE2) or set allow_form=true"
+            )
+        try:
+            gamma = float(opts.pop("gamma", self.default_gamma))
+            raw_k = opts.pop("top_k", self.default_top_k)
+            top_k = None if raw_k is None or str(raw_k).lower() in ("0", "none") else int(raw_k)
+        except ValueError as e:
+            raise ConfigError(f"strategy {self.name!r}: bad gamma or top_k ({e})") from e
+        if gamma < 0 or (top_k is not None and top_k < 1):
+            raise ConfigError(f"strategy {self.name!r}: gamma must be >= 0 and top_k >= 1 (got {gamma}, {top_k})")
+        placement = str(opts.pop("placement", "end"))
+        if placement not in PLACEMENTS:
+            raise ConfigError(f"placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}")
+        leading = _as_bool("leading_space", opts.pop("leading_space", True))
+        slot_tokens = None
+        raw_slot = opts.pop("slot_tokens", None)
+        if raw_slot is not None:
+            m = re.fullmatch(r"\s*(\d+)\s*\.\.\s*(\d+)\s*", str(raw_slot))
+            if m is None or not 1 <= int(m.group(1)) <= int(m.group(2)):
+                raise ConfigError(f"slot_tokens must be LO..HI with 1 <= LO <= HI, got {raw_slot!r}")
+            slot_tokens = (int(m.group(1)), int(m.group(2)))
+        return FemSettings(art, gamma, top_k, placement, leading, slot_tokens)
+
+    def format_spec(self, request: Request, s: FemSettings) -> FormatSpec:
+        template = answer_template(request.constraint)
+        prefix, suffix = PLACEMENTS[s.placement]
+        bounds = tuple(s.slot_tokens for _ in template.slots) if s.slot_tokens else ()
+        return FormatSpec(template, prefix=prefix, suffix=suffix, leading_space=s.leading_space, slot_tokens=bounds)
+
+    def _prepare(self, backend: Backend, request: Request) -> tuple[FemSettings, TokenDFA]:
+        s = self.settings(request)
+        tok = backend.tokenizer
+        check_compatible(s.artifact, tok.engine.key, tok.n_logits)
+        return s, token_dfa(self.format_spec(request, s), vocab_for(tok))
+
+    # -- the strategy ------------------------------------------------------------------------------------------
+    def check(self, backend: Backend, requests: Sequence[Request]) -> None:
+        super().check(backend, requests)
+        for r in requests:
+            if not r.constrain:
+                continue
+            _, dfa = self._prepare(backend, r)
+            pre = prefix_ids(backend, r)
+            need = len(pre) + int(dfa.dist[dfa.run(pre)])
+            if need > r.max_tokens:
+                raise ConfigError(f"strategy {self.name!r}: max_tokens={r.max_tokens} cannot fit the answer, which "
+                                  f"needs at least {need} tokens; raise --max-tokens")
+
+    def policy(self, backend: Backend, request: Request) -> Policy:
+        tok = backend.tokenizer
+        if not request.constrain:
+            return with_prefix(backend, request, FreePolicy(tok.eos_ids, phase="reasoning"))
+        s, dfa = self._prepare(backend, request)
+        device = torch.device(getattr(backend, "device", "cpu"))
+        rt = fem_runtime(s.artifact, dfa, sorted(tok.eos_ids), device)
+        pre = prefix_ids(backend, request)
+        pol = FemPolicy(rt, request.max_tokens, gamma=s.gamma, top_k=s.top_k, prefix=pre)
+        pol.phase = "reasoning"
+        return with_prefix(backend, request, pol)
+
+    def fill_answer(self, res: Result, request: Request, out: RowOutput, phases: dict[str, str],
+                    constrained: bool) -> None:
+        """The answer is the last line (or, placed ``anywhere``, the last occurrence of the template, followed by an
+        ``after`` phase); what precedes it is reasoning. A token counts in the phase where its last byte falls."""
+        if not constrained or self._vocab is None:
+            res.answer_text = None
+            return
+        vocab = self._vocab
+        s = self.settings(request)
+        eos = set(vocab.eos_ids)
+        data = vocab.text([t for t in out.tokens if t not in eos])
+        span = _answer_span(data, answer_template(request.constraint), s)
+        if span is None:  # not in the format (only after an error finish): the answer stays unread
+            res.answer_text = None
+            return
+        start, end = span
+        if s.leading_space and data[start : start + 1] == b" ":
+            start += 1
+        res.answer_text = data[start:end].decode("utf-8", errors="replace")
+        res.reasoning = data[:start].decode("utf-8", errors="replace")
+        rc = res.phases.get("rc", "")
+        res.phases = {**({"rc": rc} if rc else {}), "reasoning": res.reasoning[len(rc) :],
+                      "answer": res.answer_text}
+        if end < len(data):
+            res.phases["after"] = data[end:].decode("utf-8", errors="replace")
+        n_rc = sum(1 for st in out.steps if st.phase == "rc")
+        pos = n_before = n_answer = 0
+        for t in out.tokens:  # a token is counted where it ends
+            pos += len(vocab.tokens[t])
+            if t in eos or pos > end:
+                break
+            if pos > start:
+                n_answer += 1
+            else:
+                n_before += 1
+        by_phase = {"rc": n_rc} if n_rc else {}
+        by_phase["reasoning"] = n_before - n_rc
+        n_after = len(out.tokens) - n_before - n_answer
+        if end < len(data):
+            by_phase["answer"] = n_answer
+            by_phase["after"] = n_after
+        else:
+            by_phase["answer"] = n_answer + n_after  # the EOS belongs to the answer
+        res.tokens.by_phase = by_phase
+
+    _vocab: TokenVocab | None = None
+
+    def assemble(self, backend: Backend, request: Request, out: RowOutput, batch_wall: float) -> Result:
+        self._vocab = vocab_for(backend.tokenizer)  # fill_answer reads the output's bytes through it
+        res = super().assemble(backend, request, out, batch_wall)
+        if request.constrain:
+            s = self.settings(request)
+            mass = [float(e["fem_mass"]) for e in out.events if "fem_mass" in e]
+            secs = [float(e["fem_s"]) for e in out.events if "fem_s" in e]
+            res.stats.update({
+                "fem_form": s.artifact.form, "fem_task": s.artifact.meta.get("task"), "fem_h": s.artifact.h,
+                "fem_top_k": s.top_k if s.top_k is not None and s.top_k < s.artifact.h else None,
+                "fem_gamma": s.gamma, "fem_placement": s.placement,
+                "fem_mass": [round(m, 6) for m in mass],
+                "fem_mass_min": round(min(mass), 6) if mass else None,
+                "fem_mass_mean": round(sum(mass) / len(mass), 6) if mass else None,
+                "fem_ms_per_step": round(1000 * sum(secs) / len(secs), 3) if secs else None,
+            })
+        return res
+
+
+def _answer_span(data: bytes, template: Template, s: FemSettings) -> tuple[int, int] | None:
+    """Byte span of the answer: the last line (``end``), or the last occurrence of the template (``anywhere``)."""
+    if s.placement == "end":
+        return data.rfind(b"\n") + 1, len(data)
+    spec = FormatSpec(template, prefix="none", suffix="none", leading_space=False)
+    found = None
+    for m in re.finditer(spec.py_regex(), data):
+        found = (m.start(), m.end())
+    return found
+
+
+@register
+class DecoG(FemStrategy):
+    name = "decog"
+    summary = ("Deco-G: free reasoning reweighted by an instruction-aware HMM + token DFA of the answer template "
+               "(top-k state pruning, gamma; needs --fem); 100% format compliance")
+    form = "instruction-aware"
+    default_top_k = 200
+
+
+@register
+class CtrlG(FemStrategy):
+    name = "ctrlg"
+    summary = "Ctrl-G: like decog with an HMM distilled from unconditional samples, full state space (needs --fem)"
+    form = "unconditional"
+    default_top_k = None
+

@@ -1,0 +1,156 @@
+"""decog and ctrlg on the fake backend: format compliance, options, errors, the runner, report and verify."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import formtax
+from formtax.backends.fake import FakeBackend, random_logits, scripted
+from formtax.constraints import parse_spec
+from formtax.errors import ConfigError
+from formtax.fem.artifact import load_fem, save_fem
+from formtax.fem.distill import DistillConfig, build_fem
+from formtax.records import read_records
+from formtax.report import verify_report, write_report
+from formtax.runner import RunConfig, run
+from formtax.strategies import Request, get_strategy
+from formtax.strategies.decog import parse_fem_spec
+
+Q = [{"role": "user", "content": "What is 2+3?"}]
+TEMPLATES = ["The answer is: {int}", "The final answer is {int:0..99}", "Rating: {choice:good|bad}", "{letters:3}"]
+
+
+@pytest.fixture(scope="module")
+def fems(tmp_path_factory):
+    out = tmp_path_factory.mktemp("fem")
+    backend = FakeBackend()
+    paths = {}
+    for name, form in (("decog", "instruction-aware"), ("ctrlg", "unconditional")):
+        hmm, meta = build_fem(backend, DistillConfig(task="arith", form=form, states=8, samples=6, max_tokens=32,
+                                                     em_iters=2))
+        paths[name] = str(save_fem(out / f"{name}.npz", hmm, meta))
+    return paths
+
+
+def gen(backend, strategy, answer, fem, max_tokens=48, **options):
+    return formtax.strategies.get_strategy(strategy).run(
+        backend, [Request(Q, parse_spec(answer), max_tokens=max_tokens, options={"fem": fem, **options})])[0]
+
+
+@pytest.mark.parametrize("strategy", ["decog", "ctrlg"])
+def test_every_output_is_in_the_format(fems, strategy: str) -> None:
+    for seed in range(2):
+        backend = FakeBackend(random_logits(seed=seed))
+        for answer in TEMPLATES:
+            for budget in (24, 40):
+                r = gen(backend, strategy, answer, fems[strategy], max_tokens=budget)
+                c = parse_spec(answer)
+                assert r.error is None and r.finish_reason in ("eos", "length"), (answer, r.finish_reason)
+                assert r.parse_ok and c.validate(r.answer_text).ok, (answer, r.text)
+                assert r.text.endswith(r.answer_text)
+                assert r.text.rsplit("\n", 1)[-1].lstrip(" ") == r.answer_text
+                assert r.tokens.total <= budget
+                assert sum(r.tokens.by_phase.values()) == r.tokens.total
+                assert r.stats["fem_form"] == ("instruction-aware" if strategy == "decog" else "unconditional")
+                assert len(r.stats["fem_mass"]) == r.tokens.total
+
+
+def test_a_model_that_already_writes_the_format_keeps_its_text(fems) -> None:
+    script = "Let me think. 2+3=5.\nThe answer is: 5"
+    r = gen(FakeBackend(scripted(script, margin=30.0)), "decog", "The answer is: {int}", fems["decog"], 100)
+    assert r.text == script and r.parsed == 5 and r.finish_reason == "eos"
+    assert r.reasoning == "Let me think. 2+3=5.\n" and r.answer_text == "The answer is: 5"
+    assert r.tokens.by_phase == {"reasoning": len(b"Let me think. 2+3=5.\n"), "answer": len(b"The answer is: 5") + 1}
+
+
+def test_a_model_that_never_answers_is_still_put_in_the_format_in_time(fems) -> None:
+    r = gen(FakeBackend(scripted("blah " * 100, margin=30.0)), "decog", "The answer is: {int}", fems["decog"], 40)
+    assert r.parse_ok and r.finish_reason in ("eos", "length") and r.tokens.total <= 40
+
+
+def test_options_placement_gamma_topk_and_rc(fems) -> None:
+    backend = FakeBackend(random_logits(seed=4))
+    r = gen(backend, "decog", "The answer is: {int}", fems["decog"], 40, placement="anywhere", gamma=3.0, top_k=2)
+    assert r.parse_ok and r.stats["fem_top_k"] == 2 and r.stats["fem_gamma"] == 3.0
+    assert r.answer_text in r.text and parse_spec("The answer is: {int}").validate(r.answer_text).ok
+    assert sum(r.tokens.by_phase.values()) == r.tokens.total
+    assert all(0 < m <= 1 for m in r.stats["fem_mass"])
+    req = Request(Q, parse_spec("The answer is: {int}"), max_tokens=40, reasoning_prefix="Let's think.",
+                  options={"fem": fems["ctrlg"]})
+    r = get_strategy("ctrlg").run(backend, [req])[0]
+    assert r.text.startswith("Let's think.") and r.parse_ok and r.tokens.by_phase["rc"] == len("Let's think.")
+    # the level "none" (constrain=False) decodes freely with the same prompt and budget
+    free = get_strategy("decog").run(backend, [Request(Q, parse_spec("The answer is: {int}"), max_tokens=20,
+                                                       constrain=False, options={"fem": fems["decog"]})])[0]
+    assert "fem_mass" not in free.stats
+
+
+def test_clear_errors(fems) -> None:
+    backend = FakeBackend()
+    with pytest.raises(ConfigError, match="needs an HMM"):
+        gen(backend, "decog", "The answer is: {int}", None)
+    with pytest.raises(ConfigError, match="unconditional"):
+        gen(backend, "decog", "The answer is: {int}", fems["ctrlg"])
+    assert gen(backend, "decog", "The answer is: {int}", fems["ctrlg"], allow_form=True).parse_ok
+    with pytest.raises(ConfigError, match="answer template"):
+        gen(backend, "decog", "regex:[0-9]+", fems["decog"])
+    with pytest.raises(ConfigError, match="max_tokens"):
+        gen(backend, "decog", "The answer is: {int}", fems["decog"], max_tokens=5)
+    with pytest.raises(ConfigError, match="unknown option"):
+        gen(backend, "decog", "The answer is: {int}", f"decog={fems['decog']},gama=2")
+    # an artifact for another tokenizer
+    art = load_fem(fems["decog"])
+    other = save_fem(fems["decog"].replace("decog.npz", "other.npz"), art.hmm, {**art.meta, "tokenizer_sha256": "x"})
+    with pytest.raises(ConfigError, match="another tokenizer"):
+        gen(backend, "decog", "The answer is: {int}", str(other))
+
+
+def test_fem_spec_parsing() -> None:
+    assert parse_fem_spec("a.npz", "decog") == ("a.npz", {})
+    spec = "decog=a.npz,ctrlg=b.npz,gamma=2,ctrlg.top_k=5,decog.gamma=3"
+    assert parse_fem_spec(spec, "ctrlg") == ("b.npz", {"gamma": "2", "top_k": "5"})
+    assert parse_fem_spec(spec, "decog") == ("a.npz", {"gamma": "3"})
+    with pytest.raises(ConfigError):
+        parse_fem_spec("decog=a.npz,oops", "decog")
+
+
+def test_runner_report_and_verify_with_both_strategies(tmp_path, fems) -> None:
+    cfg = RunConfig(task="arith", strategies=["free", "decog", "ctrlg"], backend="fake", limit=3, max_tokens=40,
+                    batch_size=2, fem=f"decog={fems['decog']},ctrlg={fems['ctrlg']}")
+    s = run(cfg, tmp_path)
+    assert s.errors == 0
+    recs = read_records(tmp_path / "records.jsonl")
+    fem_recs = [r for r in recs if r.base_strategy in ("decog", "ctrlg")]
+    assert len(fem_recs) == 6 and all(r.constraint_ok for r in fem_recs)
+    assert all(r.parses["strict"].status == "ok" for r in fem_recs)  # the strict parser reads the last line
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["config_identity"]["fem"] == cfg.fem
+    write_report(tmp_path, n_resamples=200)
+    assert verify_report(tmp_path) == []
+    # a run config without fem keeps the old identity (old run directories still resume)
+    assert "fem" not in RunConfig(task="arith", strategies=["free"]).identity()
+
+
+def test_cli_fem_build_info_and_generate_errors(tmp_path, capsys) -> None:
+    from formtax.cli.main import main
+
+    out = tmp_path / "cli.npz"
+    rc = main(["fem", "build", "--backend", "fake", "--task", "arith", "--states", "4", "--samples", "2",
+               "--max-tokens", "8", "--em-iters", "1", "--out", str(out)])
+    assert rc == 0 and out.is_file() and out.with_suffix(".json").is_file()
+    assert main(["fem", "info", str(out)]) == 0
+    assert '"form": "instruction-aware"' in capsys.readouterr().out
+    assert main(["generate", "-s", "decog", "-a", "The answer is: {int}", "hi"]) == 2
+    assert "needs an HMM: pass --fem FILE" in capsys.readouterr().err
+    assert main(["generate", "-s", "ctrlg", "-a", "The answer is: {int}", "--fem", str(out), "hi"]) == 2
+    assert "instruction-aware" in capsys.readouterr().err  # the wrong form, refused before the model loads
+    assert main(["generate", "-s", "free", "--fem", str(out), "hi"]) == 2
+    assert "apply to decog and ctrlg" in capsys.readouterr().err
+
+
+def test_the_runner_gives_the_fem_option_only_to_fem_strategies(tmp_path, fems) -> None:
+    cfg = RunConfig(task="arith", strategies=["suffix-last", "decog"], backend="fake", limit=2, max_tokens=40,
+                    fem=fems["decog"])
+    assert run(cfg, tmp_path).errors == 0

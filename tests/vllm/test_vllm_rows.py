@@ -1,0 +1,212 @@
+"""The vLLM backend's row machinery on a simulated engine (no vLLM needed, milliseconds).
+
+``SimVLLM`` is the real :class:`VLLMBackend` with only its two engine touch points (``_params``, ``_generate``)
+replaced by a small engine with vLLM's semantics over the fake model: a grammar masks the row *before* the logits
+processor sees it, live rows are stepped exactly as ``PolicyLogitsProcessor.apply`` steps them, greedy picks the
+argmax, a stop token ends a request (and stays in its output), ``max_tokens`` caps it. Every strategy must then
+give the very results the decode loop gives on the same fake model: that is the backend's contract.
+"""
+
+from __future__ import annotations
+
+import llguidance
+import pytest
+import torch
+
+import formtax
+from formtax.backends.base import Capability
+from formtax.backends.fake import FakeBackend, random_logits, scripted
+from formtax.backends.logits_processor import LiveRow, lookup
+from formtax.backends.rowplan import lark_grammar, plan_row, replay
+from formtax.backends.vllm_backend import VLLMBackend
+from formtax.constraints.compile import compile_grammar
+from formtax.constraints.spec import parse_spec
+from formtax.decoding.loop import RowRequest, decode
+from formtax.errors import CapabilityError
+from formtax.strategies.policies import ConstrainedPolicy, ForcedPrefix, FreePolicy
+
+Q = [[{"role": "user", "content": "What is 2+3?"}], [{"role": "user", "content": "Name a color."}],
+     [{"role": "user", "content": "Count to three."}]]
+SCRIPT = "Let me think. 2+3=5.\nThe answer is: 5"
+
+
+class SimVLLM(VLLMBackend):
+    """VLLMBackend over a simulated engine (see the module docstring). ``lie``: ignore every grammar."""
+
+    def __init__(self, fn, lie: bool = False) -> None:
+        fake = FakeBackend(fn)
+        super().__init__(llm=None, tok=fake.tokenizer, model_id="sim-vllm")
+        self.fn = fn
+        self.lie = lie
+        self.calls: list[int] = []
+
+    def _params(self, temperature, seed, max_tokens, stop_ids, grammar=None, row_key=None):
+        return {"max_tokens": max_tokens, "stop_ids": stop_ids, "grammar": grammar, "row_key": row_key}
+
+    def _generate(self, prompts, params):
+        self.calls.append(len(prompts))
+        outs = []
+        for prompt, p in zip(prompts, params, strict=True):
+            seq, out, finish = list(prompt), [], "length"
+            live = lookup(p["row_key"]) if p["row_key"] else None
+            matcher = None
+            if p["grammar"] and not self.lie:
+                grammar = llguidance.grammar_from("grammar", p["grammar"])  # what vLLM's guidance backend does
+                matcher = compile_grammar(grammar, self.tokenizer.engine).matcher(self.tokenizer.n_logits)
+            while len(out) < p["max_tokens"]:
+                logits = self.fn(seq).float().clone()
+                if matcher is not None:
+                    logits[~matcher.allowed_mask()] = float("-inf")
+                if live is not None:
+                    live.catch_up(out)
+                    live.apply(logits)
+                token = int(torch.argmax(logits))
+                out.append(token)
+                seq.append(token)
+                if matcher is not None:
+                    matcher.consume(token)
+                if token in p["stop_ids"]:
+                    finish = "stop"
+                    break
+            outs.append((out, finish))
+        return outs
+
+
+def same(a, b):
+    """Two results of the same request: equal in everything a backend decides."""
+    assert a.token_ids == b.token_ids, (a.text, b.text)
+    assert (a.text, a.answer_text, a.finish_reason, a.parse_ok, a.parsed) == (
+        b.text, b.answer_text, b.finish_reason, b.parse_ok, b.parsed)
+    assert a.phases == b.phases
+    assert a.tokens.model_dump() == b.tokens.model_dump()
+    assert (a.masked_mass is None) == (b.masked_mass is None)
+    if a.masked_mass is not None:
+        assert a.masked_mass == pytest.approx(b.masked_mass, abs=1e-9)
+    for k in ("switch_step", "switch_reason"):
+        assert a.stats.get(k) == b.stats.get(k)
+
+
+CASES = [
+    ("free", None, {}),
+    ("short", None, {}),
+    ("constrained", "The answer is: {int:0..999}", {}),
+    ("constrained", "{choice:red|green|blue}", {}),
+    ("constrained", "regex:[a-z]{2,5}", {}),
+    ("constrained", 'json:{"type": "object", "properties": {"v": {"type": "integer"}}, "required": ["v"]}', {}),
+    ("json", "{int}", {}),
+    ("inwriting", "The answer is: {int}", {}),
+    ("nl2format", "The answer is: {int}", {}),
+    ("free", None, {"reasoning": "Let's think."}),
+    ("constrained", "The answer is: {int}", {"reasoning": "Let's think."}),
+    ("inwriting", "The answer is: {int}", {"reasoning": "Let's think."}),
+    ("inwriting", "The answer is: {int}", {"constrain": False}),
+    ("json", "{int}", {"constrain": False}),
+]
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+@pytest.mark.parametrize(("strategy", "spec", "kw"), CASES)
+def test_every_strategy_matches_the_decode_loop(strategy, spec, kw, seed):
+    fn = random_logits(seed=seed)
+    ref = formtax.generate_batch(FakeBackend(fn), Q, strategy, spec, max_tokens=60, **kw)
+    got = formtax.generate_batch(SimVLLM(fn), Q, strategy, spec, max_tokens=60, **kw)
+    for a, b in zip(ref, got, strict=True):
+        same(a, b)
+
+
+@pytest.mark.parametrize("budget", [45, 80, 100])
+def test_inwriting_switch_reasons_match_on_a_scripted_model(budget):
+    # 45 switches on the preamble budget (45 - the answer reserve < the script), 80/100 where the model wants EOS
+    fn = scripted(SCRIPT)
+    ref = formtax.generate_batch(FakeBackend(fn), Q[:1], "inwriting", "The answer is: {int:0..9}", max_tokens=budget)
+    got = formtax.generate_batch(SimVLLM(fn), Q[:1], "inwriting", "The answer is: {int:0..9}", max_tokens=budget)
+    same(ref[0], got[0])
+    assert got[0].stats["switch_reason"] == ("budget" if budget == 45 else "eos")
+
+
+def test_short_with_a_choice_runs_its_statistics_wrapper_live():
+    # short + choice wraps its policy (first-token mass): not a plain free row, so it is stepped in the processor
+    fn = random_logits(seed=5)
+    ref = formtax.generate_batch(FakeBackend(fn), Q, "short", "{choice:red|green|blue}", max_tokens=20)
+    sim = SimVLLM(fn)
+    got = formtax.generate_batch(sim, Q, "short", "{choice:red|green|blue}", max_tokens=20)
+    for a, b in zip(ref, got, strict=True):
+        same(a, b)
+        assert a.stats.get("first_token_mass") == b.stats.get("first_token_mass")
+
+
+def test_rows_are_classified_by_their_policy():
+    tok = FakeBackend().tokenizer
+    c = parse_spec("The answer is: {int}")
+    m = compile_grammar(c.grammar, tok.engine).matcher(tok.n_logits)
+    free = FreePolicy(tok.eos_ids, tok.newline_ids)
+    assert plan_row(RowRequest([1], free, 10), None).kind == "free"
+    assert plan_row(RowRequest([1], ForcedPrefix([65, 66], free), 10), None).prefix == [65, 66]
+    assert plan_row(RowRequest([1], ConstrainedPolicy(m, tok.eos_ids), 10), c).kind == "grammar"
+    assert plan_row(RowRequest([1], ConstrainedPolicy(m, tok.eos_ids), 10), None).kind == "live"
+    assert plan_row(RowRequest([1], ForcedPrefix([65] * 10, free), 10), None).kind == "live"  # prefix >= budget
+
+
+def test_a_json_schema_grammar_becomes_lark_text():
+    c = parse_spec('json:{"type": "integer"}')
+    assert c.grammar.startswith("{")  # llguidance's JSON envelope, which vLLM's grammar field rejects
+    lark = lark_grammar(c)
+    assert lark.startswith("start: %json{")
+    llguidance.LLMatcher.validate_grammar(llguidance.grammar_from("grammar", lark))
+
+
+def test_an_engine_that_ignores_the_constraint_is_caught():
+    fn = random_logits(seed=1)
+    for strategy, spec in [("constrained", "The answer is: {int}"), ("json", "{int}"),
+                           ("nl2format", "The answer is: {int}")]:
+        for r in formtax.generate_batch(SimVLLM(fn, lie=True), Q, strategy, spec, max_tokens=80):
+            assert r.finish_reason == "constraint-error"
+            assert not r.parse_ok and r.parsed is None
+            assert r.stats["constraint_ignored"] is True
+            assert r.error
+
+
+def test_replay_rebuilds_the_loops_row_output():
+    fn = random_logits(seed=2)
+    fake = FakeBackend(fn)
+    tok = fake.tokenizer
+    c = parse_spec("The answer is: {int:0..99}")
+
+    def row():
+        m = compile_grammar(c.grammar, tok.engine).matcher(tok.n_logits)
+        return RowRequest(tok.prompt_ids(Q[0]), ForcedPrefix(tok.encode("Ok. "), ConstrainedPolicy(m, tok.eos_ids)), 40)
+
+    ref = decode(fake, [row()])[0]
+    got = replay(row(), ref.tokens, "stop", ref.masked_mass)
+    assert got.tokens == ref.tokens and got.steps == ref.steps and got.finish_reason == ref.finish_reason
+
+
+def test_live_row_forces_eos_after_its_policy_finishes():
+    tok = FakeBackend().tokenizer
+    eos = min(tok.eos_ids)
+    live = LiveRow(RowRequest([1, 2], FreePolicy(tok.eos_ids, frozenset({10})), 5), eos, tok.n_logits)
+    out: list[int] = []
+    for want in (65, 10):  # the policy stops after the newline-like token 10
+        logits = torch.zeros(tok.n_logits)
+        logits[want] = 5.0
+        live.catch_up(out)
+        live.apply(logits)
+        out.append(int(torch.argmax(logits)))
+    logits = torch.zeros(tok.n_logits)
+    live.catch_up(out)
+    live.apply(logits)
+    assert int(torch.argmax(logits)) == eos and live.done
+    res = live.finalize([*out, eos], "stop")
+    assert res.tokens == [65, 10] and res.finish_reason == "newline"  # the forced EOS is not part of the output
+
+
+def test_the_backend_refuses_what_it_cannot_run():
+    sim = SimVLLM(random_logits())
+    assert Capability.KV_CROP not in sim.capabilities
+    with pytest.raises(CapabilityError):
+        sim.new_batch([[1, 2]])
+    from formtax.strategies import list_strategies
+
+    if "suffix-last" in list_strategies():  # the suffix strategies rewind rows: refused before any model call
+        with pytest.raises(CapabilityError, match="kv-crop"):
+            formtax.generate(sim, Q[0], "suffix-last", "The answer is: {int}", max_tokens=40)
