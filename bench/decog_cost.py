@@ -29,27 +29,15 @@ import time
 
 import torch
 from _common import PROMPTS, finish, load_default
+from decode_loop import NoEos
 
 from formtax.constraints.template import parse_template
-from formtax.decoding import Plan, Policy, RowRequest, decode
+from formtax.decoding import RowRequest, decode
 from formtax.fem.dfa import FormatSpec, build_token_dfa, vocab_for
 from formtax.fem.hmm import HMM
 from formtax.fem.reweight import FemPolicy, FemRuntime, feasibility
 
 TEMPLATE = "The answer is: {int:0..}"
-
-
-class NoEos(Policy):
-    phase = "free"
-
-    def __init__(self, eos: frozenset[int]) -> None:
-        self.banned = sorted(eos)
-
-    def plan(self, logits: torch.Tensor, step: int) -> Plan:
-        return Plan(banned=self.banned)
-
-    def advance(self, token: int) -> str | None:
-        return None
 
 
 def step_times(backend, prompt_ids: list[int], policy_factory, n: int,
