@@ -98,8 +98,8 @@ def test_agreement_with_transformers_on_greedy_outputs(vllm_backend, default_mod
 
     identical = sum(a.token_ids == b.token_ids for a, b in zip(ref, got, strict=True))
     prefix = [common(a.token_ids, b.token_ids) / max(1, len(a.token_ids)) for a, b in zip(ref, got, strict=True)]
-    cref = formtax.generate_batch(default_model, prompts, "constrained", "The answer is: {int:0..999}", max_tokens=24)
-    cgot = formtax.generate_batch(vllm_backend, prompts, "constrained", "The answer is: {int:0..999}", max_tokens=24)
+    cref = formtax.generate_batch(default_model, prompts, "constrained", "The answer is: {int:0..999}", max_tokens=32)
+    cgot = formtax.generate_batch(vllm_backend, prompts, "constrained", "The answer is: {int:0..999}", max_tokens=32)
     mass_gap = max(abs(a.masked_mass - b.masked_mass) for a, b in zip(cref, cgot, strict=True))
     report = {"dtype": vllm_backend.dtype, "prompts": len(prompts), "identical": identical,
               "mean_common_prefix": round(sum(prefix) / len(prefix), 3),

@@ -7,17 +7,20 @@ from formtax.constraints.spec import (
     JsonConstraint,
     JsonReasonAnswer,
     LarkConstraint,
+    RecordConstraint,
     RegexConstraint,
     TemplateConstraint,
     Validation,
     as_constraint,
     from_pydantic,
     parse_spec,
+    record_spec,
 )
-from formtax.constraints.template import Slot, Template, parse_template
+from formtax.constraints.template import Slot, Template, choice_slot, parse_template
 
 __all__ = [
     "ChoiceConstraint", "CompiledGrammar", "Constraint", "EngineTokenizer", "JsonConstraint", "JsonReasonAnswer",
-    "LarkConstraint", "Matcher", "RegexConstraint", "Slot", "Template", "TemplateConstraint", "Validation",
-    "as_constraint", "compile_grammar", "from_pydantic", "parse_spec", "parse_template",
+    "LarkConstraint", "Matcher", "RecordConstraint", "RegexConstraint", "Slot", "Template", "TemplateConstraint",
+    "Validation", "as_constraint", "choice_slot", "compile_grammar", "from_pydantic", "parse_spec", "parse_template",
+    "record_spec",
 ]

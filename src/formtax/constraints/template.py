@@ -13,7 +13,17 @@ Syntax (documented in the README):
   ``{letters:N}``      exactly N lowercase letters a-z
   ``{choice:a|b|c}``   one of the alternatives, spelled exactly
   ``{str}``            any non-empty single-line text (at most 64 tokens)
+  ``{str:N}``          any non-empty single-line text of at most N tokens, 1 <= N <= 64
   ===================  =====================================================================
+
+Inside a ``{choice:...}`` argument a backslash escapes the characters that would otherwise end or split
+it: ``\\|``, ``\\{``, ``\\}`` and ``\\\\`` stand for ``|``, ``{``, ``}`` and ``\\``, so an alternative can be
+any text (e.g. a passage span); a backslash before any other character stays literal, as it is everywhere
+outside a choice argument. :func:`choice_slot` writes the escaped slot for given alternatives, and
+``Slot.source`` re-escapes, so ``parse_template(slot.source)`` gives the same slot back.
+
+The token cap of ``{str}`` / ``{str:N}`` is enforced by the engine (a Lark ``max_tokens`` attribute) and is
+the slot's token range in the FEM; the Python oracle has no tokenizer, so it checks the text only.
 
 Each slot knows three renderings of itself: a Lark fragment for llguidance (the engine that masks tokens), a
 Python regex (the independent oracle that validates outputs and extracts values from free text), and a JSON
@@ -25,6 +35,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,8 +66,8 @@ class Slot:
         if self.kind == "letters":
             return "{letters}" if self.n is None else "{letters:%d}" % self.n
         if self.kind == "choice":
-            return "{choice:%s}" % "|".join(self.options)
-        return "{str}"
+            return "{choice:%s}" % "|".join(escape_choice_option(o) for o in self.options)
+        return "{str}" if self.n is None else "{str:%d}" % self.n
 
     # -- renderings -------------------------------------------------------------------------------------------
     def json_schema(self) -> dict[str, Any]:
@@ -86,7 +97,7 @@ class Slot:
         return r"/[^\n\r]+/"
 
     def lark_attrs(self) -> str:
-        return "[max_tokens=%d]" % STR_SLOT_MAX_TOKENS if self.kind == "str" else ""
+        return "[max_tokens=%d]" % self.max_tokens() if self.kind == "str" else ""
 
     def py_regex(self) -> str:
         """A Python regex for the slot's surface form (a superset for bounded ints; check with ``accepts``)."""
@@ -118,7 +129,7 @@ class Slot:
             return self.n if self.n is not None else LETTERS_MAX
         if self.kind == "choice":
             return max(len(o.encode()) for o in self.options)
-        return STR_SLOT_MAX_TOKENS
+        return self.n if self.n is not None else STR_SLOT_MAX_TOKENS
 
 
 @dataclass(frozen=True)
@@ -193,7 +204,44 @@ def lark_string(s: str) -> str:
     return json.dumps(s, ensure_ascii=False)
 
 
-_SLOT_RE = re.compile(r"\{([a-z]+)(?::([^{}]*))?\}")
+# A choice argument may hold backslash escapes (so an escaped brace does not end the slot); other arguments
+# may not hold braces at all. Groups 1/2: a choice and its raw argument; 3/4: any other slot and its argument.
+_SLOT_RE = re.compile(r"\{(choice):((?:\\[\s\S]|[^{}\\])*)\}|\{(?!choice:)([a-z]+)(?::([^{}]*))?\}")
+_CHOICE_ESCAPES = "|{}\\"
+
+
+def escape_choice_option(option: str) -> str:
+    """``option`` as written inside ``{choice:...}``: a backslash before each ``|``, ``{``, ``}``, ``\\``."""
+    return "".join("\\" + ch if ch in _CHOICE_ESCAPES else ch for ch in option)
+
+
+def split_choice_arg(arg: str) -> list[str]:
+    """Split a raw choice argument on unescaped ``|``, resolving escapes (other backslashes stay literal)."""
+    options: list[str] = []
+    current: list[str] = []
+    i = 0
+    while i < len(arg):
+        ch = arg[i]
+        if ch == "\\" and i + 1 < len(arg) and arg[i + 1] in _CHOICE_ESCAPES:
+            current.append(arg[i + 1])
+            i += 2
+            continue
+        if ch == "|":
+            options.append("".join(current))
+            current = []
+        else:
+            current.append(ch)
+        i += 1
+    options.append("".join(current))
+    return options
+
+
+def choice_slot(options: Sequence[str]) -> str:
+    """The slot text ``{choice:...}`` for arbitrary alternatives, escaped so that it parses back to exactly
+    them (tasks build choices from passage spans, which may hold ``|``, braces or backslashes)."""
+    if isinstance(options, str):
+        raise ConstraintError(f"choice_slot: pass a sequence of alternatives, not the string {options!r}")
+    return _choice(tuple(options), "choice_slot").source
 
 
 def _parse_int_range(arg: str, source: str) -> tuple[int | None, int | None]:
@@ -223,20 +271,29 @@ def _make_slot(kind: str, arg: str | None, source: str) -> Slot:
             raise ConstraintError(f"template {source!r}: {{letters:N}} needs 1 <= N <= {LETTERS_MAX}, got {arg!r}")
         return Slot("letters", n=int(arg))
     if kind == "choice":
-        options = tuple(arg.split("|")) if arg else ()
-        if not options or any(o == "" for o in options):
-            raise ConstraintError(f"template {source!r}: {{choice:...}} needs non-empty alternatives a|b|c")
-        if len(set(options)) != len(options):
-            raise ConstraintError(f"template {source!r}: duplicate alternatives in {{choice:{arg}}}")
-        return Slot("choice", options=options)
+        return _choice(tuple(split_choice_arg(arg)) if arg else (), f"template {source!r}")
     if kind == "str":
-        if arg is not None:
-            raise ConstraintError(f"template {source!r}: {{str}} takes no argument")
-        return Slot("str")
+        if arg is None:
+            return Slot("str")
+        if re.fullmatch(r"\s*[0-9]+\s*", arg) is None or not 1 <= int(arg) <= STR_SLOT_MAX_TOKENS:
+            raise ConstraintError(
+                f"template {source!r}: {{str:N}} needs 1 <= N <= {STR_SLOT_MAX_TOKENS} tokens, got {arg!r}"
+            )
+        return Slot("str", n=int(arg))
     raise ConstraintError(
         f"template {source!r}: unknown slot type {{{kind}}}; known: {{int}}, {{int:LO..HI}}, {{letters}}, "
-        "{letters:N}, {choice:a|b}, {str}"
+        "{letters:N}, {choice:a|b}, {str}, {str:N}"
     )
+
+
+def _choice(options: tuple[str, ...], where: str) -> Slot:
+    """A choice slot, checked: ``where`` names what is being parsed in the error message."""
+    if not options or any(o == "" for o in options):
+        raise ConstraintError(f"{where}: {{choice:...}} needs non-empty alternatives a|b|c")
+    dup = sorted({o for o in options if options.count(o) > 1})
+    if dup:
+        raise ConstraintError(f"{where}: duplicate alternatives {dup} in a choice")
+    return Slot("choice", options=options)
 
 
 def parse_template(source: str) -> Template:
@@ -255,11 +312,17 @@ def parse_template(source: str) -> Template:
             if m is None:
                 end = source.find("}", i)
                 bad = source[i : end + 1] if end >= 0 else source[i:]
-                raise ConstraintError(f"template {source!r}: malformed slot {bad!r} (write {{{{ for a literal brace)")
+                hint = "write {{ for a literal brace"
+                if source.startswith("{choice:", i):
+                    hint = "inside {choice:...} write \\| \\{ \\} \\\\ for a literal | { } \\"
+                raise ConstraintError(f"template {source!r}: malformed slot {bad!r} ({hint})")
             if literal:
                 parts.append("".join(literal))
                 literal = []
-            parts.append(_make_slot(m.group(1), m.group(2), source))
+            if m.group(1) is not None:
+                parts.append(_make_slot(m.group(1), m.group(2), source))
+            else:
+                parts.append(_make_slot(m.group(3), m.group(4), source))
             i = m.end()
             continue
         if ch == "}":

@@ -22,7 +22,6 @@ from formtax.tasks import (
     Item,
     OutputFormat,
     Task,
-    conversion_messages,
     variant_id,
 )
 
@@ -84,7 +83,7 @@ class Planned:
         return parse_spec(self.answer) if self.answer is not None else None
 
     def conversion(self, task: Task) -> Any:
-        return lambda text: conversion_messages(task, self.item, text, self.format_variant)
+        return lambda text: task.conversion_messages(self.item, text, self.format_variant)
 
 
 def request_id(task: str, item_id: str, spec: str, variant: str, seed: int, shots: int) -> str:

@@ -214,7 +214,7 @@ class FemStrategy(SinglePass):
 
     def fill_answer(self, res: Result, request: Request, out: RowOutput, phases: dict[str, str],
                     constrained: bool) -> None:
-        """The answer is the last line (or, placed ``anywhere``, the last occurrence of the template, followed by an
+        """The answer is the last line(s) (or, placed ``anywhere``, the last occurrence of the template, followed by an
         ``after`` phase); what precedes it is reasoning. A token counts in the phase where its last byte falls."""
         if not constrained or self._vocab is None:
             res.answer_text = None
@@ -279,9 +279,15 @@ class FemStrategy(SinglePass):
 
 
 def _answer_span(data: bytes, template: Template, s: FemSettings) -> tuple[int, int] | None:
-    """Byte span of the answer: the last line (``end``), or the last occurrence of the template (``anywhere``)."""
+    """Byte span of the answer: the last lines (``end``: as many as the template has, its slots being single-line
+    text), or the last occurrence of the template (``anywhere``)."""
     if s.placement == "end":
-        return data.rfind(b"\n") + 1, len(data)
+        start = len(data)
+        for _ in range(1 + sum(p.count("\n") for p in template.parts if isinstance(p, str))):
+            start = data.rfind(b"\n", 0, start)
+            if start < 0:
+                break
+        return start + 1, len(data)
     spec = FormatSpec(template, prefix="none", suffix="none", leading_space=False)
     found = None
     for m in re.finditer(spec.py_regex(), data):

@@ -3,7 +3,19 @@
 Importing this package registers every built-in task; look them up with ``get_task(name)``.
 """
 
-from formtax.tasks import aime, arc, arith, csqa, gsm8k, imdb, lastletter, metatool, summeval, svamp  # noqa: F401  (registration)
+from formtax.tasks import (  # noqa: F401  (registration)
+    aime,
+    arc,
+    arith,
+    csqa,
+    eae,
+    gsm8k,
+    imdb,
+    lastletter,
+    metatool,
+    summeval,
+    svamp,
+)
 from formtax.tasks.base import (
     ANSWER_PREFIX,
     AnswerKind,

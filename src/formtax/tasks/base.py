@@ -35,6 +35,9 @@ class AnswerKind(StrEnum):
     INTEGER = "integer"
     CHOICE = "choice"
     LETTERS = "letters"
+    SPANS = "spans"
+    """Text spans copied from the input, one per role (event argument extraction); such tasks read their own
+    outputs (``parse_output``)."""
 
 
 class OutputFormat(StrEnum):
@@ -149,6 +152,12 @@ class Task(ABC):
         from formtax.tasks.prompts import build_messages
 
         return build_messages(self, item, output_format, task_variant, format_variant, shots)
+
+    def conversion_messages(self, item: Item, reasoning_text: str, format_variant: int) -> list[dict[str, str]]:
+        """NL-to-Format's second call (a hook: a task with its own answer lines overrides it)."""
+        from formtax.tasks.prompts import conversion_messages
+
+        return conversion_messages(self, item, reasoning_text, format_variant)
 
     @abstractmethod
     def _vc_slot(self, item: Item) -> str:

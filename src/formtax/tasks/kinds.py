@@ -10,6 +10,7 @@ import re
 import string
 from typing import ClassVar
 
+from formtax.constraints.template import choice_slot
 from formtax.tasks.base import AnswerKind, Item, Task
 
 _INTEGER_RE = re.compile(r"[+-]?\d+(?:\.0+)?")
@@ -82,7 +83,7 @@ class ChoiceTask(Task):
         return item.labels or self.all_labels
 
     def _vc_slot(self, item: Item) -> str:
-        return "{choice:" + "|".join(self.item_labels(item)) + "}"
+        return choice_slot(self.item_labels(item))
 
     def answer_description(self, item: Item) -> str:
         return "one of the labels " + ", ".join(self.item_labels(item))

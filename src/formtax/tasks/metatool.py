@@ -43,6 +43,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from formtax.constraints.template import choice_slot
 from formtax.errors import ConfigError, DataError
 from formtax.parsing.result import NO_ANSWER, ParseResult
 from formtax.scoring.abstention import ABSTAIN, Category, score_output
@@ -536,7 +537,7 @@ class MetatoolTask(Task):
         )
 
     def _vc_slot(self, item: Item) -> str:
-        return "{choice:" + "|".join([*self.candidates(item), ABSTAIN]) + "}"
+        return choice_slot([*self.candidates(item), ABSTAIN])
 
     def answer_description(self, item: Item) -> str:
         return "the name of one of the listed tools, or None"
