@@ -82,21 +82,22 @@ def engine_regex(spec: FormatSpec) -> str:
     def esc(s: str) -> str:
         return "".join("\\" + c if c in "\\.+*?()|[]{}^$#&-~" else c for c in s)
 
-    def slot_rx(slot: Slot, lo: int, hi: int) -> str:
+    def slot_rx(slot: Slot, lo: int, hi: int, ws: bool) -> str:
         if slot.kind == "int":
             assert slot.lo is None and slot.hi is None
             return "(-?(0|[1-9][0-9]{0,%d}))" % min(17, hi - 2)  # "-0" is 0, as Slot.accepts reads it
         if slot.kind == "letters":
             return "([a-z]{%d,%d})" % (max(lo, slot.n or 1), min(hi, slot.n or 64))
-        if slot.kind == "choice":
-            return "(" + "|".join(esc(o) for o in slot.options) + ")"
+        if slot.kind == "choice":  # token bounds = byte bounds; a boundary space may count as the slot's first token
+            fits = [o for o in slot.options if lo <= len(o.encode()) <= hi or (ws and lo <= len(o.encode()) + 1 <= hi)]
+            return "(" + "|".join(esc(o) for o in fits) + ")"
         return "([^\\n\\r]{%d,%d})" % (lo, hi)
 
     phrases = spec.phrases()
     pre = {"none": "", "line": "(?s:.*\\n)?", "any": "(?s:.*)"}[spec.prefix]
     out = [pre, " ?" if spec.leading_space and not phrases[0][:1].isspace() else ""]
     for k, (slot, (lo, hi)) in enumerate(zip(spec.template.slots, spec.bounds(), strict=True)):
-        out += [esc(phrases[k]), slot_rx(slot, lo, hi)]
+        out += [esc(phrases[k]), slot_rx(slot, lo, hi, phrases[k][-1:] in (" ", "\n"))]
     out += [esc(phrases[-1]), "(?s:.*)" if spec.suffix == "any" else ""]
     return "".join(out)
 
@@ -107,6 +108,11 @@ SPECS = [
     FormatSpec(parse_template("Rating: {str}"), prefix="line", slot_tokens=((1, 5),)),
     FormatSpec(parse_template("The {letters} is {choice:ab|b|abc}!"), prefix="none", leading_space=False),
     FormatSpec(parse_template("{choice:yes|no}"), prefix="none"),
+    # a repeated choice slot (compiled once) with token bounds that bind, and with the default bounds, where the
+    # builder stores counts that can no longer bind as the lower bound
+    FormatSpec(parse_template("The x is {choice:ab|b|abc}\nThe y is {choice:ab|b|abc}"), prefix="line",
+               slot_tokens=((1, 2), (2, 3))),
+    FormatSpec(parse_template("A {choice:ab|b|abc}\nB {choice:ab|b|abc}."), prefix="line"),
 ]
 
 

@@ -308,6 +308,19 @@ def distances(delta: IntArray, accepting: BoolArray, dead: int) -> IntArray:
         dist = nxt
 
 
+def _longest_accepted(a: ByteDFA) -> IntArray:
+    """Per state, the most bytes an accepted continuation can take (UNREACHABLE when unbounded or dead)."""
+    alive = coaccessible(a.table, a.accepting)
+    best = np.where(a.accepting, 0, -1).astype(np.int64)  # -1: no accepted continuation found yet
+    for _ in range(a.n_states + 1):
+        nxt = np.where(alive[a.table], best[a.table] + 1, -1).max(axis=1)
+        nxt = np.where(alive, np.maximum(best, np.where(nxt > 0, nxt, -1)), -1)
+        if bool((nxt == best).all()):
+            return np.where(best >= 0, best, UNREACHABLE)
+        best = nxt
+    return np.full(a.n_states, UNREACHABLE, dtype=np.int64)  # a cycle among live states: unbounded
+
+
 def build_token_dfa(spec: FormatSpec, vocab: TokenVocab) -> TokenDFA:
     """The minimal token DFA of ``spec`` over ``vocab`` (see the module docstring for the exact language)."""
     bounds = spec.bounds()
@@ -324,25 +337,50 @@ def build_token_dfa(spec: FormatSpec, vocab: TokenVocab) -> TokenDFA:
         if ws is not None:
             piece_of.append((i, 1))
             pieces.append(compile_bytes(_piece_node(spec, i, phrase[: -len(ws)])))
+    compiled: dict[tuple[Slot, str | None], ByteDFA] = {}  # repeated slots (one per role, say) compile once
     for j, slot in enumerate(spec.template.slots):
-        node = slot_node(slot)
         ws = boundary_ws(spec, j)
-        slots.append(compile_bytes(node))
-        slots.append(compile_bytes(cat(lit(ws), node)) if ws is not None else slots[-1])
-    autos = pieces + slots
-    runs = [run_tokens(a, np.arange(a.n_states, dtype=np.int32), vocab) for a in autos]
+        for lead in (None, ws):
+            if (slot, lead) not in compiled:
+                node = slot_node(slot)
+                compiled[(slot, lead)] = compile_bytes(cat(lit(lead), node) if lead is not None else node)
+            slots.append(compiled[(slot, lead)])
+    # Each distinct automaton is run over the vocabulary once (a token's run is the costly part).
+    distinct: dict[int, int] = {}
+    autos: list[ByteDFA] = []
+    for auto in pieces + slots:
+        if id(auto) not in distinct:
+            distinct[id(auto)] = len(autos)
+            autos.append(auto)
+    runs = [run_tokens(auto, np.arange(auto.n_states, dtype=np.int32), vocab) for auto in autos]
     sig = np.concatenate(runs, axis=0)  # [sum of states, V]
     sig[:, vocab.special] = -1
     token_class = unique_rows(sig.T).astype(np.int32)
     n_cls = int(token_class.max()) + 1
     rep_token = np.zeros(n_cls, dtype=np.int64)
     rep_token[token_class[::-1]] = np.arange(vocab.size)[::-1]
-    rp = [r[:, rep_token] for r in runs[: len(pieces)]]  # [states, classes]
-    rs = [r[:, rep_token] for r in runs[len(pieces) :]]
+    by_class = [r[:, rep_token] for r in runs]  # [states, classes]
+    rp = [by_class[distinct[id(auto)]] for auto in pieces]
+    rs = [by_class[distinct[id(auto)]] for auto in slots]
     starts_of = {i: [a for a, (pi, _) in enumerate(piece_of) if pi == i] for i in range(len(phrases))}
 
     # NFA element: (0, piece automaton, state, 0) or (1, slot automaton 2j+variant, state, tokens in the slot)
     Elem = tuple[int, int, int, int]
+    # A slot token count only matters while the slot's upper bound can still bind: once count + the most bytes
+    # the slot can still take (each token holds at least one) is within the bound, counts past the lower bound
+    # are interchangeable and are stored as the lower bound. Exact, and it keeps choice slots (a passage's
+    # spans, say) from multiplying the subsets by every possible count.
+    longest = [_longest_accepted(auto) for auto in slots]
+
+    def _moved(e: Elem, q2: int) -> Elem:
+        kind, a, _, cnt = e
+        if kind == 0:
+            return (0, a, q2, 0)
+        lo, hi = bounds[a // 2]
+        cnt += 1
+        if cnt >= lo and cnt + longest[a][q2] <= hi:
+            cnt = lo
+        return (1, a, q2, cnt)
 
     def closure(elems: list[Elem]) -> frozenset[Elem]:
         seen: set[Elem] = set()
@@ -368,33 +406,39 @@ def build_token_dfa(spec: FormatSpec, vocab: TokenVocab) -> TokenDFA:
     start_set = closure([(0, b, pieces[b].start, 0) for b in starts_of[0]])
     index[start_set] = 1
     order.append(start_set)
-    rows: list[list[int]] = [[0] * n_cls, []]
+    rows: list[IntArray] = [np.zeros(n_cls, dtype=np.int32), np.zeros(0, dtype=np.int32)]
     k = 1
     while k < len(order):
-        row: list[int] = []
-        cur = order[k]
-        for c in range(n_cls):
-            moved: list[Elem] = []
-            for kind, a, q, cnt in cur:
-                if kind == 0:
-                    q2 = int(rp[a][q, c])
-                    if q2 != pieces[a].dead:
-                        moved.append((0, a, q2, 0))
-                elif cnt < bounds[a // 2][1]:
-                    q2 = int(rs[a][q, c])
-                    if q2 != slots[a].dead:
-                        moved.append((1, a, q2, cnt + 1))
+        # All classes at once: each element's successor per class (-1 = it dies), then one closure per distinct
+        # column, since classes with the same successors lead to the same subset.
+        elems = list(order[k])
+        succ = np.full((len(elems), n_cls), -1, dtype=np.int64)
+        for j, (kind, a, q, cnt) in enumerate(elems):
+            if kind == 0:
+                succ[j] = np.where(rp[a][q] == pieces[a].dead, -1, rp[a][q])
+            elif cnt < bounds[a // 2][1]:
+                succ[j] = np.where(rs[a][q] == slots[a].dead, -1, rs[a][q])
+        live = np.flatnonzero((succ >= 0).any(axis=0))  # classes that kill every element go to the dead subset
+        row = np.zeros(n_cls, dtype=np.int32)
+        inverse = unique_rows(succ[:, live].T)
+        first = np.zeros(int(inverse.max()) + 1 if len(inverse) else 0, dtype=np.int64)
+        first[inverse[::-1]] = np.arange(len(inverse))[::-1]
+        targets = np.empty(len(first), dtype=np.int32)
+        for u, c in enumerate(first):
+            col = succ[:, live[c]]
+            moved: list[Elem] = [_moved(elems[j], int(col[j])) for j in np.flatnonzero(col >= 0)]
             nxt = closure(moved) if moved else dead_set
             target = index.get(nxt)
             if target is None:
                 target = index[nxt] = len(order)
                 order.append(nxt)
-                rows.append([])
-            row.append(target)
+                rows.append(np.zeros(0, dtype=np.int32))
+            targets[u] = target
+        row[live] = targets[inverse]
         rows[k] = row
         k += 1
     last = len(phrases) - 1
-    table = np.asarray(rows, dtype=np.int32)
+    table = np.stack(rows).astype(np.int32)
     acc = np.array([any(e[0] == 0 and piece_of[e[1]][0] == last and pieces[e[1]].accepting[e[2]] for e in st)
                     for st in order], dtype=bool)
     alive = coaccessible(table, acc)

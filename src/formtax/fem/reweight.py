@@ -158,6 +158,15 @@ class FemRuntime:
     def h(self) -> int:
         return self.hmm.h
 
+    def nbytes(self) -> int:
+        """Memory held by the cached tables and per-state tensors (what a runtime cache must bound: a template
+        per request, e.g. event argument extraction's passage spans, gives a new DFA and new tables each time)."""
+        with self._lock:
+            tables = sum(u.element_size() * u.nelement() + f.element_size() * f.nelement()
+                         for u, f in self._tables.values())
+        states = sum(t.element_size() * t.nelement() for ts in list(self._state.values()) for t in ts)
+        return tables + states
+
     def tables(self, budget: int, min_tokens: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """(``U`` [budget, states, h], feasibility ``F`` [budget, states]) for a row with this budget."""
         key = (budget, min_tokens)

@@ -21,6 +21,7 @@ artifact of the other distillation form). The artifact's form must match the str
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 from collections import OrderedDict
@@ -107,6 +108,11 @@ _RUNTIMES: OrderedDict[tuple[int, int, str], FemRuntime] = OrderedDict()
 _LOCK = threading.Lock()
 
 
+RUNTIME_CACHE_BYTES = int(os.environ.get("FORMTAX_FEM_CACHE_BYTES", 2 * 1024**3))
+"""Memory the cached runtimes may hold (their tables grow with the DFA's states x h x budget); least recently used
+ones are dropped beyond it, the newest always kept. At most 8 are kept in any case."""
+
+
 def fem_runtime(artifact: FemArtifact, dfa: TokenDFA, eos_ids: Sequence[int], device: torch.device) -> FemRuntime:
     """One :class:`FemRuntime` per (artifact, DFA, device), so the tables are computed once per budget."""
     key = (id(artifact), id(dfa), str(device))
@@ -118,7 +124,9 @@ def fem_runtime(artifact: FemArtifact, dfa: TokenDFA, eos_ids: Sequence[int], de
     rt = FemRuntime(dfa, artifact.hmm, eos_ids, device=device)
     with _LOCK:
         _RUNTIMES[key] = rt
-        while len(_RUNTIMES) > 8:
+        while len(_RUNTIMES) > 8 or (
+            len(_RUNTIMES) > 1 and sum(r.nbytes() for r in _RUNTIMES.values()) > RUNTIME_CACHE_BYTES
+        ):
             _RUNTIMES.popitem(last=False)
     return rt
 

@@ -19,14 +19,13 @@ cannot be aligned, the passage is the space-joined tokens instead (recorded as `
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from formtax.errors import DataError
-from formtax.tasks.io import RowError, read_jsonl, require_object, require_str
+from formtax.tasks.io import RowError, read_json, read_jsonl, require_object, require_str
 
 MAX_SPAN_WORDS = 5
 """The longest argument the answer slot allows, in passage tokens (paper 001 section 4.2: 1 to 5 tokens)."""
@@ -124,43 +123,30 @@ def _dedup(roles: Sequence[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(roles))
 
 
-def _read_json(task: str, path: Path, expected: str) -> Any:
-    if not path.is_file():
-        raise DataError(f"{task}: {path}: file not found; expected {expected}")
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise DataError(f"{task}: {path}: cannot read ({e}); expected {expected}") from e
+def _ontology(task: str, path: Path, key: str, shape: str) -> dict[str, tuple[str, ...]]:
+    """event type -> role list, where each type's entry holds its roles under ``key`` (a list, or an object whose
+    keys are the roles), de-duplicated in file order."""
+    expected = f"a JSON object {{event_type: {{{key!r}: {shape}, ...}}}}"
+    data = read_json(task, path, expected)
+    if not isinstance(data, dict):
+        raise DataError(f"{task}: {path}: expected {expected}")
+    out: dict[str, tuple[str, ...]] = {}
+    for etype, entry in data.items():
+        roles = entry.get(key) if isinstance(entry, dict) else None
+        if not isinstance(roles, list | dict) or not all(isinstance(r, str) for r in roles):
+            raise DataError(f"{task}: {path}: type {etype!r} has no {key!r} {shape}; expected {expected}")
+        out[etype] = _dedup(list(roles))
+    return out
 
 
 def kairos_roles(task: str, path: Path) -> dict[str, tuple[str, ...]]:
-    """WikiEvents' KAIROS ontology: event type -> its role list (de-duplicated, in order)."""
-    expected = 'a JSON object {event_type: {"roles": [role, ...], ...}}'
-    data = _read_json(task, path, expected)
-    if not isinstance(data, dict):
-        raise DataError(f"{task}: {path}: expected {expected}")
-    out: dict[str, tuple[str, ...]] = {}
-    for etype, entry in data.items():
-        roles = entry.get("roles") if isinstance(entry, dict) else None
-        if not isinstance(roles, list) or not all(isinstance(r, str) for r in roles):
-            raise DataError(f"{task}: {path}: type {etype!r} has no 'roles' list; expected {expected}")
-        out[etype] = _dedup(roles)
-    return out
+    """WikiEvents' KAIROS ontology: event type -> its ``roles`` list."""
+    return _ontology(task, path, "roles", "[role, ...]")
 
 
 def geneva_roles(task: str, path: Path) -> dict[str, tuple[str, ...]]:
-    """GENEVA's ontology: event type -> the keys of its ``arguments`` (in file order)."""
-    expected = 'a JSON object {event_type: {"arguments": {role: {...}}, ...}}'
-    data = _read_json(task, path, expected)
-    if not isinstance(data, dict):
-        raise DataError(f"{task}: {path}: expected {expected}")
-    out: dict[str, tuple[str, ...]] = {}
-    for etype, entry in data.items():
-        args = entry.get("arguments") if isinstance(entry, dict) else None
-        if not isinstance(args, dict):
-            raise DataError(f"{task}: {path}: type {etype!r} has no 'arguments' object; expected {expected}")
-        out[etype] = _dedup(list(args))
-    return out
+    """GENEVA's ontology: event type -> the keys of its ``arguments`` object (in file order)."""
+    return _ontology(task, path, "arguments", "{role: {...}}")
 
 
 ACE05_ROLES: dict[str, tuple[str, ...]] = {
@@ -318,7 +304,7 @@ def read_oneie(task: str, path: Path, roles: Mapping[str, tuple[str, ...]] | Non
 def read_roles_file(task: str, path: Path) -> dict[str, tuple[str, ...]]:
     """A ``{event_type: [role, ...]}`` JSON file (an ACE05 ontology a user brings)."""
     expected = "a JSON object {event_type: [role, ...]}"
-    data = _read_json(task, path, expected)
+    data = read_json(task, path, expected)
     if not isinstance(data, dict) or not all(
         isinstance(v, list) and all(isinstance(r, str) for r in v) for v in data.values()
     ):

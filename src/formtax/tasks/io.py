@@ -29,6 +29,15 @@ def _read_text(task: str, path: Path, expected: str) -> str:
         raise DataError(f"{task}: {path}: cannot read ({exc}); expected {expected}") from exc
 
 
+def read_json(task: str, path: Path, expected: str) -> Any:
+    """Parse a whole JSON file; errors name the task, the file and what was expected."""
+    text = _read_text(task, path, expected)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{task}: {path}: cannot read (not valid JSON: {exc.msg}); expected {expected}") from exc
+
+
 def read_jsonl(task: str, path: Path, expected: str, parse_row: Callable[[int, Any], T]) -> list[T]:
     """Parse a JSON Lines file row by row; ``parse_row(index, obj)`` raises ``RowError`` on a bad row.
 

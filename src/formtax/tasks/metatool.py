@@ -48,6 +48,7 @@ from formtax.errors import ConfigError, DataError
 from formtax.parsing.result import NO_ANSWER, ParseResult
 from formtax.scoring.abstention import ABSTAIN, Category, score_output
 from formtax.tasks.base import AnswerKind, ConstraintLevel, Item, OutputFormat, Task
+from formtax.tasks.io import read_json
 from formtax.tasks.registry import register_task
 
 N_ROWS = 995
@@ -197,12 +198,7 @@ def check_item_gold(item: Item) -> None:
 
 
 def _read_json(path: Path, what: str) -> Any:
-    if not path.is_file():
-        raise DataError(f"metatool: {path}: file not found; expected {what}")
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise DataError(f"metatool: {path}: cannot read ({exc}); expected {what}") from exc
+    return read_json("metatool", path, what)
 
 
 def _read_pairs(path: Path) -> list[dict[str, Any]]:
