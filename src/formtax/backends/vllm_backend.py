@@ -90,6 +90,19 @@ def tokenizer_info(path: str) -> TokenizerInfo:
                          has_chat_template=bool(getattr(tok, "chat_template", None)))
 
 
+def _platform_defaults() -> dict[str, Any]:
+    """Engine defaults that depend on the device. On CPUs vLLM's KV block defaults to 128 tokens, and prefix
+    caching only reuses whole blocks: a 32-token block (the smallest the CPU attention takes) lets the second
+    request on a prompt (the masked-mass probe, NL-to-Format's call on the first one's prefix) reuse nearly all
+    of it. Measured on 16 arith prompts: constrained rows 3.4 s -> 1.7 s, free rows no slower."""
+    try:
+        from vllm.platforms import current_platform
+
+        return {"block_size": 32} if current_platform.is_cpu() else {}
+    except (ImportError, AttributeError):  # pragma: no cover - another vLLM layout: keep its defaults
+        return {}
+
+
 def _prepare_environment() -> None:
     """Process-level settings read when vLLM starts an engine (set before it is imported)."""
     if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0") != "0":
@@ -134,7 +147,7 @@ class VLLMBackend(Backend):
                 "scripts/env-vllm.sh)"
             ) from e
         src = resolve_model(name)
-        engine = {**DEFAULT_ENGINE, **options, **FIXED_ENGINE}
+        engine = {**DEFAULT_ENGINE, **_platform_defaults(), **options, **FIXED_ENGINE}
         engine.update(model=src.path, tokenizer=src.path, dtype=dtype, logits_processors=[processor_class()],
                       structured_outputs_config={"backend": "guidance"})
         log.info("starting vLLM %s on %s (%s)", vllm_version, src.path, dtype)
