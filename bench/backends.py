@@ -8,6 +8,9 @@ target >= 2.5). Both run float32 by default, so their greedy outputs are compara
 * ``ray_*``: ``--workers 2`` vs one worker, both with the vllm backend, wall time of the whole run including
   each worker's engine start (that is what a user waits for).
 
+Each backend is measured in a fresh subprocess (an engine started where torch already runs cannot bind its
+threads, which made in-process comparisons unfair); vLLM uses its compiled graph unless ``--eager``.
+
 Needs vLLM and Ray (the .venv-vllm of scripts/env-vllm.sh): ``.venv-vllm/bin/python bench/backends.py``.
 """
 
