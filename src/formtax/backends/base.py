@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from formtax.constraints.compile import EngineTokenizer
-from formtax.errors import CapabilityError
+from formtax.errors import CapabilityError, ConfigError
 
 if TYPE_CHECKING:  # the strategies import this module: type-only imports avoid the cycle
     from formtax.strategies.base import Request, Result, Strategy
@@ -53,6 +53,22 @@ class TokenizerInfo:
     has_chat_template: bool
     _engine: EngineTokenizer | None = field(default=None, repr=False)
     _newline: frozenset[int] | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_hf(cls, hf_tokenizer: Any, generation_eos: Any, n_logits: int, model_id: str) -> TokenizerInfo:
+        """The tokenizer of a Hugging Face model: EOS is the generation config's EOS id(s) plus the tokenizer's,
+        so every backend stops on the same set; PAD falls back to the smallest EOS."""
+        eos: set[int] = set()
+        for e in (generation_eos, hf_tokenizer.eos_token_id):
+            if isinstance(e, int):
+                eos.add(e)
+            elif isinstance(e, list):
+                eos.update(e)
+        if not eos:
+            raise ConfigError(f"model {model_id}: the tokenizer defines no EOS token")
+        pad = hf_tokenizer.pad_token_id if hf_tokenizer.pad_token_id is not None else min(eos)
+        return cls(hf=hf_tokenizer, eos_ids=frozenset(eos), pad_id=int(pad), n_logits=int(n_logits),
+                   has_chat_template=bool(getattr(hf_tokenizer, "chat_template", None)))
 
     def encode(self, text: str) -> list[int]:
         return list(self.hf.encode(text, add_special_tokens=False))

@@ -133,24 +133,8 @@ class HFBackend(Backend):
         self.device = torch.device(device)
         self.source = source
         self._model_id = model_id
-        eos: set[int] = set()
-        gen_eos = getattr(model.generation_config, "eos_token_id", None)
-        for e in (gen_eos, hf_tokenizer.eos_token_id):
-            if isinstance(e, int):
-                eos.add(e)
-            elif isinstance(e, list):
-                eos.update(e)
-        if not eos:
-            raise ConfigError(f"model {model_id}: the tokenizer defines no EOS token")
-        pad = hf_tokenizer.pad_token_id if hf_tokenizer.pad_token_id is not None else min(eos)
-        n_logits = int(model.get_output_embeddings().weight.shape[0])
-        self._tok = TokenizerInfo(
-            hf=hf_tokenizer,
-            eos_ids=frozenset(eos),
-            pad_id=int(pad),
-            n_logits=n_logits,
-            has_chat_template=bool(getattr(hf_tokenizer, "chat_template", None)),
-        )
+        self._tok = TokenizerInfo.from_hf(hf_tokenizer, getattr(model.generation_config, "eos_token_id", None),
+                                          int(model.get_output_embeddings().weight.shape[0]), model_id)
 
     @classmethod
     def load(cls, name: str | None = None, device: str = "cpu", dtype: str = "float32") -> HFBackend:

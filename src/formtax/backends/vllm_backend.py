@@ -72,22 +72,12 @@ def tokenizer_info(path: str) -> TokenizerInfo:
 
     tok = AutoTokenizer.from_pretrained(path)
     config = AutoConfig.from_pretrained(path)
-    eos: set[int] = set()
     try:
         gen_eos = GenerationConfig.from_pretrained(path).eos_token_id
     except OSError:
         gen_eos = None
-    for e in (gen_eos, tok.eos_token_id):
-        if isinstance(e, int):
-            eos.add(e)
-        elif isinstance(e, list):
-            eos.update(e)
-    if not eos:
-        raise ConfigError(f"model {path}: the tokenizer defines no EOS token")
-    pad = tok.pad_token_id if tok.pad_token_id is not None else min(eos)
     text_config = getattr(config, "get_text_config", lambda: config)()
-    return TokenizerInfo(hf=tok, eos_ids=frozenset(eos), pad_id=int(pad), n_logits=int(text_config.vocab_size),
-                         has_chat_template=bool(getattr(tok, "chat_template", None)))
+    return TokenizerInfo.from_hf(tok, gen_eos, int(text_config.vocab_size), path)
 
 
 def _platform_defaults() -> dict[str, Any]:

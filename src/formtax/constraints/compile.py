@@ -9,8 +9,6 @@ error result.
 from __future__ import annotations
 
 import hashlib
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +17,7 @@ import llguidance.hf
 import llguidance.torch
 import torch
 
+from formtax.cache import LRU
 from formtax.errors import ConstraintError
 
 _SHIFTS = torch.arange(32, dtype=torch.int32)
@@ -47,28 +46,19 @@ class CompiledGrammar:
         return Matcher(self._pristine.deep_copy(), self.tokenizer, n_logits)
 
 
-_CACHE: OrderedDict[tuple[str, str], CompiledGrammar] = OrderedDict()
-_CACHE_MAX = 256
-_LOCK = threading.Lock()
+_CACHE: LRU[tuple[str, str], CompiledGrammar] = LRU(256)
 
 
 def compile_grammar(grammar: str, tokenizer: EngineTokenizer) -> CompiledGrammar:
     """Compile (or fetch from the cache) ``grammar`` for ``tokenizer``; ConstraintError if the engine rejects it."""
     key = (grammar, tokenizer.key)
-    with _LOCK:
-        hit = _CACHE.get(key)
-        if hit is not None:
-            _CACHE.move_to_end(key)
-            return hit
+    hit = _CACHE.get(key)
+    if hit is not None:
+        return hit
     m = llguidance.LLMatcher(tokenizer.ll, grammar)
     if m.is_error():
         raise ConstraintError(f"the grammar engine rejected the constraint: {m.get_error().strip()}")
-    compiled = CompiledGrammar(grammar, tokenizer, m)
-    with _LOCK:
-        _CACHE[key] = compiled
-        while len(_CACHE) > _CACHE_MAX:
-            _CACHE.popitem(last=False)
-    return compiled
+    return _CACHE.put(key, CompiledGrammar(grammar, tokenizer, m))
 
 
 def cache_size() -> int:

@@ -11,8 +11,6 @@ The ``.json`` next to it repeats the metadata for people; the loader reads only 
 from __future__ import annotations
 
 import json
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from formtax.cache import LRU
 from formtax.errors import ConfigError
 from formtax.fem.hmm import HMM
 
@@ -64,8 +63,7 @@ def save_fem(path: Path | str, hmm: HMM, meta: dict[str, Any]) -> Path:
     return path
 
 
-_CACHE: OrderedDict[tuple[str, int, int], FemArtifact] = OrderedDict()
-_LOCK = threading.Lock()
+_CACHE: LRU[tuple[str, int, int], FemArtifact] = LRU(4)
 
 
 def load_fem(path: Path | str) -> FemArtifact:
@@ -75,8 +73,7 @@ def load_fem(path: Path | str) -> FemArtifact:
         raise ConfigError(f"FEM artifact {path} not found; build one with `formtax fem build --task T --out {path}`")
     st = path.stat()
     key = (str(path.resolve()), st.st_mtime_ns, st.st_size)
-    with _LOCK:
-        hit = _CACHE.get(key)
+    hit = _CACHE.get(key)
     if hit is not None:
         return hit
     try:
@@ -95,12 +92,7 @@ def load_fem(path: Path | str) -> FemArtifact:
         hmm.check()
     except ValueError as e:
         raise ConfigError(f"{path}: {e}") from e
-    art = FemArtifact(hmm, meta, path)
-    with _LOCK:
-        _CACHE[key] = art
-        while len(_CACHE) > 4:
-            _CACHE.popitem(last=False)
-    return art
+    return _CACHE.put(key, FemArtifact(hmm, meta, path))
 
 
 def check_compatible(art: FemArtifact, tokenizer_sha256: str, n_logits: int) -> None:

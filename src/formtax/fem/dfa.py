@@ -27,13 +27,12 @@ policy allows EOS itself only in accepting states.
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from formtax.cache import LRU
 from formtax.constraints.template import INT_LIMIT, LETTERS_MAX, Slot, Template
 from formtax.fem.automata import (
     ANY_BYTE,
@@ -106,16 +105,14 @@ class TokenVocab:
         return b"".join(self.tokens[i] for i in ids)
 
 
-_VOCABS: OrderedDict[str, TokenVocab] = OrderedDict()
-_LOCK = threading.Lock()
+_VOCABS: LRU[str, TokenVocab] = LRU(4)
 
 
 def vocab_for(tokenizer: Any) -> TokenVocab:
     """The :class:`TokenVocab` of a backend's :class:`~formtax.backends.base.TokenizerInfo` (cached)."""
     eng = tokenizer.engine
     key = f"{eng.key}:{tokenizer.n_logits}"
-    with _LOCK:
-        hit = _VOCABS.get(key)
+    hit = _VOCABS.get(key)
     if hit is not None:
         return hit
     ll = eng.ll
@@ -123,12 +120,7 @@ def vocab_for(tokenizer: Any) -> TokenVocab:
     v = min(n, int(ll.vocab_size))
     tokens = [bytes(ll.decode_bytes([i])) for i in range(v)] + [b""] * (n - v)
     special = {i for i in range(v) if ll.is_special_token(i)} | set(range(v, n))
-    vocab = TokenVocab.from_bytes(tokens, special, tuple(sorted(tokenizer.eos_ids)), key=key)
-    with _LOCK:
-        _VOCABS[key] = vocab
-        while len(_VOCABS) > 4:
-            _VOCABS.popitem(last=False)
-    return vocab
+    return _VOCABS.put(key, TokenVocab.from_bytes(tokens, special, tuple(sorted(tokenizer.eos_ids)), key=key))
 
 
 def run_tokens(dfa: ByteDFA, states: IntArray, vocab: TokenVocab) -> IntArray:
@@ -455,19 +447,13 @@ def build_token_dfa(spec: FormatSpec, vocab: TokenVocab) -> TokenDFA:
                     dist=distances(new_table, acc, dead), spec=spec)
 
 
-_DFAS: OrderedDict[tuple[FormatSpec, str], TokenDFA] = OrderedDict()
+_DFAS: LRU[tuple[FormatSpec, str], TokenDFA] = LRU(32)
 
 
 def token_dfa(spec: FormatSpec, vocab: TokenVocab) -> TokenDFA:
     """:func:`build_token_dfa`, cached per (spec, vocabulary)."""
     key = (spec, vocab.key or str(id(vocab)))
-    with _LOCK:
-        hit = _DFAS.get(key)
+    hit = _DFAS.get(key)
     if hit is not None:
         return hit
-    dfa = build_token_dfa(spec, vocab)
-    with _LOCK:
-        _DFAS[key] = dfa
-        while len(_DFAS) > 32:
-            _DFAS.popitem(last=False)
-    return dfa
+    return _DFAS.put(key, build_token_dfa(spec, vocab))

@@ -213,6 +213,15 @@ def read_answer(result: Result, constraint: Constraint | None, constrained: bool
 
 ERROR_FINISHES = {"constraint-error", "length-incomplete"}
 
+
+def finish_error(finish_reason: str) -> str | None:
+    """The Result.error of a row that ended without a complete constrained answer (None otherwise)."""
+    if finish_reason == "length-incomplete":
+        return "the constraint could not be completed within the token budget"
+    if finish_reason == "constraint-error":
+        return "the grammar engine reached an error state (empty allowed set or rejected token)"
+    return None
+
 RowDecoder = Callable[[Backend, Sequence[RowRequest], float, Sequence[Constraint | None]], list[RowOutput]]
 """Decodes rows to completion: ``(backend, rows, temperature, whole_output_constraints) -> outputs``. The fourth
 argument names, per row, a constraint that alone governs the row's output after its forced prefix (None: the
@@ -307,11 +316,7 @@ class SinglePass(Strategy):
         read_answer(res, self.effective_constraint(request), constrained)
         self.after_parse(res)
         if out.finish_reason in ERROR_FINISHES:
-            res.error = (
-                "the constraint could not be completed within the token budget"
-                if out.finish_reason == "length-incomplete"
-                else "the grammar engine reached an error state (empty allowed set or rejected token)"
-            )
+            res.error = finish_error(out.finish_reason)
         return res
 
     def after_parse(self, res: Result) -> None:

@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import os
 import re
-import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -32,6 +30,7 @@ from typing import Any, ClassVar
 import torch
 
 from formtax.backends.base import Backend
+from formtax.cache import LRU
 from formtax.constraints.spec import ChoiceConstraint, Constraint, TemplateConstraint
 from formtax.constraints.template import Slot, Template
 from formtax.decoding.loop import Policy, RowOutput
@@ -104,31 +103,19 @@ def answer_template(constraint: Constraint | None) -> Template:
                       f"got a {kind} constraint")
 
 
-_RUNTIMES: OrderedDict[tuple[int, int, str], FemRuntime] = OrderedDict()
-_LOCK = threading.Lock()
-
-
 RUNTIME_CACHE_BYTES = int(os.environ.get("FORMTAX_FEM_CACHE_BYTES", 2 * 1024**3))
 """Memory the cached runtimes may hold (their tables grow with the DFA's states x h x budget); least recently used
 ones are dropped beyond it, the newest always kept. At most 8 are kept in any case."""
+_RUNTIMES: LRU[tuple[int, int, str], FemRuntime] = LRU(8, weigh=FemRuntime.nbytes, max_weight=RUNTIME_CACHE_BYTES)
 
 
 def fem_runtime(artifact: FemArtifact, dfa: TokenDFA, eos_ids: Sequence[int], device: torch.device) -> FemRuntime:
     """One :class:`FemRuntime` per (artifact, DFA, device), so the tables are computed once per budget."""
     key = (id(artifact), id(dfa), str(device))
-    with _LOCK:
-        hit = _RUNTIMES.get(key)
-        if hit is not None:
-            _RUNTIMES.move_to_end(key)
-            return hit
-    rt = FemRuntime(dfa, artifact.hmm, eos_ids, device=device)
-    with _LOCK:
-        _RUNTIMES[key] = rt
-        while len(_RUNTIMES) > 8 or (
-            len(_RUNTIMES) > 1 and sum(r.nbytes() for r in _RUNTIMES.values()) > RUNTIME_CACHE_BYTES
-        ):
-            _RUNTIMES.popitem(last=False)
-    return rt
+    hit = _RUNTIMES.get(key)
+    if hit is not None:
+        return hit
+    return _RUNTIMES.put(key, FemRuntime(dfa, artifact.hmm, eos_ids, device=device))
 
 
 class FemStrategy(SinglePass):

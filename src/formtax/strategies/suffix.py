@@ -40,7 +40,6 @@ JSON, choice, Lark) are used as they are, without whitespace variants.
 from __future__ import annotations
 
 import math
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -50,6 +49,7 @@ import llguidance
 import torch
 
 from formtax.backends.base import Backend, Capability, TokenizerInfo
+from formtax.cache import LRU
 from formtax.constraints.compile import compile_grammar
 from formtax.constraints.spec import Constraint, TemplateConstraint
 from formtax.decoding.loop import Plan, Policy, RowOutput, RowRequest, decode
@@ -63,6 +63,7 @@ from formtax.strategies.base import (
     answer_reserve,
     batch_temperature,
     call_info,
+    finish_error,
     phase_texts,
     prefix_ids,
     read_answer,
@@ -97,16 +98,13 @@ def suffix_grammar(constraint: Constraint) -> tuple[str, bool]:
     return llguidance.grammar_from("lark", f'start: (" " | "\\n")? {body}\n{rules}'), True
 
 
-_START_CACHE: dict[tuple[str, str, int], SuffixAnswer] = {}
-_START_CACHE_MAX = 256  # tasks with one template per item (choice lists, letter counts) stay bounded
-_START_LOCK = threading.Lock()
+_START_CACHE: LRU[tuple[str, str, int], SuffixAnswer] = LRU(256)  # one template per item stays bounded
 
 
 def suffix_answer(constraint: Constraint, tok: TokenizerInfo) -> SuffixAnswer:
     """Compile T' and compute S for this tokenizer (cached); ConstraintError when no token can begin T."""
     key = (constraint.grammar, tok.engine.key, tok.n_logits)
-    with _START_LOCK:
-        hit = _START_CACHE.get(key)
+    hit = _START_CACHE.get(key)
     if hit is not None:
         return hit
     grammar, ws = suffix_grammar(constraint)
@@ -120,12 +118,7 @@ def suffix_answer(constraint: Constraint, tok: TokenizerInfo) -> SuffixAnswer:
                     start[i] = True
     if not bool(start.any()):
         raise ConstraintError(f"no token of this tokenizer can begin the answer {constraint.describe()!r}")
-    out = SuffixAnswer(grammar, start, ws)
-    with _START_LOCK:
-        _START_CACHE[key] = out
-        while len(_START_CACHE) > _START_CACHE_MAX:
-            del _START_CACHE[next(iter(_START_CACHE))]
-    return out
+    return _START_CACHE.put(key, SuffixAnswer(grammar, start, ws))
 
 
 def _start_mask(grammar: str, tok: TokenizerInfo) -> torch.Tensor:
@@ -529,11 +522,7 @@ class SuffixStrategy(Strategy):
             res.stats["branches"] = p.beam.branches
         read_answer(res, c, constrained=True)
         if out.finish_reason in ERROR_FINISHES:
-            res.error = (
-                "the constraint could not be completed within the token budget"
-                if out.finish_reason == "length-incomplete"
-                else "the grammar engine reached an error state (empty allowed set or rejected token)"
-            )
+            res.error = finish_error(out.finish_reason)
         return res
 
 

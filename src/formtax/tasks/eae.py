@@ -46,7 +46,14 @@ from formtax.constraints.spec import record_spec
 from formtax.constraints.template import choice_slot
 from formtax.errors import DataError
 from formtax.parsing.result import NO_ANSWER, ParseResult
-from formtax.scoring.eae import decode_gold, encode_gold, encode_prediction, get_head_finder, normalize_span
+from formtax.scoring.eae import (
+    decode_gold,
+    decode_prediction,
+    encode_gold,
+    encode_prediction,
+    get_head_finder,
+    normalize_span,
+)
 from formtax.tasks.base import AnswerKind, ConstraintLevel, Item, OutputFormat, Task
 from formtax.tasks.eae_data import (
     ACE05_ROLES,
@@ -190,8 +197,6 @@ class EaeTask(Task):
         report's AI / AC / AI+ / AC+ F1 are the study's metrics; this is the per-record accuracy)."""
         if value is None:
             return False
-        from formtax.scoring.eae import decode_prediction
-
         pred, _ = decode_prediction(value)
         gold, _ = decode_gold(item.gold)
         key = {(a.role.casefold(), normalize_span(a.text)) for a in pred}

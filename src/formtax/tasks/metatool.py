@@ -153,10 +153,7 @@ def translate_prompt(prompt: str, query: str, translated: str, rebuilt: str) -> 
         )
     expected = translated.join(parts)
     if rebuilt != expected:
-        at = next(
-            (i for i, (a, b) in enumerate(zip(rebuilt, expected, strict=False)) if a != b),
-            min(len(rebuilt), len(expected)),
-        )
+        at = first_difference(rebuilt, expected)
         raise DataError(
             f"metatool: the translated prompt differs from the original outside the query at character {at}: "
             f"{rebuilt[max(0, at - 20) : at + 20]!r} vs {expected[max(0, at - 20) : at + 20]!r}"
@@ -192,6 +189,11 @@ def check_item_gold(item: Item) -> None:
             )
     else:
         raise DataError(f"metatool: item {item.id}: unknown kind {kind!r}")
+
+
+def first_difference(a: str, b: str) -> int:
+    """The first character index where two texts differ (the shorter length when one is a prefix of the other)."""
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
 
 # -- loading and checking the files ----------------------------------------------------------------------
@@ -348,10 +350,7 @@ def load_pairs(data_dir: Path) -> tuple[Template, list[Pair]]:
             raise DataError(f"{wp}: expected {N_SHOTS} few-shot examples, got {len(raw_shots)}")
         rebuilt = build_prompt(template, query, abst_tools, shots)
         if rebuilt != action_prompt:
-            at = next(
-                (k for k, (a, b) in enumerate(zip(rebuilt, action_prompt, strict=False)) if a != b),
-                min(len(rebuilt), len(action_prompt)),
-            )
+            at = first_difference(rebuilt, action_prompt)
             raise DataError(
                 f"{w3}: the prompt rebuilt from the template, candidates and few-shot examples differs "
                 f"from 'action_prompt' at character {at}: {action_prompt[max(0, at - 30) : at + 30]!r}"
