@@ -42,7 +42,16 @@ def _openai(model: str | None, device: str, dtype: str, **options: Any) -> Backe
     return OpenAIBackend.connect(model, **options)
 
 
-BACKENDS: dict[str, Callable[..., Backend]] = {"hf": _hf, "fake": _fake, "vllm": _vllm, "openai": _openai}
+def _planted(model: str | None, device: str, dtype: str) -> Backend:
+    """A planted world (``model`` = the world file): exact, known output probabilities for calibration."""
+    from formtax.planted.backend import PlantedBackend
+
+    if not model:
+        raise ConfigError("backend 'planted' needs a world file: --world W (or --model W)")
+    return PlantedBackend.load(model)
+
+
+BACKENDS: dict[str, Callable[..., Backend]] = {"hf": _hf, "fake": _fake, "vllm": _vllm, "openai": _openai, "planted": _planted}
 TAKES_OPTIONS = {"vllm", "openai"}  # backends whose factory accepts keyword options (engine / server settings)
 
 

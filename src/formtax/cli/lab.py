@@ -13,7 +13,9 @@ from formtax.cli.main import command
 
 def _run_args(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
-    p.add_argument("--task", required=True, help="see `formtax ls tasks`")
+    p.add_argument("--task", default=None, help="see `formtax ls tasks` (required, except with --world)")
+    p.add_argument("--world", type=Path, default=None,
+                   help="a planted world file: sets --backend planted and --task planted (calibration)")
     p.add_argument("--strategies", required=True,
                    help="comma list of NAME[@none|fc|vc][+rc], e.g. free,constrained,json@fc,json@vc,inwriting+rc")
     p.add_argument("--limit", type=int, default=None, help="items (the same fixed-seed sample for every strategy)")
@@ -41,9 +43,20 @@ def _run_args(p: argparse.ArgumentParser) -> None:
 def run_cmd(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from formtax.errors import ConfigError
     from formtax.runner import RunConfig, run
 
     task_options: dict[str, object] = {}
+    if args.world is not None:
+        world = str(args.world.resolve())
+        if args.backend not in ("hf", "planted") or (args.model not in (None, world)):
+            raise ConfigError("--world runs the planted backend on that world; leave out --backend / --model")
+        if args.task not in (None, "planted"):
+            raise ConfigError(f"--world evaluates the world's own items (task planted), not --task {args.task}")
+        args.backend, args.model, args.task = "planted", world, "planted"
+        task_options["world"] = world
+    elif args.task is None:
+        raise ConfigError("--task is required (see `formtax ls tasks`), or --world for a planted world")
     if args.pairs is not None:
         task_options["pairs"] = args.pairs
     if args.translations is not None:

@@ -50,7 +50,7 @@ class _Worker:
 
     def __init__(self, config: RunConfig, task: Task, samples: Sequence[Planned]) -> None:
         from formtax.backends import load_backend
-        from formtax.runner.run import _request
+        from formtax.runner.run import request_for
 
         self.config = config
         self.task = task
@@ -61,7 +61,7 @@ class _Worker:
             self.backend = load_backend(config.backend, config.model, device=config.device, dtype=config.dtype,
                                         **config.backend_options)
             for p in samples:  # refuse a strategy the backend cannot run, before any request
-                p.spec.strategy.check(self.backend, [_request(task, p, config)])
+                p.spec.strategy.check(self.backend, [request_for(task, p, config)])
         except Exception as e:  # noqa: BLE001 - re-raised by provenance()
             self.failure = e
 

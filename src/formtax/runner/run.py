@@ -51,10 +51,11 @@ NON_IDENTITY = ("batch_size", "device", "workers", "ray_address", "backend_optio
 
 @runtime_checkable
 class ConfigurableTask(Protocol):
-    """A task that takes options of its own (e.g. metatool's ``pairs``, ``translations``) and samples its
-    items."""
+    """A task that takes options of its own (e.g. metatool's ``pairs``, ``translations``). ``configure`` may
+    return the task to use instead (the planted task returns the one of its world's answer kind). A task samples
+    its own items (and refuses ``--limit``) unless it sets ``samples_own_items = False``."""
 
-    def configure(self, options: Mapping[str, Any]) -> None: ...
+    def configure(self, options: Mapping[str, Any]) -> Task | None: ...
 
 
 @runtime_checkable
@@ -188,13 +189,15 @@ def run(config: RunConfig, out_dir: Path, progress: Callable[[int, int], None] |
         raise ConfigError("--seeds must be at least 1")
     task = get_task(config.task)
     if isinstance(task, ConfigurableTask):
-        if config.limit is not None:
+        if config.limit is not None and getattr(task, "samples_own_items", True):
             raise ConfigError(f"task {task.name!r} samples its own items (see its options); "
                               "--limit does not apply")
-        task.configure(config.task_options)
+        replacement = task.configure(config.task_options)
+        if isinstance(replacement, Task):
+            task = replacement
     elif config.task_options:
         raise ConfigError(f"task {task.name!r} takes no task options (got {sorted(config.task_options)})")
-    needs_data = bool(task.data_files(Path("."))) or config.data_dir is not None
+    needs_data = (task._needs_data() and bool(task.data_files(Path(".")))) or config.data_dir is not None
     data_dir = resolve_data_dir(Path(config.data_dir) if config.data_dir else None) if needs_data else None
     items = sample_items(task.load(data_dir), config.limit, config.item_seed)
     planned = plan_grid(task, items, specs, config.variants(), list(range(config.seeds)), config.shots)
@@ -210,7 +213,7 @@ def run(config: RunConfig, out_dir: Path, progress: Callable[[int, int], None] |
                           "use a new --out directory")
     done_ids = {r.request_id for r in read_records(out_dir / RECORDS)}
     pending = [p for p in planned if p.request_id not in done_ids]
-    files = task.data_files(data_dir) if data_dir is not None else []
+    files = task.data_files(data_dir if data_dir is not None else Path("."))
     file_hashes = {str(f): sha256_file(f) for f in files}
     if manifest is not None and manifest.get("data_files", file_hashes) != file_hashes:
         changed = sorted(k for k in set(manifest["data_files"]) | set(file_hashes)
@@ -232,7 +235,7 @@ def run(config: RunConfig, out_dir: Path, progress: Callable[[int, int], None] |
             backend = load_backend(config.backend, config.model, device=config.device, dtype=config.dtype,
                                    **config.backend_options)
         for sample in samples:  # refuse a strategy the backend cannot run, before any request
-            sample.spec.strategy.check(backend, [_request(task, sample, config)])
+            sample.spec.strategy.check(backend, [request_for(task, sample, config)])
         provenance = _backend_provenance(backend)
 
     manifest = manifest or {
@@ -314,7 +317,8 @@ def _hypotheses_lock(config: RunConfig, manifest: dict[str, Any] | None, has_rec
     return None
 
 
-def _request(task: Task, p: Planned, config: RunConfig) -> Request:
+def request_for(task: Task, p: Planned, config: RunConfig) -> Request:
+    """The strategy request of one planned grid entry (also what the calibration truths are computed for)."""
     return Request(prompt=p.messages, constraint=p.constraint(), max_tokens=config.max_tokens, seed=p.seed,
                    temperature=config.temperature, reasoning_prefix=RC_PREFIX if p.spec.rc else None,
                    constrain=p.spec.level != "none", conversion=p.conversion(task),
@@ -334,7 +338,7 @@ def _run_chunk(backend: Backend, task: Task, chunk: Sequence[Planned], config: R
     """Run one batch; if the batch fails, run its requests one by one so one bad request costs only itself."""
     strategy = chunk[0].spec.strategy
     try:
-        results = strategy.run(backend, [_request(task, p, config) for p in chunk])
+        results = strategy.run(backend, [request_for(task, p, config) for p in chunk])
         return [(p, r, None) for p, r in zip(chunk, results, strict=True)]
     except (FormtaxError, RuntimeError, ValueError) as e:
         if len(chunk) == 1:

@@ -41,4 +41,5 @@ def list_tasks() -> list[str]:
 
 def _ensure_builtin_tasks() -> None:
     # Importing the package registers the built-in tasks; done lazily so this module has no import cycle.
+    import formtax.planted.task  # noqa: F401
     import formtax.tasks  # noqa: F401

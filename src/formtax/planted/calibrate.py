@@ -1,0 +1,298 @@
+"""``formtax calibrate``: run the lab on a planted world and put each reported number next to its exact truth;
+and the coverage study that checks the report's intervals cover the truth 95% of the time.
+
+A calibration run is an ordinary run (``runner.run`` into ``OUT/run``, the report's own tables over its records)
+plus the exact truths of the same grid (:mod:`formtax.planted.truth`). Every quantity gets a row: *planted* (what
+the world's author intends, ``study.planted``), *exact* (what the lab's definitions imply), *estimate* with the
+report's 95% interval, and whether the interval covers the exact truth. Under greedy decoding the run must also
+reproduce the exact output of every request token for token (``records_differing``).
+
+The coverage study (:func:`coverage_study`) is a simulation-based calibration of the statistics: each synthetic
+study draws items (with replacement) from the world's items and, per item, seed and strategy, one record from
+that request's exact outcome distribution; the report's own table functions then compute their intervals, and
+coverage is the share of studies whose interval holds the population truth. A strategy duplicated with
+independent draws gives a null pair whose McNemar p-values should be uniform (Kolmogorov-Smirnov statistic).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from formtax.errors import ConfigError
+from formtax.planted.backend import PlantedBackend
+from formtax.planted.task import planted_task
+from formtax.planted.truth import UNRESOLVED_LIMIT, GridTruth, RequestTruth, grid_truth, population_truths
+from formtax.planted.world import World, load_world, write_world
+from formtax.planted.worlds import BUILTIN
+from formtax.runner import RunConfig
+
+Key = tuple[str, ...]
+
+# (table, estimate column) per quantity kind; intervals are <col>_low / <col>_high in the same row.
+_TABLE_OF = {"accuracy": "accuracy", "paired": "paired", "decomposition": "decomposition"}
+
+
+def resolve_world(name: str, out_dir: Path) -> Path:
+    """A world file path, or a built-in world's name (written to ``out_dir/world.json``)."""
+    if name in BUILTIN:
+        path = out_dir / "world.json"
+        world = BUILTIN[name]()
+        if not path.is_file() or load_world(path).model_dump(exclude={"sha256"}) != world.model_dump(exclude={"sha256"}):
+            write_world(world, path)
+        return path
+    p = Path(name)
+    if not p.is_file():
+        raise ConfigError(f"world {name!r} is neither a file nor a built-in world ({', '.join(BUILTIN)})")
+    return p
+
+
+def study_config(world: World, path: Path, strategies: list[str] | None = None, seeds: int | None = None,
+                 temperature: float | None = None, max_tokens: int | None = None, batch_size: int = 16) -> RunConfig:
+    st = world.study
+    return RunConfig(task="planted", strategies=strategies or list(st.get("strategies", ["free"])),
+                     backend="planted", model=str(path.resolve()),
+                     seeds=seeds if seeds is not None else int(st.get("seeds", 1)),
+                     temperature=temperature if temperature is not None else float(st.get("temperature", 0.0)),
+                     max_tokens=max_tokens if max_tokens is not None else int(st.get("max_tokens", 128)),
+                     batch_size=batch_size, task_options={"world": str(path.resolve())})
+
+
+def planted_key(text: str) -> Key:
+    """``"decomposition/inwriting/format_gain"`` -> ``("decomposition", "inwriting", "format_gain")``."""
+    return tuple(text.split("/"))
+
+
+def lookup(tables: dict[str, pd.DataFrame], key: Key) -> tuple[float, float, float]:
+    """(estimate, low, high) of a truth key in the report's tables (NaN where the table has no such row)."""
+    kind = key[0]
+    t = tables.get(_TABLE_OF.get(kind, ""))
+    nan = (math.nan, math.nan, math.nan)
+    if t is None or t.empty:
+        return nan
+    if kind == "accuracy":
+        rows, col = t[t["strategy"] == key[1]], key[2]
+    elif kind == "paired":
+        rows, col = t[(t["strategy_a"] == key[1]) & (t["strategy_b"] == key[2])], key[3]
+    else:
+        rows, col = t[t["base_strategy"] == key[1]], key[2]
+    if rows.empty or col not in rows:
+        return nan
+    r = rows.iloc[0]
+    return float(r[col]), float(r.get(f"{col}_low", math.nan)), float(r.get(f"{col}_high", math.nan))
+
+
+@dataclass
+class Row:
+    quantity: str
+    planted: float | None
+    exact: float
+    estimate: float
+    low: float
+    high: float
+
+    @property
+    def covered(self) -> bool | None:
+        if any(math.isnan(x) for x in (self.exact, self.low, self.high)):
+            return None
+        return self.low - 1e-9 <= self.exact <= self.high + 1e-9
+
+
+@dataclass
+class Calibration:
+    world: str
+    run_dir: str
+    config: dict[str, Any]
+    rows: list[Row]
+    records: int
+    records_differing: int | None  # greedy only: records whose text differs from the exact output
+    max_unresolved: float
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        for r, row in zip(d["rows"], self.rows, strict=True):
+            r["covered"] = row.covered
+        return d
+
+
+def _records_differing(g: GridTruth, run_dir: Path) -> tuple[int, int]:
+    """Greedy runs: how many records differ from the exact output (text and strict score)."""
+    from formtax.records.store import RECORDS, read_records
+
+    n = bad = 0
+    for rec in read_records(run_dir / RECORDS):
+        n += 1
+        t = g.by_key.get((rec.strategy, rec.item_id, rec.prompt_variant, 0))
+        if t is None:
+            bad += 1
+            continue
+        o = t.outcomes[0]
+        if rec.error is not None:
+            bad += int(o.scored)
+            continue
+        if not o.scored or rec.text != o.text or float(rec.scores.get("strict", False)) != o.strict or o.t_star is not None and rec.stats.get("t_star") != o.t_star or o.masked_mass is not None and not math.isclose(rec.masked_mass or 0.0, o.masked_mass, abs_tol=1e-9):
+            bad += 1
+    return n, bad
+
+
+def calibrate(world_arg: str, out_dir: Path, strategies: list[str] | None = None, seeds: int | None = None,
+              temperature: float | None = None, max_tokens: int | None = None, n_resamples: int = 10_000,
+              progress: Callable[[int, int], None] | None = None) -> Calibration:
+    from formtax.report.load import load_records
+    from formtax.report.tables import compute_tables
+    from formtax.runner import run
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = resolve_world(world_arg, out_dir)
+    world = load_world(path)
+    config = study_config(world, path, strategies, seeds, temperature, max_tokens)
+    backend = PlantedBackend(world, str(path.resolve()))
+    task = planted_task(world, str(path.resolve()))
+    g = grid_truth(backend, task, config)  # before the run: a world without an exact truth is refused early
+    notes = []
+    if g.max_unresolved > UNRESOLVED_LIMIT:
+        raise ConfigError(f"world {world.name}: under these settings a request leaves the world's paths with "
+                          f"probability {g.max_unresolved:.2g} (> {UNRESOLVED_LIMIT:g}), so its exact truth is "
+                          "not finite; give the world continuations the masks allow (e.g. after_end)")
+    run_dir = out_dir / "run"
+    run(config, run_dir, progress, backend=backend)
+    df = load_records(run_dir)
+    tables = compute_tables(df, n_resamples=n_resamples, seed=0)
+    truths = population_truths(g)
+    planted = {planted_key(k): float(v) for k, v in world.study.get("planted", {}).items()}
+    rows = []
+    for key, exact in truths.items():
+        est, low, high = lookup(tables, key)
+        rows.append(Row("/".join(key), planted.get(key), exact, est, low, high))
+    for key in planted.keys() - truths.keys():
+        notes.append(f"planted {'/'.join(key)} has no exact counterpart in this grid")
+    n, bad = _records_differing(g, run_dir)
+    cal = Calibration(world.name, str(run_dir), asdict(config), rows, n,
+                      bad if config.temperature <= 0.0 else None, g.max_unresolved, notes)
+    (out_dir / "calibration.json").write_text(json.dumps(cal.to_json(), indent=1, default=str) + "\n",
+                                              encoding="utf-8")
+    (out_dir / "calibration.md").write_text(render(cal) + "\n", encoding="utf-8")
+    return cal
+
+
+def _fmt(x: float | None) -> str:
+    return "" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.4f}"
+
+
+def render(cal: Calibration) -> str:
+    lines = [f"# Calibration: world {cal.world}", "",
+             f"{cal.records} records in {cal.run_dir}; "
+             + (f"records differing from the exact output: {cal.records_differing}; "
+                if cal.records_differing is not None else "")
+             + f"largest unresolved probability {cal.max_unresolved:.2g}", "",
+             "| quantity | planted | exact | estimate | 95% interval | covers exact |", "|---|---|---|---|---|---|"]
+    for r in cal.rows:
+        cov = {True: "yes", False: "**no**", None: ""}[r.covered]
+        iv = "" if math.isnan(r.low) else f"[{r.low:.4f}, {r.high:.4f}]"
+        lines.append(f"| {r.quantity} | {_fmt(r.planted)} | {_fmt(r.exact)} | {_fmt(r.estimate)} | {iv} | {cov} |")
+    lines += [f"- {n}" for n in cal.notes]
+    return "\n".join(lines)
+
+
+# -- the coverage study ----------------------------------------------------------------------------------------
+
+NULL_SUFFIX = "~null"
+
+
+def _draw(t: RequestTruth, rng: np.random.Generator) -> tuple[float, float, float, bool]:
+    ps = np.array([o.p for o in t.outcomes], dtype=np.float64)
+    o = t.outcomes[int(rng.choice(len(ps), p=ps / ps.sum()))]
+    return o.strict, o.lenient, o.parse_ok, o.scored
+
+
+def synthetic_frame(g: GridTruth, rng: np.random.Generator, n_items: int, n_seeds: int,
+                    null_of: str | None = None) -> pd.DataFrame:
+    """One synthetic study in the report's record-frame layout (the columns its table functions read)."""
+    from formtax.runner.grid import parse_strategy_spec
+
+    picks = rng.integers(0, len(g.items), size=n_items)
+    cells = [(s, s) for s in g.strategies] + ([(null_of + NULL_SUFFIX, null_of)] if null_of else [])
+    rows: list[dict[str, Any]] = []
+    nan = math.nan
+    for name, source in cells:
+        spec = parse_strategy_spec(source)
+        by_item = {t.planned.item.id: t for t in g.cell(source)}
+        for k, idx in enumerate(picks):
+            t = by_item[g.items[int(idx)]]
+            for seed in range(n_seeds):
+                strict, lenient, parse_ok, scored = _draw(t, rng)
+                rows.append({"task": "planted", "strategy": name, "base_strategy": spec.name + (
+                    NULL_SUFFIX if name != source else ""), "level": spec.level, "rc": spec.rc,
+                    "item_id": f"s{k:04d}", "seed": seed, "prompt_variant": "t1f1", "scored": scored,
+                    "score_strict": strict if scored else nan, "score_lenient": lenient if scored else nan,
+                    "parse_ok_strict": parse_ok if scored else nan})
+    return pd.DataFrame(rows)
+
+
+@dataclass
+class Coverage:
+    n_studies: int
+    n_items: int
+    n_seeds: int
+    by_type: dict[str, dict[str, float]]  # interval type -> {coverage, n, mean_width}
+    by_quantity: dict[str, float]
+    mcnemar_ks: float | None = None
+    mcnemar_ks_p: float | None = None
+    mcnemar_reject_05: float | None = None
+
+
+def coverage_study(g: GridTruth, n_studies: int = 400, n_items: int = 40, n_seeds: int = 3,
+                   n_resamples: int = 2000, seed: int = 0, null_of: str | None = None,
+                   progress: Callable[[int], None] | None = None) -> Coverage:
+    """Coverage of every interval the report prints, over ``n_studies`` synthetic studies (module docstring)."""
+    from scipy import stats as sstats
+
+    from formtax.report.comparisons import decomposition_table, paired_table
+    from formtax.report.tables import accuracy_table
+
+    truths = population_truths(g)
+    rng = np.random.default_rng(seed)
+    hits: dict[Key, list[float]] = {}
+    widths: dict[Key, list[float]] = {}
+    pvals: list[float] = []
+    for k in range(n_studies):
+        df = synthetic_frame(g, rng, n_items, n_seeds, null_of)
+        tables = {"accuracy": accuracy_table(df, n_resamples, k),
+                  "paired": paired_table(df, n_resamples, k),
+                  "decomposition": decomposition_table(df, n_resamples, k)}
+        for key, exact in truths.items():
+            _, low, high = lookup(tables, key)
+            if math.isnan(low) or math.isnan(exact):
+                continue
+            hits.setdefault(key, []).append(float(low - 1e-9 <= exact <= high + 1e-9))
+            widths.setdefault(key, []).append(high - low)
+        if null_of:
+            p = tables["paired"]
+            row = p[((p["strategy_a"] == null_of) & (p["strategy_b"] == null_of + NULL_SUFFIX))]
+            if not row.empty and not math.isnan(float(row.iloc[0]["mcnemar_p"])):
+                pvals.append(float(row.iloc[0]["mcnemar_p"]))
+        if progress:
+            progress(k + 1)
+    by_type: dict[str, dict[str, float]] = {}
+    for key, h in hits.items():
+        kind = key[0] if key[0] != "accuracy" else key[-1]
+        agg = by_type.setdefault(kind, {"hits": 0.0, "n": 0.0, "width": 0.0})
+        agg["hits"] += sum(h)
+        agg["n"] += len(h)
+        agg["width"] += sum(widths[key])
+    out_types = {k: {"coverage": v["hits"] / v["n"], "n": v["n"], "mean_width": v["width"] / v["n"]}
+                 for k, v in by_type.items()}
+    cov = Coverage(n_studies, n_items, n_seeds, out_types, {"/".join(k): float(np.mean(h)) for k, h in hits.items()})
+    if pvals:
+        ks = sstats.kstest(pvals, "uniform")
+        cov.mcnemar_ks, cov.mcnemar_ks_p = float(ks.statistic), float(ks.pvalue)
+        cov.mcnemar_reject_05 = float(np.mean(np.array(pvals) < 0.05))
+    return cov

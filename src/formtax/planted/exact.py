@@ -1,0 +1,323 @@
+"""Exact output distributions of the strategies on a planted world, computed without the decode loop.
+
+For one request (a prompt, a strategy's semantics, its constraint, budget and temperature) this enumerates the
+world's finite continuation tree under the strategy's masks and renormalisation, following the written
+specification (ALGORITHMS.md sections 1, 2, 4, 5, 6) rather than formtax's policies, so that a bug in the loop or a
+policy shows up as a difference between the lab's estimate and this truth. What is shared with the lab is only the
+model (:class:`~formtax.planted.backend.RowModel`'s logits) and the constraint's language (the engine's allowed
+sets, which the oracle of every constrained output checks separately).
+
+- Greedy (temperature 0): the single path of masked argmaxes (ties to the lowest token id, as ``torch.argmax``).
+- Sampling at temperature T: every on-path branch with its exact probability ``softmax(logits / T)`` restricted to
+  the allowed set and renormalised. The floor's off-path branches cannot be enumerated (a 49k-way tree); their
+  total probability is returned as ``unresolved``, a hard bound on the truth's error (about ``floor`` per step),
+  and a world that *leaves* its paths under sampling (every on-path token masked) makes it large: the caller
+  refuses such a truth instead of reporting it.
+- Suffix strategies are defined for greedy decoding only (paper 000), and so is their truth here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import numpy as np
+import torch
+
+from formtax.backends.base import TokenizerInfo
+from formtax.constraints.compile import Matcher, compile_grammar
+from formtax.constraints.spec import Constraint
+from formtax.planted.backend import RowModel
+
+
+class Kind(StrEnum):
+    FREE = "free"
+    SHORT = "short"
+    CONSTRAINED = "constrained"
+    INWRITING = "inwriting"
+
+
+@dataclass
+class Outcome:
+    """One output of a request with its exact probability."""
+
+    p: float
+    tokens: list[int]
+    phases: list[str]
+    finish: str
+    masked_mass: float | None = None
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    def phase_tokens(self, *names: str) -> list[int]:
+        return [t for t, ph in zip(self.tokens, self.phases, strict=True) if ph in names]
+
+
+@dataclass
+class Distribution:
+    outcomes: list[Outcome]
+    unresolved: float = 0.0  # probability of branches that could not be enumerated (see the module docstring)
+
+
+@dataclass
+class Semantics:
+    """What one call does, written out: see ALGORITHMS.md for each kind."""
+
+    kind: Kind
+    max_tokens: int
+    prefix: list[int] = field(default_factory=list)  # RC: forced first tokens
+    grammar: str | None = None  # CONSTRAINED / INWRITING: the answer grammar
+    preamble_budget: int = 0  # INWRITING
+    triggers: frozenset[int] = frozenset()  # INWRITING
+    first_allowed: torch.Tensor | None = None  # the answer's first token is further restricted to this set
+    answer_phase: str = "answer"
+    free_phase: str = "reasoning"
+
+
+@dataclass
+class _State:
+    p: float
+    tokens: list[int]
+    phases: list[str]
+    matcher: Matcher | None
+    switched: bool = False  # INWRITING: in the answer phase; CONSTRAINED: always
+    first_answer: bool = True
+    masked_mass: float | None = None
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    def fork(self, q: float) -> _State:
+        return _State(self.p * q, list(self.tokens), list(self.phases),
+                      self.matcher.copy() if self.matcher is not None else None, self.switched,
+                      self.first_answer, self.masked_mass, dict(self.stats))
+
+
+def _argmax(values: np.ndarray, allowed: np.ndarray | None) -> int:
+    if allowed is not None:
+        values = np.where(allowed, values, -np.inf)
+    return int(np.argmax(values))  # the first maximum, as torch.argmax
+
+
+def _masked_mass(logits: np.ndarray, allowed: np.ndarray) -> float:
+    x = logits.astype(np.float64)
+    p = np.exp(x - x.max())
+    p /= p.sum()
+    return float(1.0 - p[allowed].sum())
+
+
+def _branches(model: RowModel, node: int | None, logits: np.ndarray, allowed: np.ndarray | None,
+              temperature: float) -> tuple[list[tuple[int, float]], float]:
+    """The next tokens with their probabilities under the mask, and the mass that cannot be enumerated."""
+    if temperature <= 0.0:
+        return [(_argmax(logits, allowed), 1.0)], 0.0
+    if allowed is not None and int(allowed.sum()) == 1:
+        return [(int(np.flatnonzero(allowed)[0]), 1.0)], 0.0
+    x = logits.astype(np.float64) / temperature
+    if allowed is not None:
+        x = np.where(allowed, x, -np.inf)
+    x -= x.max()
+    p = np.exp(x)
+    p /= p.sum()
+    on = [t for t in model.probs_at(node) if allowed is None or allowed[t]]
+    out = [(t, float(p[t])) for t in on if p[t] > 0.0]
+    return out, max(0.0, 1.0 - sum(q for _, q in out))
+
+
+def distribution(model: RowModel, tok: TokenizerInfo, sem: Semantics, temperature: float) -> Distribution:
+    """Every output of one call and its probability (see the module docstring)."""
+    compiled = compile_grammar(sem.grammar, tok.engine) if sem.grammar is not None else None
+    eos = tok.eos_ids
+    stop_ids = frozenset(eos | {tok.pad_id})
+    newline = tok.newline_ids if sem.kind is Kind.SHORT else frozenset()
+    start = _State(1.0, [], [], compiled.matcher(tok.n_logits) if compiled is not None else None,
+                   switched=sem.kind is Kind.CONSTRAINED)
+    done: list[Outcome] = []
+    unresolved = 0.0
+    stack = [start]
+
+    def finish(s: _State, reason: str) -> None:
+        done.append(Outcome(s.p, s.tokens, s.phases, reason, s.masked_mass, s.stats))
+
+    def budget_reason(s: _State) -> str:
+        """Why a row that spent its budget ended (the RC prefix, then the inner part's own rule)."""
+        if len(s.tokens) < len(sem.prefix) or sem.kind in (Kind.FREE, Kind.SHORT):
+            return "length"
+        if not s.switched:
+            return "length-incomplete"
+        assert s.matcher is not None
+        return "length" if s.matcher.accepting else "length-incomplete"
+
+    while stack:
+        s = stack.pop()
+        n = len(s.tokens)
+        if n >= sem.max_tokens:
+            finish(s, budget_reason(s))
+            continue
+        gen = s.tokens
+        if n < len(sem.prefix):  # the reasoning constraint: forced tokens
+            t = sem.prefix[n]
+            s.tokens.append(t)
+            s.phases.append("rc")  # not fed to the grammar: the forced prefix is not part of the answer
+            stack.append(s)
+            continue
+        node = model.node(gen)
+        logits = model.logits_at(node).numpy()
+        if sem.kind is Kind.INWRITING and not s.switched:
+            last = gen[-1] if len(gen) > len(sem.prefix) else None
+            n_pre = n - len(sem.prefix)
+            reason = None
+            if last is not None and last in sem.triggers:
+                reason = "trigger"
+            elif _argmax(logits, None) in stop_ids:
+                reason = "eos"
+            elif n_pre >= sem.preamble_budget:
+                reason = "budget"
+            if reason is None:
+                allowed = np.ones(len(logits), dtype=bool)
+                allowed[sorted(stop_ids)] = False
+                branches, lost = _branches(model, node, logits, allowed, temperature)
+                unresolved += s.p * lost
+                for t, q in branches:
+                    c = s.fork(q)
+                    c.tokens.append(t)
+                    c.phases.append(sem.free_phase)
+                    stack.append(c)
+                continue
+            s.switched = True
+            s.stats["switch_step"] = n
+            s.stats["switch_reason"] = reason
+        if sem.kind in (Kind.FREE, Kind.SHORT):
+            branches, lost = _branches(model, node, logits, None, temperature)
+            unresolved += s.p * lost
+            for t, q in branches:
+                c = s.fork(q)
+                c.tokens.append(t)
+                c.phases.append(sem.free_phase)
+                if t in eos:
+                    finish(c, "eos")
+                elif t in newline:
+                    finish(c, "newline")
+                elif len(c.tokens) >= sem.max_tokens:
+                    finish(c, "length")
+                else:
+                    stack.append(c)
+            continue
+        # the constrained answer (section 1)
+        m = s.matcher
+        assert m is not None
+        if m.error is not None:
+            finish(s, "constraint-error")
+            continue
+        if m.stopped:
+            finish(s, "constraint-complete")
+            continue
+        allowed_t = m.allowed_mask()
+        if s.first_answer and sem.first_allowed is not None:
+            allowed_t = allowed_t & sem.first_allowed
+        allowed = allowed_t.numpy()
+        if not allowed.any():
+            finish(s, "constraint-error")
+            continue
+        if s.first_answer:
+            if sem.first_allowed is None:
+                s.masked_mass = _masked_mass(logits, allowed)
+            s.first_answer = False
+        branches, lost = _branches(model, node, logits, allowed, temperature)
+        unresolved += s.p * lost
+        for t, q in branches:
+            c = s.fork(q)
+            c.tokens.append(t)
+            c.phases.append(sem.answer_phase)
+            if t in eos:
+                finish(c, "eos")
+                continue
+            assert c.matcher is not None
+            if not c.matcher.consume(t):
+                finish(c, "constraint-error")
+                continue
+            if len(c.tokens) >= sem.max_tokens:
+                finish(c, "length" if c.matcher.accepting else "length-incomplete")
+                continue
+            stack.append(c)
+    return Distribution(done, unresolved)
+
+
+def free_greedy_deltas(model: RowModel, prefix: Sequence[int], start: torch.Tensor, eos: frozenset[int],
+                       budget: int) -> tuple[list[int], list[float | None], int]:
+    """Paper 000's free pass (greedy): the tokens, delta_t at every step (None on forced RC steps) and the end
+    step (where the unmasked argmax is EOS, or the budget)."""
+    tokens: list[int] = []
+    deltas: list[float | None] = []
+    s = start.numpy()
+    while True:
+        t = len(tokens)
+        if t < len(prefix) and t < budget:
+            deltas.append(None)
+            tokens.append(prefix[t])
+            continue
+        logits = model.logits(tokens).numpy().astype(np.float64)
+        p = np.exp(logits - logits.max())
+        p /= p.sum()
+        deltas.append(float(p.max() - p[s].max()))
+        if t >= budget or int(np.argmax(logits)) in eos:
+            return tokens, deltas, t
+        tokens.append(int(np.argmax(logits)))
+
+
+def branch_point(deltas: Sequence[float | None], end: int, rule: str, tau: float) -> int:
+    """t* (ALGORITHMS.md section 6): pipeline = the end; last = the latest step with delta <= tau (the end
+    counts); min = the argmin of delta, ties to the latest step."""
+    steps = [t for t in range(end + 1) if deltas[t] is not None]
+    if rule == "pipeline":
+        return end
+    if rule == "last":
+        ok = [t for t in steps if t == end or (deltas[t] or 0.0) <= tau]
+        below = [t for t in steps if (deltas[t] if deltas[t] is not None else 1.0) <= tau]
+        return below[-1] if below else (ok[-1] if ok else end)
+    if rule == "min":
+        vals = [(deltas[t], t) for t in steps]
+        best = min(v for v, _ in vals if v is not None)
+        return max(t for v, t in vals if v == best)
+    raise ValueError(f"unknown suffix rule {rule!r}")
+
+
+def suffix_outcome(model: RowModel, tok: TokenizerInfo, constraint: Constraint, prefix: Sequence[int],
+                   max_tokens: int, reserve: int, rule: str, tau: float) -> Outcome:
+    """The greedy output of suffix-pipeline / -last / -min: y<t* then complete_T from there."""
+    from formtax.strategies.suffix import suffix_answer  # the template's language T' and its start set S
+
+    ans = suffix_answer(constraint, tok)
+    tokens, deltas, end = free_greedy_deltas(model, prefix, ans.start, tok.eos_ids, max_tokens - reserve)
+    t_star = branch_point(deltas, end, rule, tau)
+    kept = tokens[:t_star]
+    sub = _Shifted(model, kept)
+    sem = Semantics(Kind.CONSTRAINED, max_tokens=max_tokens - len(kept), grammar=ans.grammar,
+                    first_allowed=ans.start)
+    d = distribution(sub, tok, sem, 0.0)  # type: ignore[arg-type]
+    o = d.outcomes[0]
+    phases = ["rc" if k < len(prefix) else "reasoning" for k in range(len(kept))] + o.phases
+    return Outcome(1.0, kept + o.tokens, phases, o.finish, None,
+                   {"t_star": t_star, "delta_at_t_star": deltas[t_star], "free_end": end})
+
+
+class _Shifted:
+    """A row model seen after a fixed prefix of generated tokens (for completions from a branch point)."""
+
+    def __init__(self, model: RowModel, prefix: list[int]) -> None:
+        self.model = model
+        self.prefix = prefix
+
+    def node(self, generated: Sequence[int]) -> int | None:
+        return self.model.node(self.prefix + list(generated))
+
+    def logits_at(self, node: int | None) -> torch.Tensor:
+        return self.model.logits_at(node)
+
+    def probs_at(self, node: int | None) -> dict[int, float]:
+        return self.model.probs_at(node)
+
+    def logits(self, generated: Sequence[int]) -> torch.Tensor:
+        return self.model.logits(self.prefix + list(generated))
+
+
+Scorer = Callable[[Outcome], Any]

@@ -1,0 +1,78 @@
+"""The planted backend and its exact truths: the lab recovers each planted effect (byte tokenizer: fast)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from formtax.planted.backend import PlantedBackend
+from formtax.planted.calibrate import calibrate, coverage_study, study_config
+from formtax.planted.task import planted_task
+from formtax.planted.truth import grid_truth
+from formtax.planted.world import WorldError, load_world, parse_world, write_world
+from formtax.planted.worlds import BUILTIN
+
+
+@pytest.mark.parametrize("name", sorted(BUILTIN))
+def test_greedy_run_reproduces_exact_truth(tmp_path, name):
+    world = BUILTIN[name](tokenizer="bytes")
+    path = write_world(world, tmp_path / "w.json")
+    cal = calibrate(str(path), tmp_path / "out", n_resamples=500)
+    assert cal.records_differing == 0
+    for row in cal.rows:
+        assert math.isclose(row.exact, row.estimate, abs_tol=1e-6), row
+        assert row.covered is not False, row
+
+
+def test_planted_effects_recovered(tmp_path):
+    world = BUILTIN["reasoning-rc"](tokenizer="bytes")
+    cal = calibrate(str(write_world(world, tmp_path / "w.json")), tmp_path / "o", n_resamples=500)
+    rows = {r.quantity: r for r in cal.rows}
+    assert rows["decomposition/inwriting/reasoning_gain"].estimate == pytest.approx(0.3)
+    world = BUILTIN["abstention"](tokenizer="bytes")
+    cal = calibrate(str(write_world(world, tmp_path / "a.json")), tmp_path / "p", n_resamples=500)
+    rows = {r.quantity: r for r in cal.rows}
+    assert rows["paired/constrained/short/diff"].estimate == pytest.approx(0.3)
+
+
+def test_sampled_run_estimate_matches_exact(tmp_path):
+    world = BUILTIN["abstention"](n_items=20, tokenizer="bytes")
+    path = write_world(world, tmp_path / "w.json")
+    cal = calibrate(str(path), tmp_path / "o", strategies=["free", "short", "constrained"], seeds=10,
+                    temperature=1.0, n_resamples=500)
+    for row in cal.rows:
+        if row.quantity.startswith("accuracy"):
+            assert abs(row.exact - row.estimate) < 0.12, row  # 200 sampled records per cell
+
+
+def test_coverage_study_runs_and_is_sane(tmp_path):
+    world = BUILTIN["abstention"](n_items=30, tokenizer="bytes")
+    path = write_world(world, tmp_path / "w.json")
+    w = load_world(path)
+    cfg = study_config(w, path, ["short", "constrained"], temperature=1.0)
+    g = grid_truth(PlantedBackend(w, str(path)), planted_task(w, str(path)), cfg)
+    cov = coverage_study(g, n_studies=40, n_items=30, n_seeds=2, n_resamples=300, null_of="constrained")
+    assert 0.75 <= cov.by_type["acc_strict"]["coverage"] <= 1.0
+    assert cov.mcnemar_ks is not None
+
+
+def test_bad_worlds_are_refused_with_the_item_and_field(tmp_path):
+    base = {"name": "x", "tokenizer": "bytes",
+            "items": [{"id": "a", "question": "Q1?", "gold": "1",
+                       "continuations": [{"text": "The answer is: 1", "p": 0.5}]}]}
+    with pytest.raises(WorldError, match="item a, field continuations: probabilities sum to 0.5"):
+        parse_world(base)
+    bad = json.loads(json.dumps(base))
+    bad["items"][0]["continuations"][0]["p"] = 2
+    with pytest.raises(WorldError, match="item a, field continuations\\[0\\].p"):
+        parse_world(bad)
+    ok = json.loads(json.dumps(base))
+    ok["items"][0]["continuations"][0]["p"] = 1.0
+    ok["items"][0]["gold"] = "one"
+    with pytest.raises(WorldError, match="item a, field gold"):
+        planted_task(parse_world(ok))
+    (tmp_path / "w.json").write_text("{not json", encoding="utf-8")
+    with pytest.raises(WorldError, match="not valid JSON"):
+        load_world(tmp_path / "w.json")
