@@ -270,14 +270,13 @@ def branch_point(deltas: Sequence[float | None], end: int, rule: str, tau: float
     steps = [t for t in range(end + 1) if deltas[t] is not None]
     if rule == "pipeline":
         return end
+    vals = [(d, t) for t in steps if (d := deltas[t]) is not None]
     if rule == "last":
-        ok = [t for t in steps if t == end or (deltas[t] or 0.0) <= tau]
-        below = [t for t in steps if (deltas[t] if deltas[t] is not None else 1.0) <= tau]
-        return below[-1] if below else (ok[-1] if ok else end)
+        below = [t for d, t in vals if d <= tau]
+        return below[-1] if below else end
     if rule == "min":
-        vals = [(deltas[t], t) for t in steps]
-        best = min(v for v, _ in vals if v is not None)
-        return max(t for v, t in vals if v == best)
+        best = min(d for d, _ in vals)
+        return max(t for d, t in vals if d == best)
     raise ValueError(f"unknown suffix rule {rule!r}")
 
 

@@ -50,7 +50,7 @@ class _PlantedBase(Task):
 
     def _load(self, data_dir: Path | None) -> list[Item]:
         w = self._require_world()
-        return [Item(id=it.id, question=it.question, gold=it.gold, choices=tuple(tuple(c) for c in it.choices),
+        return [Item(id=it.id, question=it.question, gold=it.gold, choices=tuple((c[0], c[1]) for c in it.choices),
                      meta=dict(it.meta)) for it in w.items]
 
     def configure(self, options: Mapping[str, Any]) -> Task:

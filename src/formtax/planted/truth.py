@@ -86,8 +86,7 @@ def _semantics_and_assemble(backend: PlantedBackend, strategy: str, req: Request
 
         tau = float(req.options.get("tau", 0.0))
         o = suffix_outcome(model, tok, c, prefix, req.max_tokens, SuffixStrategy.reserve(c), SUFFIX_RULES[strategy], tau)
-        answer = tok.decode_text(o.phase_tokens("answer"))
-        res = result(o, tok.decode_text(o.tokens), answer, o.finish)
+        res = result(o, tok.decode_text(o.tokens), tok.decode_text(o.phase_tokens("answer")), o.finish)
         return [(1.0, res, {"t_star": o.stats["t_star"]})]
     if strategy == "nl2format":
         assert c is not None
@@ -102,10 +101,10 @@ def _semantics_and_assemble(backend: PlantedBackend, strategy: str, req: Request
                    else Semantics(Kind.SHORT, answer_reserve(c), free_phase="answer"))
             second = distribution(m2, tok, sem, req.temperature)
             for o2 in second.outcomes:
-                answer = tok.decode_text(o2.tokens)
+                extracted = tok.decode_text(o2.tokens)
                 if not req.constrain:
-                    answer = answer.split("\n", 1)[0]
-                res = result(o2, text, answer, o2.finish)
+                    extracted = extracted.split("\n", 1)[0]
+                res = result(o2, text, extracted, o2.finish)
                 res.error = (f"the extraction call ended with {o2.finish}"
                              if o2.finish in ("constraint-error", "length-incomplete") else None)
                 out.append((o1.p * o2.p, res, {"unresolved": first.unresolved + second.unresolved}))
@@ -132,8 +131,9 @@ def _semantics_and_assemble(backend: PlantedBackend, strategy: str, req: Request
     d: Distribution = distribution(model, tok, sem, req.temperature)
     for o in d.outcomes:
         text = tok.decode_text(o.tokens)
+        answer: str | None
         if strategy == "short":
-            answer: str | None = tok.decode_text(o.phase_tokens("answer")).split("\n", 1)[0]
+            answer = tok.decode_text(o.phase_tokens("answer")).split("\n", 1)[0]
         elif constrained:
             answer = tok.decode_text(o.phase_tokens("answer"))
         else:

@@ -177,15 +177,15 @@ def _check_semantics(world: World, source: str) -> None:
             total = math.fsum(c.p for c in conts)
             if abs(total - 1.0) > PROB_TOLERANCE:
                 raise WorldError(f"{source}: item {it.id}, field {name}: probabilities sum to {total!r}, not 1")
-            for k, c in enumerate(conts):
-                if not c.segments or any(s == "" for s in c.segments):
+            for k, cont in enumerate(conts):
+                if not cont.segments or any(s == "" for s in cont.segments):
                     raise WorldError(f"{source}: item {it.id}, field {name}[{k}].text: empty text or segment")
-                if c.after_end:
-                    sub = math.fsum(a.p for a in c.after_end)
+                if cont.after_end:
+                    sub = math.fsum(a.p for a in cont.after_end)
                     if abs(sub - 1.0) > PROB_TOLERANCE:
                         raise WorldError(f"{source}: item {it.id}, field {name}[{k}].after_end: probabilities "
                                          f"sum to {sub!r}, not 1")
-                    if any(a.after_end for a in c.after_end):
+                    if any(a.after_end for a in cont.after_end):
                         raise WorldError(f"{source}: item {it.id}, field {name}[{k}].after_end: nested after_end")
     questions = [(it.id, it.question) for it in world.items]
     for a_id, a in questions:
@@ -204,7 +204,7 @@ def load_world(path: str | Path) -> World:
     text = raw.decode("utf-8", errors="replace")
     if p.suffix in (".yaml", ".yml"):
         try:
-            import yaml  # type: ignore[import-untyped]
+            import yaml
         except ImportError:
             raise WorldError(f"{p}: reading YAML worlds needs PyYAML (pip install pyyaml); or write JSON") from None
         try:
