@@ -28,6 +28,7 @@ ALL_TASKS = [
     "lastletter",
     "lastletter-ext",
     "metatool",
+    "planted",
     "summeval",
     "svamp",
 ]
