@@ -18,7 +18,7 @@ sets, which the oracle of every constrained output checks separately).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -85,6 +85,13 @@ class _State:
     first_answer: bool = True
     masked_mass: float | None = None
     stats: dict[str, Any] = field(default_factory=dict)
+
+    def extend(self, q: float, token: int, phase: str) -> _State:
+        """A child state: this one after ``token`` (chosen with probability ``q``) in ``phase``."""
+        c = self.fork(q)
+        c.tokens.append(token)
+        c.phases.append(phase)
+        return c
 
     def fork(self, q: float) -> _State:
         return _State(self.p * q, list(self.tokens), list(self.phases),
@@ -177,11 +184,7 @@ def distribution(model: RowModel, tok: TokenizerInfo, sem: Semantics, temperatur
                 allowed[sorted(stop_ids)] = False
                 branches, lost = _branches(model, node, logits, allowed, temperature)
                 unresolved += s.p * lost
-                for t, q in branches:
-                    c = s.fork(q)
-                    c.tokens.append(t)
-                    c.phases.append(sem.free_phase)
-                    stack.append(c)
+                stack.extend(s.extend(q, t, sem.free_phase) for t, q in branches)
                 continue
             s.switched = True
             s.stats["switch_step"] = n
@@ -190,17 +193,13 @@ def distribution(model: RowModel, tok: TokenizerInfo, sem: Semantics, temperatur
             branches, lost = _branches(model, node, logits, None, temperature)
             unresolved += s.p * lost
             for t, q in branches:
-                c = s.fork(q)
-                c.tokens.append(t)
-                c.phases.append(sem.free_phase)
+                c = s.extend(q, t, sem.free_phase)
                 if t in eos:
                     finish(c, "eos")
                 elif t in newline:
                     finish(c, "newline")
-                elif len(c.tokens) >= sem.max_tokens:
-                    finish(c, "length")
                 else:
-                    stack.append(c)
+                    stack.append(c)  # the budget is checked when it is popped
             continue
         # the constrained answer (section 1)
         m = s.matcher
@@ -225,20 +224,13 @@ def distribution(model: RowModel, tok: TokenizerInfo, sem: Semantics, temperatur
         branches, lost = _branches(model, node, logits, allowed, temperature)
         unresolved += s.p * lost
         for t, q in branches:
-            c = s.fork(q)
-            c.tokens.append(t)
-            c.phases.append(sem.answer_phase)
+            c = s.extend(q, t, sem.answer_phase)
             if t in eos:
                 finish(c, "eos")
-                continue
-            assert c.matcher is not None
-            if not c.matcher.consume(t):
+            elif c.matcher is None or not c.matcher.consume(t):
                 finish(c, "constraint-error")
-                continue
-            if len(c.tokens) >= sem.max_tokens:
-                finish(c, "length" if c.matcher.accepting else "length-incomplete")
-                continue
-            stack.append(c)
+            else:
+                stack.append(c)  # the budget is checked when it is popped
     return Distribution(done, unresolved)
 
 
@@ -318,5 +310,3 @@ class _Shifted:
     def logits(self, generated: Sequence[int]) -> torch.Tensor:
         return self.model.logits(self.prefix + list(generated))
 
-
-Scorer = Callable[[Outcome], Any]

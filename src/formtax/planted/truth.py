@@ -11,7 +11,6 @@ paper 002's deltas (:func:`population_truths`).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +20,7 @@ from formtax.constraints.spec import Constraint
 from formtax.errors import ConfigError
 from formtax.planted.backend import PlantedBackend
 from formtax.planted.exact import Distribution, Kind, Outcome, Semantics, distribution, suffix_outcome
-from formtax.runner.grid import RC_PREFIX, Planned, parse_strategy_spec, plan_grid
+from formtax.runner.grid import Planned, parse_strategy_spec, plan_grid
 from formtax.runner.run import RunConfig, make_record, request_for
 from formtax.strategies.base import ERROR_FINISHES, Request, Result, answer_reserve, finish_error
 from formtax.tasks import Task, sample_items
@@ -245,10 +244,3 @@ def population_truths(g: GridTruth, weights: dict[str, float] | None = None) -> 
             out[("decomposition", base, "total_gain")] = acc[top[-1]] - acc["none"]
     return out
 
-
-def rc_prefix() -> str:
-    return RC_PREFIX
-
-
-def strategies_of(specs: Sequence[str]) -> list[str]:
-    return [parse_strategy_spec(s).spec for s in specs]
