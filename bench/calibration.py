@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 from formtax.planted.backend import PlantedBackend
-from formtax.planted.calibrate import coverage_study, study_config
+from formtax.planted.calibrate import coverage_study, render_coverage, study_config
 from formtax.planted.task import planted_task
 from formtax.planted.truth import grid_truth
 from formtax.planted.world import load_world, write_world
@@ -29,18 +29,60 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--replicates", type=int, default=2000)
     ap.add_argument("--tokenizer", default="bytes", choices=["bytes", "smollm2"])
+    ap.add_argument("--markdown", type=Path, help="also append the coverage tables as Markdown to this file")
+    ap.add_argument("--plot", type=Path, help="also draw coverage per interval type and resampling rule (PNG)")
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp())
+    results: dict[str, dict[str, dict[str, float]]] = {}
     for name, (strategies, null) in SAMPLED.items():
         path = write_world(BUILTIN[name](n_items=200, tokenizer=a.tokenizer), tmp / f"{name}.json")
         w = load_world(path)
         g = grid_truth(PlantedBackend(w, str(path)), planted_task(w, str(path)),
                        study_config(w, path, strategies, temperature=1.0))
         cov = coverage_study(g, a.studies, a.items, a.seeds, a.replicates, null_of=null)
+        coverage = {rs: {k: round(v["coverage"], 4) for k, v in kinds.items()} for rs, kinds in cov.by_type.items()}
+        results[name] = coverage
         print(json.dumps({"world": name, "studies": a.studies, "items": a.items, "seeds": a.seeds,
-                          "coverage": {k: round(v["coverage"], 4) for k, v in cov.by_type.items()},
-                          "target": [0.93, 0.97], "mcnemar_ks": cov.mcnemar_ks, "mcnemar_ks_p": cov.mcnemar_ks_p,
-                          "mcnemar_reject_05": cov.mcnemar_reject_05, "unresolved": g.max_unresolved}), flush=True)
+                          "coverage": coverage, "target": [0.93, 0.97], "degenerate": cov.degenerate,
+                          "mcnemar_ks": cov.mcnemar_ks, "mcnemar_ks_p": cov.mcnemar_ks_p,
+                          "mcnemar_reject_05": cov.mcnemar_reject_05,
+                          "mcnemar_randomized_ks": cov.mcnemar_randomized_ks,
+                          "mcnemar_randomized_ks_p": cov.mcnemar_randomized_ks_p,
+                          "unresolved": g.max_unresolved}), flush=True)
+        if a.markdown:
+            with a.markdown.open("a", encoding="utf-8") as fh:
+                fh.write(f"### World {name}\n\n" + render_coverage(cov, null) + "\n\n")
+    if a.plot:
+        plot(results, a.studies, a.items, a.seeds, a.plot)
+
+
+def plot(results: dict[str, dict[str, dict[str, float]]], studies: int, items: int, seeds: int, path: Path) -> None:
+    """Coverage of each interval type, per world and resampling rule, against the [0.93, 0.97] target band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bars = [(f"{world}\n{kind}", rs, v) for world, by_rs in results.items() for rs, kinds in by_rs.items()
+            for kind, v in kinds.items()]
+    labels = list(dict.fromkeys(b[0] for b in bars))
+    rules = list(dict.fromkeys(b[1] for b in bars))
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(labels)), 3.6))
+    width = 0.8 / len(rules)
+    for j, rule in enumerate(rules):
+        xs = [labels.index(lab) + (j - (len(rules) - 1) / 2) * width for lab, r, _ in bars if r == rule]
+        ax.bar(xs, [v for _, r, v in bars if r == rule], width, label=f"resample {rule}")
+    ax.axhspan(0.93, 0.97, color="green", alpha=0.15, label="target [0.93, 0.97]")
+    ax.axhline(0.95, color="green", lw=0.8)
+    ax.set_ylim(0.85, 1.0)
+    ax.set_xticks(range(len(labels)), labels, fontsize=7)
+    ax.set_ylabel("coverage of the 95% interval")
+    ax.set_title(f"Calibration: {studies} synthetic studies of {items} items x {seeds} seeds (T=1)", fontsize=9)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -54,8 +54,27 @@ def test_coverage_study_runs_and_is_sane(tmp_path):
     cfg = study_config(w, path, ["short", "constrained"], temperature=1.0)
     g = grid_truth(PlantedBackend(w, str(path)), planted_task(w, str(path)), cfg)
     cov = coverage_study(g, n_studies=40, n_items=30, n_seeds=2, n_resamples=300, null_of="constrained")
-    assert 0.75 <= cov.by_type["acc_strict"]["coverage"] <= 1.0
-    assert cov.mcnemar_ks is not None
+    assert 0.75 <= cov.by_type["items"]["acc_strict"]["coverage"] <= 1.0
+    assert set(cov.by_type) == {"items", "items+seeds"}
+    # the crossed bootstrap is never narrower on the same studies when seeds are independent per item
+    assert cov.by_type["items+seeds"]["acc_strict"]["mean_width"] > cov.by_type["items"]["acc_strict"]["mean_width"]
+    assert cov.mcnemar_ks is not None and cov.mcnemar_randomized_ks is not None
+    assert "accuracy/constrained/parse_rate_strict" in cov.degenerate  # the mask always gives an answer line
+
+
+@pytest.mark.parametrize(("name", "format_gain", "validity_gain"),
+                         [("format-validity", 0.2, 0.2), ("letters-validity", 0.2, 0.4)])
+@pytest.mark.parametrize("tokenizer", ["bytes", "smollm2"])
+def test_strict_scoring_shows_the_planted_validity_gain(tmp_path, name, format_gain, validity_gain, tokenizer):
+    """Paper 003 A.4.1: 28.00, H E N E and a dropped final letter are strict failures that VC repairs."""
+    world = BUILTIN[name](n_items=20, tokenizer=tokenizer)
+    cal = calibrate(str(write_world(world, tmp_path / "w.json")), tmp_path / "o", n_resamples=300)
+    rows = {r.quantity: r for r in cal.rows}
+    assert cal.records_differing == 0
+    for gain, planted in (("format_gain", format_gain), ("validity_gain", validity_gain)):
+        row = rows[f"decomposition/inwriting/{gain}"]
+        assert row.planted == pytest.approx(planted)
+        assert row.exact == pytest.approx(planted) and row.estimate == pytest.approx(planted), row
 
 
 def test_bad_worlds_are_refused_with_the_item_and_field(tmp_path):

@@ -155,3 +155,23 @@ def test_sampling_is_seeded():
 
     assert run(1) == run(1)
     assert run(1) != run(2)
+
+
+# -- InWriting's switch under sampling (a Divert) and its engine-side equivalent --------------------------------
+
+
+def test_resolve_divert_greedy_and_sampled():
+    import torch
+
+    from formtax.decoding.loop import Divert, Plan, resolve_divert
+
+    switched = Plan(forced=7)
+    logits = torch.log(torch.tensor([0.47, 0.33, 0.20]))  # token 0 stands for EOS
+    plan = Plan(divert=Divert(frozenset({0}), lambda: switched))
+    assert resolve_divert(plan, logits, 0.0, None) is switched  # greedy: the argmax is EOS
+    other = Plan(divert=Divert(frozenset({1}), lambda: switched))
+    kept = resolve_divert(other, logits, 0.0, None)
+    assert kept.divert is None and list(kept.banned) == [1]  # greedy: EOS banned, the same argmax
+    gen = torch.Generator().manual_seed(0)
+    hits = sum(resolve_divert(plan, logits, 1.0, gen) is switched for _ in range(4000))
+    assert abs(hits / 4000 - 0.47) < 0.03  # sampled: switches with p(EOS)

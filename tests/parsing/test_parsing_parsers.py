@@ -45,8 +45,13 @@ def test_registry() -> None:
     [
         ("9 * 2 = 18\nThe answer is: 18", ("ok", "18"), ("ok", "18")),
         ("9 * 2 = 18\nThe answer is: 18.\n\n", ("ok", "18"), ("ok", "18")),
-        ("The answer is: 1,450,000", ("ok", "1450000"), ("ok", "1450000")),
-        ("The answer is: $18.00", ("ok", "18"), ("ok", "18")),
+        # the strict parser reads only the canonical representation (paper 003 A.4.1); lenient normalises
+        ("The answer is: 1,450,000", ("invalid", None), ("ok", "1450000")),
+        ("The answer is: $18.00", ("invalid", None), ("ok", "18")),
+        ("The answer is: 28.00", ("invalid", None), ("ok", "28")),
+        ("The answer is: 2,8", ("invalid", None), ("ok", "28")),
+        ("The answer is: 028", ("invalid", None), ("ok", "28")),
+        ("The answer is: -0", ("ok", "0"), ("ok", "0")),
         ("The answer is: twelve", ("invalid", None), ("invalid", None)),
         ("The answer is: 18 dollars", ("invalid", None), ("ok", "18")),
         ("The answer is: 18\nHope this helps!", ("no_answer", None), ("ok", "18")),
@@ -75,7 +80,8 @@ def test_answer_only_requires_a_single_line() -> None:
     [
         ('{"reason": "9*2", "answer": 18}', ("ok", "18"), ("ok", "18")),
         ('  {\n  "reason": "9*2",\n  "answer": "18"\n}\n', ("ok", "18"), ("ok", "18")),
-        ('{"answer": 18.0, "reason": ""}', ("ok", "18"), ("ok", "18")),
+        ('{"answer": 18.0, "reason": ""}', ("invalid", None), ("ok", "18")),
+        ('{"answer": "18", "reason": ""}', ("ok", "18"), ("ok", "18")),
         ('```json\n{"reason": "9*2", "answer": 18}\n```', ("no_answer", None), ("ok", "18")),
         (
             'Step 1...\n\n```json\n{"reason": "r", "answer": "1,450,000"}\n```',
@@ -131,8 +137,9 @@ def test_choice_label_outside_item_is_not_found_by_lenient() -> None:
     ("text", "strict", "lenient"),
     [
         ("The answer is: hene", ("ok", "hene"), ("ok", "hene")),
-        ("The answer is: H E N E", ("ok", "hene"), ("ok", "hene")),
-        ('The answer is: "hene".', ("ok", "hene"), ("ok", "hene")),
+        ("The answer is: H E N E", ("invalid", None), ("ok", "hene")),
+        ("The answer is: HENE", ("ok", "hene"), ("ok", "hene")),
+        ('The answer is: "hene".', ("invalid", None), ("ok", "hene")),
         ("The answer is: hene1", ("invalid", None), ("ok", "hene")),
         ("The answer is: 1234", ("invalid", None), ("invalid", None)),
         ("The letters are h, e, n, e, giving hene", ("no_answer", None), ("ok", "hene")),
@@ -170,6 +177,8 @@ def test_imdb_alt_words() -> None:
 
 
 def test_parse_result_keeps_the_raw_answer() -> None:
-    result = get_parser("strict")("The answer is: $1,450,000.", GSM, GSM_ITEM, RA)
+    result = get_parser("lenient")("The answer is: $1,450,000.", GSM, GSM_ITEM, RA)
     assert result == ParseResult("ok", "1450000", "$1,450,000")
     assert result.ok
+    strict = get_parser("strict")("The answer is: $1,450,000.", GSM, GSM_ITEM, RA)
+    assert strict == ParseResult("invalid", None, "$1,450,000")

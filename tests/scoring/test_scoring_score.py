@@ -14,8 +14,11 @@ def test_score_all_per_parser() -> None:
         "so 1,450,000 in total\nThe answer is: 1,450,000\nDone.", task, item, OutputFormat.REASON_ANSWER
     )
     assert score_all(task, item, parses) == {"strict": False, "lenient": True}
-    parses = parse_all("The answer is: 1,450,000", task, item, OutputFormat.REASON_ANSWER)
+    parses = parse_all("The answer is: 1450000", task, item, OutputFormat.REASON_ANSWER)
     assert score_all(task, item, parses) == {"strict": True, "lenient": True}
+    # a separator is not the canonical representation: only the lenient parser forgives it (paper 003 A.4.1)
+    parses = parse_all("The answer is: 1,450,000", task, item, OutputFormat.REASON_ANSWER)
+    assert score_all(task, item, parses) == {"strict": False, "lenient": True}
 
 
 def test_wrong_invalid_and_missing_answers_score_false() -> None:

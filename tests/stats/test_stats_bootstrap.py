@@ -11,6 +11,7 @@ from hypothesis.extra import numpy as hnp
 
 from formtax.stats import (
     Interval,
+    Resampling,
     bootstrap_replicates,
     complete_cases,
     paired_bootstrap_contrasts,
@@ -361,3 +362,36 @@ def test_paired_diff_antisymmetric(data: tuple[np.ndarray, np.ndarray], seed: in
     assert forward.low == pytest.approx(-backward.high, abs=1e-12)
     assert forward.high == pytest.approx(-backward.low, abs=1e-12)
     assert -1.0 - 1e-12 <= forward.low <= forward.high <= 1.0 + 1e-12
+
+
+# --- resampling items only (the cluster bootstrap) ------------------------------------------------------
+
+
+def test_items_only_replicates_keep_every_seed_of_an_item() -> None:
+    scores = np.random.default_rng(3).random((6, 4))
+    draws = list(_resample_indices(6, 4, 50, 9, Resampling.ITEMS))
+    naive = np.array([scores[items[r]].mean() for items, _ in draws for r in range(items.shape[0])])
+    fast = bootstrap_replicates({"x": scores}, 50, 9, Resampling.ITEMS)["x"]
+    np.testing.assert_allclose(fast, naive, rtol=0, atol=1e-12)
+    for _, seeds in draws:
+        assert (seeds == np.arange(4)).all()
+
+
+def test_items_only_agrees_with_scipy_on_item_means() -> None:
+    """Resampling items keeping their seeds is scipy's percentile bootstrap of the per-item means."""
+    x = _bernoulli((150, 3), 0.4, 17)
+    ours = percentile_bootstrap_mean(x, n_resamples=10_000, seed=0, resampling=Resampling.ITEMS)
+    ref = scipy.stats.bootstrap(
+        (x.mean(axis=1),), np.mean, n_resamples=10_000, method="percentile", vectorized=True,
+        rng=np.random.default_rng(5),
+    ).confidence_interval
+    assert abs(ours.low - ref.low) < 0.01
+    assert abs(ours.high - ref.high) < 0.01
+
+
+def test_crossed_resampling_is_wider_when_seeds_are_independent_per_item() -> None:
+    """No seed effect: the crossed bootstrap counts within-item noise twice (Owen 2007), so it is wider."""
+    x = _bernoulli((60, 3), 0.5, 21)  # every (item, seed) independent
+    crossed = percentile_bootstrap_mean(x, n_resamples=4000, seed=1)
+    items = percentile_bootstrap_mean(x, n_resamples=4000, seed=1, resampling=Resampling.ITEMS)
+    assert (crossed.high - crossed.low) > 1.2 * (items.high - items.low)

@@ -161,6 +161,15 @@ def test_inwriting_is_a_free_call_then_a_constrained_continuation(server):
     assert r.phases["reasoning"] == REASONING and r.answer_text == ANSWER and r.parse_ok
 
 
+def test_sampled_inwriting_switches_on_the_free_calls_drawn_eos(server):
+    """The sampled rule: the free call samples at the request's temperature and stops at a drawn EOS/PAD."""
+    m = connect(server)
+    r = formtax.generate(m, Q, "inwriting", "The answer is: {int}", max_tokens=80, temperature=0.7, seed=3)
+    free, _probe, cont = server.script.bodies
+    assert free["temperature"] == pytest.approx(0.7) and cont["temperature"] == pytest.approx(0.7)
+    assert r.stats["switch_reason"] == "eos" and r.parse_ok
+
+
 def test_top_k_only_masked_mass_is_a_labelled_bound(tok):
     s = ScriptedServer(Script(tok))
     try:
@@ -223,8 +232,6 @@ def test_unsupported_strategies_are_refused_before_any_request(server):
     m = connect(server)
     with pytest.raises(CapabilityError, match="trigger"):
         formtax.generate(m, Q, "inwriting", "The answer is: {int}", max_tokens=80, triggers=["."])
-    with pytest.raises(CapabilityError, match="temperature 0"):
-        formtax.generate(m, Q, "inwriting", "The answer is: {int}", max_tokens=80, temperature=0.7)
     with pytest.raises(CapabilityError, match="logits of every step"):  # a statistics wrapper (first-token mass)
         formtax.generate(m, Q, "short", "choice:red|blue", max_tokens=8)
     assert server.script.bodies == []

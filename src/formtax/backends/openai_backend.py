@@ -18,8 +18,8 @@ decodes on its own; each row's policy is then replayed over the returned tokens 
 rebuilds the result exactly as the decode loop would and checks every token against the constraint. InWriting's
 EOS switch is two requests: a free call to EOS (at most the preamble budget plus one token, to tell "the model
 wanted EOS" from "the budget ran out") and a constrained continuation of prompt + preamble, which is the very
-token sequence the single-pass form decodes (greedy only: the switch is on the *unmasked argmax*, which a sampled
-free call cannot see). Policies that must see the logits at every step (triggers, Deco-G, statistics wrappers,
+token sequence the single-pass form decodes (greedy or sampled: the switch is on the EOS/PAD drawn from the
+unmasked distribution, which is where a free call with those stop tokens ends). Policies that must see the logits at every step (triggers, Deco-G, statistics wrappers,
 the suffix strategies) are refused before the run.
 
 **Masked mass.** A constrained row's first-step logits are masked on the server, so a one-token probe request
@@ -221,9 +221,6 @@ class OpenAIBackend(Backend):
                 if r.triggers:
                     raise self._refuse(strategy, "trigger switches need the logits of every step; only the EOS "
                                                  "switch compiles into requests")
-                if r.temperature > 0:
-                    raise self._refuse(strategy, "with sampling, the switch (the unmasked argmax is EOS) is not "
-                                                 "visible to a free call; use temperature 0")
                 self._need_grammar(strategy)
             return True
         if isinstance(strategy, NL2Format):
@@ -433,7 +430,9 @@ class OpenAIBackend(Backend):
             items.append((k, self._tok.prompt_ids(r.prompt), prefix, inner))
         t0 = time.perf_counter()
         first = [self._reply(d) for d in self._post_all([
-            self._body(p + pre, inner.preamble_budget + 1, 0.0, requests[k].seed, inner.stop_ids, None)
+            # a free call stopped at EOS/PAD is the switch rule itself, greedy or sampled: the drawn stop token
+            self._body(p + pre, inner.preamble_budget + 1, requests[k].temperature, requests[k].seed,
+                       inner.stop_ids, None)
             for k, p, pre, inner in items])]
         switches: list[tuple[list[int], str]] = []
         for (k, _, _, inner), reply in zip(items, first, strict=True):
@@ -448,7 +447,8 @@ class OpenAIBackend(Backend):
         prompts2 = [p + pre + preamble for (_, p, pre, _), (preamble, _) in zip(items, switches, strict=True)]
         masses = self._probes([(p2, inner.answer) for p2, (_, _, _, inner) in zip(prompts2, items, strict=True)])
         second = [self._reply(d) for d in self._post_all([
-            self._body(p2, requests[k].max_tokens - len(pre) - len(preamble), 0.0, requests[k].seed,
+            self._body(p2, requests[k].max_tokens - len(pre) - len(preamble), requests[k].temperature,
+                       requests[k].seed,
                        inner.answer.eos_ids, requests[k].constraint)
             for p2, (k, _, pre, inner), (preamble, _) in zip(prompts2, items, switches, strict=True)])]
         wall = time.perf_counter() - t0

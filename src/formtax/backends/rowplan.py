@@ -103,12 +103,13 @@ def replay(req: RowRequest, tokens: Sequence[int], engine_finish: str | None,
                 break
             forced, masked = True, plan.allowed is not None
         else:
-            outside = (plan.allowed is not None and not bool(plan.allowed[token])) or token in plan.banned
+            outside = ((plan.allowed is not None and not bool(plan.allowed[token])) or token in plan.banned
+                       or (plan.divert is not None and token in plan.divert.tokens))  # replay cannot divert
             if outside:  # the engine ignored the constraint: never accept the token, and say so
                 out.finish_reason = "constraint-error"
                 out.events.append({"step": step, "stats": {"constraint_ignored": True, "rejected_token": int(token)}})
                 break
-            masked = plan.allowed is not None or bool(plan.banned)
+            masked = plan.allowed is not None or bool(plan.banned) or plan.divert is not None
             forced = plan.allowed is not None and int(plan.allowed.sum().item()) == 1
         out.tokens.append(int(token))
         out.steps.append(Step(int(token), policy.phase, forced, masked))

@@ -249,7 +249,8 @@ class VLLMBackend(Backend):
         plans = [plan_row(r, w) for r, w in zip(rows, whole, strict=True)]
         masses = self._probe_masses(rows, plans, temperature)
         lives: dict[int, LiveRow] = {
-            k: LiveRow(r, self.eos_id, self._tok.n_logits) for k, (r, p) in enumerate(zip(rows, plans, strict=True))
+            k: LiveRow(r, self.eos_id, self._tok.n_logits, temperature)
+            for k, (r, p) in enumerate(zip(rows, plans, strict=True))
             if p.kind == "live"
         }
         keys = register_rows(list(lives.values()))

@@ -20,6 +20,8 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seeds", type=int, default=None, help="seeds (default: the world's, else 1)")
     p.add_argument("--temperature", type=float, default=None, help="default: the world's, else 0 (greedy)")
     p.add_argument("--max-tokens", type=int, default=None, help="default: the world's, else 128")
+    p.add_argument("--reasoning-tokens", type=int, default=None,
+                   help="one reasoning budget for every level (default: the world's, else from --max-tokens)")
     p.add_argument("--replicates", type=int, default=10_000, help="bootstrap replicates of the report")
     p.add_argument("--studies", type=int, default=0,
                    help="also run a coverage study of this many synthetic studies (e.g. 400)")
@@ -65,14 +67,15 @@ def calibrate_cmd(args: argparse.Namespace) -> int:
         warnings.simplefilter("ignore")
         try:
             cal = calibrate(args.world, out, [s for s in args.strategies.split(",") if s] if args.strategies else None,
-                            args.seeds, args.temperature, args.max_tokens, args.replicates, progress)
+                            args.seeds, args.temperature, args.max_tokens, args.replicates, progress,
+                            reasoning_tokens=args.reasoning_tokens)
         finally:
             if bar is not None:
                 bar.close()
     print(render(cal))
     if args.studies:
         from formtax.planted.backend import PlantedBackend
-        from formtax.planted.calibrate import resolve_world, study_config
+        from formtax.planted.calibrate import render_coverage, resolve_world, study_config
         from formtax.planted.task import planted_task
         from formtax.planted.truth import grid_truth
         from formtax.planted.world import load_world
@@ -80,18 +83,12 @@ def calibrate_cmd(args: argparse.Namespace) -> int:
         path = resolve_world(args.world, out)
         world = load_world(path)
         cfg = study_config(world, path, [s for s in args.strategies.split(",") if s] if args.strategies else None,
-                           args.seeds, args.temperature, args.max_tokens)
+                           args.seeds, args.temperature, args.max_tokens, reasoning_tokens=args.reasoning_tokens)
         g = grid_truth(PlantedBackend(world, str(path)), planted_task(world, str(path)), cfg)
         with tqdm(total=args.studies, unit="study", desc="coverage", file=sys.stderr) as sbar:
             cov = coverage_study(g, args.studies, args.study_items, args.study_seeds,
                                  min(args.replicates, 2000), null_of=args.null, progress=lambda k: sbar.update(1))
-        print(f"\n## Coverage over {cov.n_studies} synthetic studies of {cov.n_items} items x {cov.n_seeds} seeds\n")
-        print("| interval type | coverage | intervals | mean width |\n|---|---|---|---|")
-        for kind, v in cov.by_type.items():
-            print(f"| {kind} | {v['coverage']:.3f} | {int(v['n'])} | {v['mean_width']:.3f} |")
-        if cov.mcnemar_ks is not None:
-            print(f"\nMcNemar p under the null pair ({args.null}): KS statistic {cov.mcnemar_ks:.3f} "
-                  f"(p {cov.mcnemar_ks_p:.3g}), rejection rate at 0.05: {cov.mcnemar_reject_05:.3f}")
+        print("\n" + render_coverage(cov, args.null))
         (out / "coverage.json").write_text(json.dumps(cov.__dict__, indent=1) + "\n", encoding="utf-8")
     print(f"\n-> {out / 'calibration.md'}")
     return 0

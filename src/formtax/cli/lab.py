@@ -22,7 +22,13 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seeds", type=int, default=1, help="seeds per request (only matter when sampling)")
     p.add_argument("--prompt-variants", default="t1f1", help="'all' (3 task x 3 format) or e.g. t1f1,t2f3")
     p.add_argument("--shots", type=int, default=0)
-    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--max-tokens", type=int, default=256,
+                   help="the whole budget of a strategy without a reasoning phase; for InWriting, JSON and "
+                        "NL-to-Format, unless --reasoning-tokens is given, the reasoning budget is this minus the "
+                        "largest answer reserve of the strategy's levels in the grid, the same at every level")
+    p.add_argument("--reasoning-tokens", type=int, default=None,
+                   help="the reasoning budget of InWriting, JSON and NL-to-Format at every constraint level "
+                        "(paper 003's max_preamble_tokens: 600); each level's answer reserve is added on top")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--data-dir", default=None, help="benchmark data folder (default: $FORMTAX_DATA or ../shared/data)")
@@ -64,7 +70,8 @@ def run_cmd(args: argparse.Namespace) -> int:
     cfg = RunConfig(task=args.task, strategies=[s for s in args.strategies.split(",") if s.strip()],
                     model=args.model, backend=args.backend, device=args.device, dtype=args.dtype, limit=args.limit,
                     seeds=args.seeds, prompt_variants=args.prompt_variants, shots=args.shots,
-                    max_tokens=args.max_tokens, batch_size=args.batch_size, temperature=args.temperature,
+                    max_tokens=args.max_tokens, reasoning_tokens=args.reasoning_tokens,
+                    batch_size=args.batch_size, temperature=args.temperature,
                     data_dir=args.data_dir, task_options=task_options,
                     hypotheses=str(args.hypotheses.resolve()) if args.hypotheses is not None else None,
                     workers=args.workers, ray_address=args.ray_address, backend_options=backend_options(args),
@@ -94,13 +101,19 @@ def _report_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", type=Path)
     p.add_argument("--replicates", type=int, default=10_000, help="bootstrap replicates")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    p.add_argument("--resample", choices=["items+seeds", "items"], default="items+seeds",
+                   help="what a bootstrap replicate resamples: items and seeds crossed (paper 002's rule, "
+                        "conservative when seeds act independently per item) or items keeping their seeds "
+                        "(the cluster bootstrap; see README, Calibration)")
 
 
 @command("report", _report_args, "write report.md/.html, tables/*.csv and figures/*.png from records.jsonl")
 def report_cmd(args: argparse.Namespace) -> int:
     from formtax.report import write_report
+    from formtax.stats import Resampling
 
-    path = write_report(args.run_dir, n_resamples=args.replicates, seed=args.seed)
+    path = write_report(args.run_dir, n_resamples=args.replicates, seed=args.seed,
+                        resampling=Resampling(args.resample))
     print(f"report: {path}")
     return 0
 

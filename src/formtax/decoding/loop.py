@@ -14,6 +14,7 @@ on a rewind step. The suffix strategies use it to branch back into an earlier po
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -37,6 +38,18 @@ class Plan:
     stop: str | None = None  # finish the row now, without a token (e.g. the grammar is complete)
     event: dict[str, Any] | None = None  # a strategy statistic to record at this step
     rewind: int | None = None  # go back to this many generated tokens (see the module docstring); no token now
+    divert: Divert | None = None  # if the token chosen under this plan is in ``divert.tokens``, re-plan (below)
+
+
+@dataclass
+class Divert:
+    """Replace a draw: when the token chosen under a plan is one of ``tokens``, it is not emitted; ``then()`` (the
+    policy changing state, e.g. InWriting switching to its answer) gives the plan that chooses instead, at the
+    same step from the same logits. Greedy and sampled decoding follow one rule: under greedy the draw is the
+    argmax."""
+
+    tokens: frozenset[int]
+    then: Callable[[], Plan]
 
 
 class Policy(ABC):
@@ -89,6 +102,42 @@ class RowOutput:
 
     def count(self, phase: str | None = None) -> int:
         return sum(1 for s in self.steps if phase is None or s.phase == phase)
+
+
+def relay(plan: Plan, sync: Callable[[], None]) -> Plan:
+    """``plan`` as a wrapping policy returns it: if it diverts, ``sync`` runs after the inner policy's switch (so
+    the wrapper's ``phase`` follows the inner one's, as after any other plan)."""
+    if plan.divert is None:
+        return plan
+    inner = plan.divert.then
+
+    def then() -> Plan:
+        replaced = inner()
+        sync()
+        return replaced
+
+    return dataclasses.replace(plan, divert=Divert(plan.divert.tokens, then))
+
+
+def resolve_divert(plan: Plan, logits: torch.Tensor, temperature: float, gen: torch.Generator | None) -> Plan:
+    """A diverting plan as one an engine that samples on its own can apply (vLLM's logits processor).
+
+    Greedy: the replacement plan if the argmax is a divert token, else the plan with those tokens banned (whose
+    argmax is the same token). Sampled: the replacement with probability ``p(divert tokens)``, else the plan with
+    them banned, from which the engine's draw is distributed as the loop's kept draw (the model's distribution
+    conditioned on not drawing a divert token). So the outputs have the loop's distribution; the random stream
+    is the engine's.
+    """
+    assert plan.divert is not None
+    tokens = plan.divert.tokens
+    if temperature <= 0.0:
+        hit = int(torch.argmax(logits).item()) in tokens
+    else:
+        p = torch.softmax(logits.double() / temperature, dim=-1)
+        hit = float(torch.rand((), generator=gen, dtype=torch.float64).item()) < float(p[sorted(tokens)].sum())
+    if hit:
+        return plan.divert.then()
+    return dataclasses.replace(plan, divert=None, banned=sorted(set(plan.banned) | tokens))
 
 
 def _choose(
@@ -162,6 +211,11 @@ def decode(
             req, out = rows[i], outs[i]
             row_logits = logits[pos]
             plan = req.policy.plan(row_logits, len(out.tokens))
+            drawn: tuple[int, bool] | None = None
+            if plan.divert is not None:  # draw first; a diverted token is replaced by the next plan's choice
+                drawn = _choose(plan.scores if plan.scores is not None else row_logits, plan, temperature, gens[i])
+                if drawn[0] in plan.divert.tokens:
+                    plan, drawn = plan.divert.then(), None
             if plan.event is not None:
                 out.events.append({"step": len(out.tokens), **plan.event})
             if plan.stop is not None:
@@ -177,6 +231,8 @@ def decode(
                 out.masked_mass = masked_mass(row_logits, plan.allowed)
             if plan.forced is not None:
                 token, forced, masked = plan.forced, True, plan.allowed is not None
+            elif drawn is not None:  # kept from the diverting plan: its divert tokens were in effect masked
+                token, masked, forced = drawn[0], True, False
             else:
                 base = plan.scores if plan.scores is not None else row_logits
                 token, masked = _choose(base, plan, temperature, gens[i])

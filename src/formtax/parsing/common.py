@@ -12,9 +12,13 @@ from formtax.tasks.base import Task
 _TRAILING_PERIOD_RE = re.compile(r"\.\s*$")
 
 
-def from_raw(task: Task, raw: str) -> ParseResult:
-    """``ok`` if ``raw`` normalises, else ``invalid``; ``raw`` is kept as found."""
-    value = task.normalize(raw)
+def from_raw(task: Task, raw: str, strict: bool = False) -> ParseResult:
+    """``ok`` if ``raw`` reads as an answer, else ``invalid``; ``raw`` is kept as found.
+
+    ``strict`` reads it with :meth:`Task.canonical` (already in the canonical representation), otherwise with
+    :meth:`Task.normalize` (every spelling a reader would accept).
+    """
+    value = task.canonical(raw) if strict else task.normalize(raw)
     return ParseResult("ok" if value is not None else "invalid", value, raw)
 
 
@@ -23,14 +27,15 @@ def strip_trailing_period(text: str) -> str:
     return _TRAILING_PERIOD_RE.sub("", text, count=1)
 
 
-def from_json_answer(task: Task, answer: Any) -> ParseResult:
-    """Normalise a JSON ``answer`` value: strings as they are, numbers via their JSON text (``18.0`` -> 18).
+def from_json_answer(task: Task, answer: Any, strict: bool = False) -> ParseResult:
+    """Read a JSON ``answer`` value: strings as they are, numbers via their JSON text (``18.0`` -> 18 when
+    lenient; not canonical, so ``invalid``, when ``strict``).
 
     Booleans, null, arrays and objects are never answers: ``invalid``.
     """
     if isinstance(answer, str):
-        return from_raw(task, answer)
+        return from_raw(task, answer, strict)
     raw = json.dumps(answer, ensure_ascii=False)
     if isinstance(answer, bool) or not isinstance(answer, int | float):
         return ParseResult("invalid", None, raw)
-    return from_raw(task, raw)
+    return from_raw(task, raw, strict)

@@ -8,7 +8,11 @@
   (paper 003 A.4.3 counts both as failures, since a schema-constrained decoder could never produce them).
   The answer may be a JSON string or number.
 
-A missing shape is ``no_answer``; the right shape with an answer that does not normalise is ``invalid``.
+A missing shape is ``no_answer``; the right shape with an answer that is not already in the task's canonical
+representation (:meth:`Task.canonical`: ``28`` but not ``28.00`` or ``2,8``; ``hene`` or ``HENE`` but not
+``H E N E``) is ``invalid``. The strict parser repairs nothing: paper 003 (A.4.1) counts exactly these spellings
+as the failures a validity constraint removes, so repairing them here would hide the validity gain. The
+lenient parser (:mod:`formtax.parsing.lenient`) normalises them and is reported beside it.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ def _answer_line(line: str, task: Task) -> ParseResult:
     raw = strip_trailing_period(line[len(ANSWER_PREFIX) :]).strip()
     if not raw:
         return ParseResult("invalid", None, raw)
-    return from_raw(task, raw)
+    return from_raw(task, raw, strict=True)
 
 
 def _json_object(text: str, task: Task) -> ParseResult:
@@ -36,7 +40,7 @@ def _json_object(text: str, task: Task) -> ParseResult:
         return NO_ANSWER
     if not isinstance(obj, dict) or set(obj) != {"reason", "answer"} or not isinstance(obj["reason"], str):
         return NO_ANSWER
-    return from_json_answer(task, obj["answer"])
+    return from_json_answer(task, obj["answer"], strict=True)
 
 
 def parse_strict(text: str, task: Task, item: Item, output_format: OutputFormat) -> ParseResult:

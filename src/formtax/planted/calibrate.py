@@ -33,6 +33,7 @@ from formtax.planted.truth import UNRESOLVED_LIMIT, GridTruth, RequestTruth, gri
 from formtax.planted.world import World, load_world, write_world
 from formtax.planted.worlds import BUILTIN
 from formtax.runner import RunConfig
+from formtax.stats import Resampling
 
 Key = tuple[str, ...]
 
@@ -55,14 +56,18 @@ def resolve_world(name: str, out_dir: Path) -> Path:
 
 
 def study_config(world: World, path: Path, strategies: list[str] | None = None, seeds: int | None = None,
-                 temperature: float | None = None, max_tokens: int | None = None, batch_size: int = 16) -> RunConfig:
+                 temperature: float | None = None, max_tokens: int | None = None, batch_size: int = 16,
+                 reasoning_tokens: int | None = None) -> RunConfig:
     st = world.study
+    if reasoning_tokens is None and st.get("reasoning_tokens") is not None:
+        reasoning_tokens = int(st["reasoning_tokens"])
     return RunConfig(task="planted", strategies=strategies or list(st.get("strategies", ["free"])),
                      backend="planted", model=str(path.resolve()),
                      seeds=seeds if seeds is not None else int(st.get("seeds", 1)),
                      temperature=temperature if temperature is not None else float(st.get("temperature", 0.0)),
                      max_tokens=max_tokens if max_tokens is not None else int(st.get("max_tokens", 128)),
-                     batch_size=batch_size, task_options={"world": str(path.resolve())})
+                     reasoning_tokens=reasoning_tokens, batch_size=batch_size,
+                     task_options={"world": str(path.resolve())})
 
 
 def planted_key(text: str) -> Key:
@@ -145,7 +150,8 @@ def _records_differing(g: GridTruth, run_dir: Path) -> tuple[int, int]:
 
 def calibrate(world_arg: str, out_dir: Path, strategies: list[str] | None = None, seeds: int | None = None,
               temperature: float | None = None, max_tokens: int | None = None, n_resamples: int = 10_000,
-              progress: Callable[[int, int], None] | None = None) -> Calibration:
+              progress: Callable[[int, int], None] | None = None, reasoning_tokens: int | None = None
+              ) -> Calibration:
     from formtax.report.load import load_records
     from formtax.report.tables import compute_tables
     from formtax.runner import run
@@ -153,7 +159,8 @@ def calibrate(world_arg: str, out_dir: Path, strategies: list[str] | None = None
     out_dir.mkdir(parents=True, exist_ok=True)
     path = resolve_world(world_arg, out_dir)
     world = load_world(path)
-    config = study_config(world, path, strategies, seeds, temperature, max_tokens)
+    config = study_config(world, path, strategies, seeds, temperature, max_tokens,
+                          reasoning_tokens=reasoning_tokens)
     backend = PlantedBackend(world, str(path.resolve()))
     task = planted_task(world, str(path.resolve()))
     g = grid_truth(backend, task, config)  # before the run: a world without an exact truth is refused early
@@ -239,20 +246,42 @@ def synthetic_frame(g: GridTruth, rng: np.random.Generator, n_items: int, n_seed
 
 @dataclass
 class Coverage:
+    """What :func:`coverage_study` measured.
+
+    ``by_type[resampling][interval type]`` holds ``coverage`` (share of intervals holding the truth), ``n``
+    (intervals counted) and ``mean_width``. A quantity whose interval had zero width in every study (its truth
+    is deterministic, e.g. a parse rate of exactly 1) is left out of the coverage and listed in ``degenerate``.
+    McNemar: ``mcnemar_ks`` is the KS statistic of the report's exact two-sided p-values on the null pair
+    against uniform; they are discrete and conservative by construction, so it is not small for few discordant
+    pairs. ``mcnemar_randomized_ks`` is the KS statistic of the randomised one-sided p-values
+    ``P(X > b01) + V P(X = b01)``, ``X ~ Binomial(b01 + b10, 1/2)``, ``V ~ U(0, 1)``, which are exactly uniform
+    when the test's null distribution is right for the pairs the report counts.
+    """
+
     n_studies: int
     n_items: int
     n_seeds: int
-    by_type: dict[str, dict[str, float]]  # interval type -> {coverage, n, mean_width}
-    by_quantity: dict[str, float]
+    by_type: dict[str, dict[str, dict[str, float]]]
+    by_quantity: dict[str, dict[str, float]]
+    degenerate: list[str] = field(default_factory=list)
     mcnemar_ks: float | None = None
     mcnemar_ks_p: float | None = None
     mcnemar_reject_05: float | None = None
+    mcnemar_randomized_ks: float | None = None
+    mcnemar_randomized_ks_p: float | None = None
+
+
+def _kind(key: Key) -> str:
+    return key[0] if key[0] != "accuracy" else key[-1]
 
 
 def coverage_study(g: GridTruth, n_studies: int = 400, n_items: int = 40, n_seeds: int = 3,
                    n_resamples: int = 2000, seed: int = 0, null_of: str | None = None,
-                   progress: Callable[[int], None] | None = None) -> Coverage:
-    """Coverage of every interval the report prints, over ``n_studies`` synthetic studies (module docstring)."""
+                   progress: Callable[[int], None] | None = None,
+                   resamplings: tuple[Resampling, ...] = (Resampling.ITEMS_AND_SEEDS, Resampling.ITEMS),
+                   ) -> Coverage:
+    """Coverage of every interval the report prints, over ``n_studies`` synthetic studies (module docstring),
+    under each bootstrap ``resampling`` rule on the same synthetic studies."""
     from scipy import stats as sstats
 
     from formtax.report.comparisons import decomposition_table, paired_table
@@ -260,39 +289,71 @@ def coverage_study(g: GridTruth, n_studies: int = 400, n_items: int = 40, n_seed
 
     truths = population_truths(g)
     rng = np.random.default_rng(seed)
-    hits: dict[Key, list[float]] = {}
-    widths: dict[Key, list[float]] = {}
+    hits: dict[tuple[str, Key], list[float]] = {}
+    widths: dict[tuple[str, Key], list[float]] = {}
     pvals: list[float] = []
+    randomized: list[float] = []
     for k in range(n_studies):
         df = synthetic_frame(g, rng, n_items, n_seeds, null_of)
-        tables = {"accuracy": accuracy_table(df, n_resamples, k),
-                  "paired": paired_table(df, n_resamples, k),
-                  "decomposition": decomposition_table(df, n_resamples, k)}
-        for key, exact in truths.items():
-            _, low, high = lookup(tables, key)
-            if math.isnan(low) or math.isnan(exact):
-                continue
-            hits.setdefault(key, []).append(float(low - 1e-9 <= exact <= high + 1e-9))
-            widths.setdefault(key, []).append(high - low)
+        for rs in resamplings:
+            tables = {"accuracy": accuracy_table(df, n_resamples, k, rs),
+                      "paired": paired_table(df, n_resamples, k, rs),
+                      "decomposition": decomposition_table(df, n_resamples, k, rs)}
+            for key, exact in truths.items():
+                _, low, high = lookup(tables, key)
+                if math.isnan(low) or math.isnan(exact):
+                    continue
+                hits.setdefault((rs.value, key), []).append(float(low - 1e-9 <= exact <= high + 1e-9))
+                widths.setdefault((rs.value, key), []).append(high - low)
         if null_of:
             p = tables["paired"]
             row = p[((p["strategy_a"] == null_of) & (p["strategy_b"] == null_of + NULL_SUFFIX))]
             if not row.empty and not math.isnan(float(row.iloc[0]["mcnemar_p"])):
-                pvals.append(float(row.iloc[0]["mcnemar_p"]))
+                r = row.iloc[0]
+                pvals.append(float(r["mcnemar_p"]))
+                b01, n = int(r["b01"]), int(r["b01"]) + int(r["b10"])
+                if n:
+                    randomized.append(float(sstats.binom.sf(b01, n, 0.5)
+                                            + rng.uniform() * sstats.binom.pmf(b01, n, 0.5)))
         if progress:
             progress(k + 1)
-    by_type: dict[str, dict[str, float]] = {}
-    for key, h in hits.items():
-        kind = key[0] if key[0] != "accuracy" else key[-1]
-        agg = by_type.setdefault(kind, {"hits": 0.0, "n": 0.0, "width": 0.0})
+    degenerate = sorted({"/".join(key) for (_, key), w in widths.items() if max(w) <= 1e-12})
+    by_type: dict[str, dict[str, dict[str, float]]] = {}
+    for (rule, key), h in hits.items():
+        if "/".join(key) in degenerate:
+            continue
+        agg = by_type.setdefault(rule, {}).setdefault(_kind(key), {"hits": 0.0, "n": 0.0, "width": 0.0})
         agg["hits"] += sum(h)
         agg["n"] += len(h)
-        agg["width"] += sum(widths[key])
-    out_types = {k: {"coverage": v["hits"] / v["n"], "n": v["n"], "mean_width": v["width"] / v["n"]}
-                 for k, v in by_type.items()}
-    cov = Coverage(n_studies, n_items, n_seeds, out_types, {"/".join(k): float(np.mean(h)) for k, h in hits.items()})
+        agg["width"] += sum(widths[(rule, key)])
+    out = {rs: {kind: {"coverage": v["hits"] / v["n"], "n": v["n"], "mean_width": v["width"] / v["n"]}
+                for kind, v in kinds.items()} for rs, kinds in by_type.items()}
+    by_quantity: dict[str, dict[str, float]] = {}
+    for (rule, key), h in hits.items():
+        by_quantity.setdefault("/".join(key), {})[rule] = float(np.mean(h))
+    cov = Coverage(n_studies, n_items, n_seeds, out, by_quantity, degenerate)
     if pvals:
         ks = sstats.kstest(pvals, "uniform")
         cov.mcnemar_ks, cov.mcnemar_ks_p = float(ks.statistic), float(ks.pvalue)
         cov.mcnemar_reject_05 = float(np.mean(np.array(pvals) < 0.05))
+    if randomized:
+        ks = sstats.kstest(randomized, "uniform")
+        cov.mcnemar_randomized_ks, cov.mcnemar_randomized_ks_p = float(ks.statistic), float(ks.pvalue)
     return cov
+
+
+def render_coverage(cov: Coverage, null_of: str | None = None) -> str:
+    """The coverage study as Markdown: one row per interval type and resampling rule, then McNemar's null."""
+    lines = [f"## Coverage over {cov.n_studies} synthetic studies of {cov.n_items} items x {cov.n_seeds} seeds", "",
+             "| interval type | resampling | coverage | intervals | mean width |", "|---|---|---|---|---|"]
+    for rs, kinds in cov.by_type.items():
+        for kind, v in kinds.items():
+            lines.append(f"| {kind} | {rs} | {v['coverage']:.3f} | {int(v['n'])} | {v['mean_width']:.3f} |")
+    if cov.degenerate:
+        lines.append(f"\nDeterministic truths (zero-width in every study, not counted): {', '.join(cov.degenerate)}")
+    if cov.mcnemar_ks is not None:
+        lines.append(f"\nMcNemar under the null pair ({null_of}): exact p KS {cov.mcnemar_ks:.3f} "
+                     f"(p {cov.mcnemar_ks_p:.3g}), rejection rate at 0.05 {cov.mcnemar_reject_05:.3f}")
+    if cov.mcnemar_randomized_ks is not None:
+        lines.append(f"randomised p KS {cov.mcnemar_randomized_ks:.3f} (p {cov.mcnemar_randomized_ks_p:.3g})")
+    return "\n".join(lines)

@@ -99,6 +99,10 @@ class _State:
                       self.first_answer, self.masked_mass, dict(self.stats))
 
 
+NEGLIGIBLE = 1e-13
+"""Branches less likely than this are added to ``unresolved`` instead of enumerated (each floor-level switch)."""
+
+
 def _argmax(values: np.ndarray, allowed: np.ndarray | None) -> int:
     if allowed is not None:
         values = np.where(allowed, values, -np.inf)
@@ -175,10 +179,29 @@ def distribution(model: RowModel, tok: TokenizerInfo, sem: Semantics, temperatur
             reason = None
             if last is not None and last in sem.triggers:
                 reason = "trigger"
+            elif n_pre >= sem.preamble_budget:
+                reason = "eos" if _argmax(logits, None) in stop_ids else "budget"
+            elif temperature > 0.0:
+                # the sampled rule (section 4): a draw from the unmasked distribution; a stop token switches
+                # (the answer is then drawn under the mask at this step), any other token is kept
+                x = logits.astype(np.float64) / temperature
+                p = np.exp(x - x.max())
+                p /= p.sum()
+                p_stop = float(p[sorted(stop_ids)].sum())
+                on = [(t, float(p[t])) for t in model.probs_at(node) if t not in stop_ids and p[t] > 0.0]
+                unresolved += s.p * max(0.0, 1.0 - p_stop - sum(q for _, q in on))
+                stack.extend(s.extend(q, t, sem.free_phase) for t, q in on)
+                c = s.fork(p_stop)
+                if c.p < NEGLIGIBLE:  # a switch at a floor-level EOS: counted, not enumerated
+                    unresolved += c.p
+                    continue
+                c.switched = True
+                c.stats["switch_step"] = n
+                c.stats["switch_reason"] = "eos"
+                stack.append(c)  # popped again at this step, now in the answer phase
+                continue
             elif _argmax(logits, None) in stop_ids:
                 reason = "eos"
-            elif n_pre >= sem.preamble_budget:
-                reason = "budget"
             if reason is None:
                 allowed = np.ones(len(logits), dtype=bool)
                 allowed[sorted(stop_ids)] = False

@@ -282,6 +282,10 @@ def _tokens(c: Continuation, encode: Any, decode: Any, where: str) -> list[int]:
     return ids
 
 
+AFTER_END_REPEATS = 2
+"""How often an ``after_end`` answer is written again when the model is made to go on after it (module docs)."""
+
+
 def build_trie(conts: list[Continuation], encode: Any, decode: Any, eos: int, where: str,
                after_end_mass: float = 1e-3) -> Trie:
     """Tokenise each continuation (segment by segment) and insert it with its ``after_end`` branches; refuse
@@ -292,6 +296,14 @@ def build_trie(conts: list[Continuation], encode: Any, decode: Any, eos: int, wh
         alpha = after_end_mass if c.after_end else 0.0
         trie.add(ids + [eos], c.p * (1.0 - alpha))
         for j, a in enumerate(c.after_end):
-            trie.add(ids + _tokens(a, encode, decode, f"{where}[{k}].after_end[{j}]") + [eos], c.p * alpha * a.p)
+            again = _tokens(a, encode, decode, f"{where}[{k}].after_end[{j}]")
+            # made to go on after its answer, the model writes it again (AFTER_END_REPEATS times at most), so a
+            # sampled InWriting preamble that runs into the answer still has a path under the answer's mask
+            mass, path = c.p * alpha * a.p, list(ids)
+            for depth in range(AFTER_END_REPEATS + 1):
+                path = path + again
+                last = depth == AFTER_END_REPEATS
+                trie.add(path + [eos], mass * (1.0 if last else 1.0 - alpha))
+                mass *= alpha
         trie.texts.append(c.full_text)
     return trie

@@ -72,9 +72,58 @@ def format_validity(n_items: int = 40, seed: int = 0, tokenizer: str = "smollm2"
     return parse_world({
         "name": "format-validity", "tokenizer": tokenizer, "items": items,
         "description": format_validity.__doc__.split("\n\n")[0] if format_validity.__doc__ else "",
-        "study": {"strategies": ["inwriting@none", "inwriting@fc", "inwriting@vc"], "max_tokens": 160,
+        "study": {"strategies": ["inwriting@none", "inwriting@fc", "inwriting@vc"], "reasoning_tokens": 96,
                   "planted": {"decomposition/inwriting/format_gain": 0.2,
                               "decomposition/inwriting/validity_gain": 0.2}},
+    })
+
+
+_WORDS = ("Yamileth", "Dane", "Aron", "Dee", "Homoh", "Aniba", "Grewar", "Mordoch", "Bjarndis", "Leveron",
+          "Lalesca", "Hasiic", "Elrayan", "Weixu", "Samphoas", "Stierlin", "Thwmas", "Rahymoff")
+
+
+def letters_validity(n_items: int = 40, seed: int = 0, tokenizer: str = "smollm2", top: float = 0.7) -> World:
+    """Paper 003 A.4.1's LastLetter cases, which only a validity constraint repairs: the model reads the right
+    letters but answers ``H E N E`` (spaced capitals) or ``hen`` (the final letter dropped). Under VC the
+    ``{letters:4}`` slot masks the capital and space (the model's next choice is the lowercase letter) and masks
+    the early end (the model's next choice is the missing letter). Types (shares 0.4 / 0.2 / 0.2 / 0.2): ``ok``,
+    ``spaced``, ``dropped``, ``noline`` (the right letters in a sentence, no answer line: a format failure).
+    Made to go on after its end (InWriting's switch), the model repeats its own answer, with the canonical one as
+    its second choice. Planted: format gain 0.2, validity gain 0.4, strict accuracy none 0.4 / fc 0.6 / vc 1.0
+    under greedy decoding."""
+    rng = np.random.default_rng(seed)
+    types = ["ok", "spaced", "dropped", "noline"]
+    counts = [int(round(s * n_items)) for s in (0.4, 0.2, 0.2, 0.2)]
+    counts[0] += n_items - sum(counts)
+    kinds = [t for t, c in zip(types, counts, strict=True) for _ in range(c)]
+    items = []
+    for k, kind in enumerate(kinds):
+        words = [str(w) for w in rng.choice(_WORDS, size=4, replace=False)]
+        gold = "".join(w[-1] for w in words).lower()
+        why = "The last letters are " + ", ".join(w[-1] for w in words) + "."
+        right = f"The answer is: {gold}"
+        # each failure keeps the canonical answer as the model's (small) second choice at the point of failure
+        spaced = f"The answer is: {' '.join(gold.upper())}"
+        dropped = f"The answer is: {gold[:-1]}"
+        conts: list[tuple[str, list[tuple[Any, float]]]] = [
+            (f"{why}\n{right}", [(right, 1.0)]),
+            (f"{why}\n{spaced}", [(spaced, 0.95), (right, 0.05)]),  # made to go on, it repeats its answer
+            # segments fix the token boundary, so the right answer extends the dropped one token by token
+            (f"{why}\n{dropped}", [(["The answer is:", f" {gold[:-1]}"], 0.95),
+                                     (["The answer is:", f" {gold[:-1]}", gold[-1]], 0.05)]),
+            (f"{why} Together they spell {gold}.", [(right, 1.0)]),
+        ]
+        ps = _probs(rng, types.index(kind), 4, top)
+        items.append({"id": f"w{k:03d}", "question": f'Take the last letter of each word in "{" ".join(words)}" '
+                      f"and concatenate them. (item {k})", "gold": gold,
+                      "continuations": [_cont(t, p, af) for (t, af), p in zip(conts, ps, strict=True)],
+                      "meta": {"type": kind}})
+    return parse_world({
+        "name": "letters-validity", "tokenizer": tokenizer, "answer": {"kind": "letters", "length": 4},
+        "items": items, "description": (letters_validity.__doc__ or "").split("\n\n")[0],
+        "study": {"strategies": ["inwriting@none", "inwriting@fc", "inwriting@vc"], "reasoning_tokens": 96,
+                  "planted": {"decomposition/inwriting/format_gain": 0.2,
+                              "decomposition/inwriting/validity_gain": 0.4}},
     })
 
 
@@ -104,7 +153,7 @@ def reasoning_rc(n_items: int = 40, seed: int = 0, tokenizer: str = "smollm2", t
                       "continuations": conts, "meta": {"type": kind}})
     return parse_world({
         "name": "reasoning-rc", "tokenizer": tokenizer, "items": items,
-        "study": {"strategies": ["inwriting@vc", "inwriting@vc+rc"], "max_tokens": 96,
+        "study": {"strategies": ["inwriting@vc", "inwriting@vc+rc"], "reasoning_tokens": 64,
                   "planted": {"decomposition/inwriting/reasoning_gain": 0.3}},
     })
 
@@ -185,13 +234,14 @@ def missing(n_items: int = 20, seed: int = 0, tokenizer: str = "smollm2") -> Wor
         if k % 4 == 3:
             it["meta"]["fail"] = True
     base["name"] = "missing"
-    base["study"] = {"strategies": ["inwriting@none", "inwriting@fc", "inwriting@vc"], "max_tokens": 160,
+    base["study"] = {"strategies": ["inwriting@none", "inwriting@fc", "inwriting@vc"], "reasoning_tokens": 96,
                      "planted": {}}
     return parse_world(base)
 
 
 BUILTIN: dict[str, Callable[..., World]] = {
     "format-validity": format_validity,
+    "letters-validity": letters_validity,
     "reasoning-rc": reasoning_rc,
     "abstention": abstention,
     "suffix-branch": suffix_branch,

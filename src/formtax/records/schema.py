@@ -48,6 +48,9 @@ class Record(BaseModel):
     phases: dict[str, str] = Field(default_factory=dict)
     finish_reason: str = ""
     tokens: dict[str, Any] = Field(default_factory=dict)  # prompt, total, forced, by_phase
+    # reasoning_tokens (the same at every level of a strategy), answer_tokens (on top), max_tokens (their sum);
+    # only max_tokens for a strategy without a separate reasoning phase; empty in records made before it existed
+    budget: dict[str, int] = Field(default_factory=dict)
     constraint_ok: bool | None = None  # the constraint oracle's verdict on the constrained answer
     parses: dict[str, ParseRecord] = Field(default_factory=dict)  # strict, lenient
     scores: dict[str, bool] = Field(default_factory=dict)  # strict, lenient

@@ -26,6 +26,8 @@ import pandas as pd
 
 from formtax.report.matrices import CONFIDENCE, Run, cell_items, cell_runs, frame, score_matrix
 from formtax.stats import (
+    DEFAULT_RESAMPLING,
+    Resampling,
     complete_cases,
     decomposition,
     mcnemar_exact,
@@ -89,7 +91,7 @@ def _strict_matrices(cells: list[pd.DataFrame]) -> tuple[tuple[Any, ...], int, i
 
 
 def _decomposition_row(
-    task: str, base: str, group: pd.DataFrame, n_resamples: int, seed: int
+    task: str, base: str, group: pd.DataFrame, n_resamples: int, seed: int, resampling: Resampling
 ) -> dict[str, Any] | None:
     by_suffix: dict[str, list[str]] = {}
     for strategy, cell in group.groupby("strategy", sort=True):
@@ -133,27 +135,30 @@ def _decomposition_row(
         if "none" in mats and top:
             contrasts["total_gain"] = (top[-1], "none")
         intervals = paired_bootstrap_contrasts(
-            mats, contrasts, n_resamples=n_resamples, confidence=CONFIDENCE, seed=seed
+            mats, contrasts, n_resamples=n_resamples, confidence=CONFIDENCE, seed=seed, resampling=resampling
         )
         for name, interval in intervals.items():
             row[name] = gains["total" if name == "total_gain" else name]
             row[f"{name}_low"], row[f"{name}_high"] = interval.low, interval.high
-    row.update(confidence=CONFIDENCE, interval_method="paired percentile-bootstrap", n_resamples=n_resamples)
+    row.update(confidence=CONFIDENCE, interval_method=f"paired percentile-bootstrap ({Resampling(resampling).value})",
+               n_resamples=n_resamples)
     row["notes"] = "; ".join(notes)
     return row
 
 
-def decomposition_table(df: pd.DataFrame, n_resamples: int, seed: int) -> pd.DataFrame:
+def decomposition_table(
+    df: pd.DataFrame, n_resamples: int, seed: int, resampling: Resampling = DEFAULT_RESAMPLING
+) -> pd.DataFrame:
     rows = []
     for (task, base), group in df.groupby(["task", "base_strategy"], sort=True):
-        row = _decomposition_row(str(task), str(base), group, n_resamples, seed)
+        row = _decomposition_row(str(task), str(base), group, n_resamples, seed, resampling)
         if row is not None:
             rows.append(row)
     return frame(rows, DECOMPOSITION_COLUMNS)
 
 
 def _paired_row(
-    task: str, a: str, b: str, group: pd.DataFrame, n_resamples: int, seed: int
+    task: str, a: str, b: str, group: pd.DataFrame, n_resamples: int, seed: int, resampling: Resampling
 ) -> dict[str, Any]:
     cell_a, cell_b = group[group["strategy"] == a], group[group["strategy"] == b]
     matrices, dropped, n_runs = _strict_matrices([cell_a, cell_b])
@@ -166,7 +171,7 @@ def _paired_row(
     if n_items:
         mat_a, mat_b = matrices
         interval = paired_bootstrap_diff(
-            mat_a, mat_b, n_resamples=n_resamples, confidence=CONFIDENCE, seed=seed
+            mat_a, mat_b, n_resamples=n_resamples, confidence=CONFIDENCE, seed=seed, resampling=resampling
         )
         test = mcnemar_exact(mat_a.ravel(), mat_b.ravel())
         row.update(
@@ -179,16 +184,19 @@ def _paired_row(
             acc_a=NAN, acc_b=NAN, diff=NAN, diff_low=NAN, diff_high=NAN, b01=NAN, b10=NAN, mcnemar_p=NAN
         )
     row.update(
-        mcnemar_unit=MCNEMAR_UNIT, confidence=CONFIDENCE, interval_method="paired percentile-bootstrap",
+        mcnemar_unit=MCNEMAR_UNIT, confidence=CONFIDENCE,
+        interval_method=f"paired percentile-bootstrap ({Resampling(resampling).value})",
         n_resamples=n_resamples,
     )  # fmt: skip
     return row
 
 
-def paired_table(df: pd.DataFrame, n_resamples: int, seed: int) -> pd.DataFrame:
+def paired_table(
+    df: pd.DataFrame, n_resamples: int, seed: int, resampling: Resampling = DEFAULT_RESAMPLING
+) -> pd.DataFrame:
     rows = []
     for task, group in df.groupby("task", sort=True):
         strategies = sorted(str(s) for s in group["strategy"].unique())
         for a, b in itertools.combinations(strategies, 2):
-            rows.append(_paired_row(str(task), a, b, group, n_resamples, seed))
+            rows.append(_paired_row(str(task), a, b, group, n_resamples, seed, resampling))
     return frame(rows, PAIRED_COLUMNS)

@@ -22,6 +22,7 @@ from formtax.report.analyses import table_keys
 from formtax.report.load import load_records, records_path, sha256_of
 from formtax.report.tables import compute_tables
 from formtax.report.write import META_FILE, TABLES_DIR, read_manifest, table_to_csv
+from formtax.stats import DEFAULT_RESAMPLING, Resampling
 
 TOLERANCE = 1e-9
 
@@ -154,7 +155,9 @@ def verify_report(run_dir: Path) -> list[str]:
     except DataError as exc:
         problems.append(f"cannot recompute the tables: {exc}")
         return problems
-    expected = compute_tables(df, n_resamples=n_resamples, seed=seed)
+    # reports written before the option existed used the default rule
+    resampling = Resampling(meta.get("resampling", DEFAULT_RESAMPLING.value))
+    expected = compute_tables(df, n_resamples=n_resamples, seed=seed, resampling=resampling)
     for name, table in expected.items():
         csv_path = tables_dir / f"{name}.csv"
         if not csv_path.is_file():

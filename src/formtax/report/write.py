@@ -17,6 +17,7 @@ from formtax.report.load import MANIFEST_FILE, load_records, records_path, sha25
 from formtax.report.matrices import CONFIDENCE, DECIMALS
 from formtax.report.render import ReportContext, render_html, render_markdown
 from formtax.report.tables import compute_tables
+from formtax.stats import DEFAULT_RESAMPLING, Resampling
 
 TABLES_DIR = "tables"
 FIGURES_DIR = "figures"
@@ -48,7 +49,9 @@ def read_manifest(run_dir: Path) -> dict[str, Any] | None:
     return manifest
 
 
-def write_report(run_dir: Path, n_resamples: int = 10_000, seed: int = 0) -> Path:
+def write_report(
+    run_dir: Path, n_resamples: int = 10_000, seed: int = 0, resampling: Resampling = DEFAULT_RESAMPLING
+) -> Path:
     """Compute every table from ``run_dir/records.jsonl`` and write the report files; returns ``report.md``.
 
     Raises:
@@ -63,7 +66,7 @@ def write_report(run_dir: Path, n_resamples: int = 10_000, seed: int = 0) -> Pat
     if sha256_of(path) != sha:
         raise DataError(f"{path} changed while the report was being computed; run write_report again")
     manifest = read_manifest(run_dir)
-    tables = compute_tables(df, n_resamples=n_resamples, seed=seed)
+    tables = compute_tables(df, n_resamples=n_resamples, seed=seed, resampling=resampling)
 
     tables_dir = run_dir / TABLES_DIR
     tables_dir.mkdir(parents=True, exist_ok=True)
@@ -72,6 +75,7 @@ def write_report(run_dir: Path, n_resamples: int = 10_000, seed: int = 0) -> Pat
     meta: dict[str, Any] = {
         "n_resamples": n_resamples,
         "seed": seed,
+        "resampling": Resampling(resampling).value,
         "confidence": CONFIDENCE,
         "decimals": DECIMALS,
         "formtax_version": formtax_version(),

@@ -78,6 +78,7 @@ class Planned:
     output_format: str
     format_variant: int
     meta: dict[str, Any] = field(default_factory=dict)
+    budget: dict[str, int] | None = None  # set once by runner.run.planned_budget (deterministic in the config)
 
     def constraint(self) -> Constraint | None:
         return parse_spec(self.answer) if self.answer is not None else None

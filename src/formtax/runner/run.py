@@ -24,6 +24,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from formtax import __version__
 from formtax.backends import Backend, load_backend
+from formtax.constraints.spec import parse_spec
 from formtax.errors import ConfigError, FormtaxError
 from formtax.parsing import ParseResult, parse_all
 from formtax.records.schema import ParseRecord, Record
@@ -79,6 +80,9 @@ class RunConfig:
     prompt_variants: str = "t1f1"  # "all" or a comma list like "t1f1,t2f3"
     shots: int = 0
     max_tokens: int = 256
+    # paper 003's equal reasoning budget: the reasoning phase of every level of a strategy gets this many tokens,
+    # the answer's reserve on top; None: max_tokens minus the largest reserve of the strategy's levels (FC, VC)
+    reasoning_tokens: int | None = None
     batch_size: int = 8
     temperature: float = 0.0
     item_seed: int = 0
@@ -101,6 +105,8 @@ class RunConfig:
             d.pop("hypotheses")
         if d["fem"] is None:
             d.pop("fem")
+        if d["reasoning_tokens"] is None:
+            d.pop("reasoning_tokens")
         return d
 
     def variants(self) -> list[tuple[int, int]]:
@@ -148,6 +154,7 @@ def make_record(task: Task, p: Planned, res: Result | None, prompt_text: str, ba
         base_strategy=p.spec.name, level=p.spec.level, rc=p.spec.rc, output_format=p.output_format,
         prompt_variant=p.prompt_variant, seed=p.seed, shots=p.shots, model=model, batch_size=batch_size,
         prompt_hash=_sha(prompt_text), prompt=prompt_text, gold=p.item.gold, answer_spec=p.answer, error=error,
+        budget=dict(p.budget or {}),
         finished_at=time.strftime("%Y-%m-%dT%H:%M:%S"),
     )
     if res is None:
@@ -201,6 +208,9 @@ def run(config: RunConfig, out_dir: Path, progress: Callable[[int, int], None] |
     data_dir = resolve_data_dir(Path(config.data_dir) if config.data_dir else None) if needs_data else None
     items = sample_items(task.load(data_dir), config.limit, config.item_seed)
     planned = plan_grid(task, items, specs, config.variants(), list(range(config.seeds)), config.shots)
+    if config.reasoning_tokens is not None and config.reasoning_tokens < 1:
+        raise ConfigError(f"--reasoning-tokens must be at least 1, got {config.reasoning_tokens}")
+    check_equal_reasoning(task, planned, config)
     one_prompt = bool(getattr(task, "same_prompt_all_formats", False))
     check_prompt_identity(planned, lambda m: repr(m), across_formats=one_prompt)
 
@@ -317,9 +327,59 @@ def _hypotheses_lock(config: RunConfig, manifest: dict[str, Any] | None, has_rec
     return None
 
 
+def planned_budget(task: Task, p: Planned, config: RunConfig) -> dict[str, int]:
+    """The token budget of one planned request, kept on ``p.budget`` (and in its record).
+
+    For a strategy with a separate reasoning phase (:meth:`Strategy.answer_overhead`) the reasoning budget R is
+    the same at every constraint level (paper 003 compares levels at one ``max_preamble_tokens``): R is
+    ``config.reasoning_tokens``, or else ``max_tokens`` minus the largest overhead among the strategy's levels in
+    the grid for this item (FC's reserve is the larger; the unconstrained level's is VC's, which reads its answer).
+    ``max_tokens`` is then R plus this level's own overhead. Ours: a forced RC prefix is reasoning text and
+    counts inside R. Other strategies get ``max_tokens`` whole.
+    """
+    if p.budget is not None:
+        return p.budget
+    strategy = p.spec.strategy
+    probe = Request(prompt=p.messages, constraint=p.constraint(), max_tokens=config.max_tokens)
+    overhead = strategy.answer_overhead(probe) if probe.constraint is not None else None
+    if overhead is None:
+        p.budget = {"max_tokens": config.max_tokens}
+        return p.budget
+    if config.reasoning_tokens is not None:
+        reasoning = config.reasoning_tokens
+    else:
+        fmt = OutputFormat(p.output_format)
+        levels = {"fc" if s.level == "fc" else "vc" for s in map(parse_strategy_spec, config.strategies)
+                  if s.name == p.spec.name}  # the unconstrained level reads its answer with VC's constraint
+        worst = max(strategy.answer_overhead(Request(prompt=p.messages, constraint=parse_spec(
+            task.answer_spec(level, p.item, fmt)))) or 0 for level in sorted(levels))
+        reasoning = config.max_tokens - worst
+        if reasoning < 1:
+            raise ConfigError(f"strategy {p.spec.spec!r}: --max-tokens {config.max_tokens} leaves no reasoning "
+                              f"budget after the answer's {worst} tokens; raise it or pass --reasoning-tokens")
+    p.budget = {"reasoning_tokens": reasoning, "answer_tokens": overhead, "max_tokens": reasoning + overhead}
+    return p.budget
+
+
+def check_equal_reasoning(task: Task, planned: Sequence[Planned], config: RunConfig) -> None:
+    """Refuse a grid whose constraint levels of one strategy would reason under different budgets."""
+    seen: dict[tuple[str, str, str, int, bool], tuple[int, str]] = {}
+    for p in planned:
+        b = planned_budget(task, p, config)
+        if "reasoning_tokens" not in b:
+            continue
+        key = (p.spec.name, p.item.id, p.prompt_variant, p.seed, p.spec.rc)
+        first = seen.setdefault(key, (b["reasoning_tokens"], p.spec.spec))
+        if first[0] != b["reasoning_tokens"]:
+            raise ConfigError(f"{first[1]} would reason under {first[0]} tokens but {p.spec.spec} under "
+                              f"{b['reasoning_tokens']} (item {p.item.id}); the levels of a strategy must share "
+                              "one reasoning budget (--reasoning-tokens)")
+
+
 def request_for(task: Task, p: Planned, config: RunConfig) -> Request:
     """The strategy request of one planned grid entry (also what the calibration truths are computed for)."""
-    return Request(prompt=p.messages, constraint=p.constraint(), max_tokens=config.max_tokens, seed=p.seed,
+    max_tokens = planned_budget(task, p, config)["max_tokens"]
+    return Request(prompt=p.messages, constraint=p.constraint(), max_tokens=max_tokens, seed=p.seed,
                    temperature=config.temperature, reasoning_prefix=RC_PREFIX if p.spec.rc else None,
                    constrain=p.spec.level != "none", conversion=p.conversion(task),
                    options={"fem": config.fem} if config.fem and p.spec.name in FEM_STRATEGIES else {})

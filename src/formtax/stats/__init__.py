@@ -6,6 +6,8 @@ entry and must be removed with :func:`complete_cases` before bootstrapping.
 """
 
 from formtax.stats.bootstrap import (
+    DEFAULT_RESAMPLING,
+    Resampling,
     bootstrap_replicates,
     complete_cases,
     paired_bootstrap_contrasts,
@@ -17,6 +19,8 @@ from formtax.stats.mcnemar import McNemarResult, mcnemar_exact
 from formtax.stats.summary import LEVELS, LogisticFit, decomposition, logistic_fit, mean_std_over_runs
 
 __all__ = [
+    "DEFAULT_RESAMPLING",
+    "Resampling",
     "LEVELS",
     "Interval",
     "LogisticFit",

@@ -120,6 +120,15 @@ class Strategy(ABC):
     def min_budget(self, request: Request) -> int:
         return 1
 
+    def answer_overhead(self, request: Request) -> int | None:
+        """Tokens of ``max_tokens`` that are not the reasoning phase's (the answer's reserve, JSON's scaffold).
+
+        The runner gives every constraint level of a strategy the same reasoning budget R and sets
+        ``max_tokens = R + answer_overhead`` (paper 003's equal ``max_preamble_tokens``). None: the strategy has
+        no separate reasoning phase, and ``max_tokens`` is its whole budget.
+        """
+        return None
+
     @abstractmethod
     def run(self, backend: Backend, requests: Sequence[Request]) -> list[Result]: ...
 

@@ -96,11 +96,15 @@ class Json(SinglePass):
         assert request.constraint is not None
         return JSON_SCAFFOLD + self._answer_bound(request.constraint) + 2
 
+    def answer_overhead(self, request: Request) -> int | None:
+        assert request.constraint is not None
+        return JSON_SCAFFOLD + self._answer_bound(request.constraint) + 1
+
     def effective_constraint(self, request: Request) -> Constraint | None:
         if request.constraint is None:
             return None
         c = request.constraint
-        reason = request.max_tokens - JSON_SCAFFOLD - self._answer_bound(c) - 1
+        reason = request.max_tokens - (self.answer_overhead(request) or 0)
         return JsonReasonAnswer(c, reason_tokens=max(1, reason))
 
     def policy(self, backend: Backend, request: Request) -> Policy:

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from formtax.backends.base import TokenizerInfo
-from formtax.decoding.loop import Plan, Policy
+from formtax.decoding.loop import Plan, Policy, relay
 
 TOP_K = 20
 EVENT = "first_token_mass"
@@ -84,12 +84,15 @@ class FirstTokenMass(Policy):
         self.phase = inner.phase
 
     def plan(self, logits: torch.Tensor, step: int) -> Plan:
-        plan = self.inner.plan(logits, step)
+        plan = relay(self.inner.plan(logits, step), self._sync)
         self.phase = self.inner.phase
         if not self.done and plan.forced is None and plan.stop is None:
             self.done = True
             plan.event = {**(plan.event or {}), EVENT: first_token_mass(logits, self.allowed, self.k)}
         return plan
+
+    def _sync(self) -> None:
+        self.phase = self.inner.phase
 
     def advance(self, token: int) -> str | None:
         reason = self.inner.advance(token)

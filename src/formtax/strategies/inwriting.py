@@ -32,6 +32,10 @@ class InWriting(SinglePass):
     def min_budget(self, request: Request) -> int:
         return answer_reserve(request.constraint) + 1
 
+    def answer_overhead(self, request: Request) -> int | None:
+        # the preamble is max_tokens minus this; a forced RC prefix is reasoning text, so it counts inside it
+        return answer_reserve(request.constraint)
+
     def policy(self, backend: Backend, request: Request) -> Policy:
         assert request.constraint is not None
         tok = backend.tokenizer

@@ -53,6 +53,9 @@ class NL2Format(Strategy):
     def min_budget(self, request: Request) -> int:
         return 1
 
+    def answer_overhead(self, request: Request) -> int | None:
+        return 0  # call 1 is all reasoning; call 2 has its own budget, the answer's reserve
+
     def run(self, backend: Backend, requests: Sequence[Request]) -> list[Result]:
         self.check(backend, requests)
         native = backend.run_strategy(self, requests)  # the dispatch hook (backends/base.py)

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from formtax.constraints.compile import Matcher
-from formtax.decoding.loop import Plan, Policy
+from formtax.decoding.loop import Divert, Plan, Policy, relay
 
 
 class FreePolicy(Policy):
@@ -67,11 +67,16 @@ class ConstrainedPolicy(Policy):
 
 
 class InWritingPolicy(Policy):
-    """InWriting (section 4): a free preamble with EOS/PAD banned, then the constraint.
+    """InWriting (section 4): a free preamble in which EOS/PAD are never emitted, then the constraint.
 
-    Switch when (a) the model's unmasked argmax is EOS/PAD (at this same step: the EOS is never emitted),
-    (b) the previous token is a trigger (it stays in the preamble and is not fed to the grammar), or
-    (c) the preamble budget is spent.
+    Switch when (a) the token drawn from the model's *unmasked* distribution is EOS/PAD: the draw is not
+    emitted, and the first answer token is chosen instead from the masked distribution at this same step
+    (:class:`~formtax.decoding.loop.Divert`). Under greedy decoding the draw is the argmax, which is the rule of
+    the paper's Litelines implementation; under sampling a sampled EOS switches (``p(EOS) = 0.47`` switches
+    about half the time at that step), and any other draw is kept, so the preamble is exactly the model's
+    distribution conditioned on not stopping. (b) The previous token is a trigger (it stays in the preamble and
+    is not fed to the grammar). (c) The preamble budget is spent (recorded as ``eos`` when the unmasked argmax
+    is a stop token there, else ``budget``).
     """
 
     def __init__(
@@ -93,21 +98,20 @@ class InWritingPolicy(Policy):
 
     def plan(self, logits: torch.Tensor, step: int) -> Plan:
         if self.switched is None:
-            reason = None
             if self.last is not None and self.last in self.triggers:
-                reason = "trigger"
-            elif int(torch.argmax(logits).item()) in self.stop_ids:
-                reason = "eos"
-            elif self.n_preamble >= self.preamble_budget:
-                reason = "budget"
-            if reason is None:
-                return Plan(banned=self.banned)
-            self.switched = (step, reason)
-            self.phase = "answer"
-            plan = self.answer.plan(logits, step)
-            plan.event = {"switch": reason}
-            return plan
+                return self._switch(logits, step, "trigger")
+            if self.n_preamble >= self.preamble_budget:
+                stop = int(torch.argmax(logits).item()) in self.stop_ids
+                return self._switch(logits, step, "eos" if stop else "budget")
+            return Plan(divert=Divert(self.stop_ids, lambda: self._switch(logits, step, "eos")))
         return self.answer.plan(logits, step)
+
+    def _switch(self, logits: torch.Tensor, step: int, reason: str) -> Plan:
+        self.switched = (step, reason)
+        self.phase = "answer"
+        plan = self.answer.plan(logits, step)
+        plan.event = {"switch": reason}
+        return plan
 
     def advance(self, token: int) -> str | None:
         if self.switched is None:
@@ -135,7 +139,10 @@ class ForcedPrefix(Policy):
         self.phase = self.inner.phase
         plan = self.inner.plan(logits, step - len(self.prefix))
         self.phase = self.inner.phase
-        return plan
+        return relay(plan, self._sync)
+
+    def _sync(self) -> None:
+        self.phase = self.inner.phase
 
     def advance(self, token: int) -> str | None:
         if self.k < len(self.prefix):

@@ -171,6 +171,18 @@ class Task(ABC):
     def normalize(self, value: str) -> str | None:
         """Map a raw answer string to the canonical form used for ``Item.gold``; None if it is outside the space."""
 
+    def canonical(self, value: str) -> str | None:
+        """The strict parser's reading of an answer: its value if ``value`` is already in the task's canonical
+        representation (the VC language's surface form, up to the task's case rule and surrounding
+        whitespace), else None.
+
+        Paper 003 (A.4.1) counts ``28.00`` and ``H E N E`` as unconstrained failures that a validity
+        constraint repairs, so the strict parser must not repair them itself; :meth:`normalize` (the lenient
+        parser's reading) does. The default is :meth:`normalize`, right for tasks whose normalisation is only
+        a case or whitespace rule (labels, tool names); integer and letter tasks override it.
+        """
+        return self.normalize(value)
+
     def display_answer(self, item: Item) -> str:
         """The gold answer as the model should write it (in few-shot examples); usually the gold itself."""
         return item.gold

@@ -14,6 +14,8 @@ from formtax.constraints.template import choice_slot
 from formtax.tasks.base import AnswerKind, Item, Task
 
 _INTEGER_RE = re.compile(r"[+-]?\d+(?:\.0+)?")
+_CANONICAL_INTEGER_RE = re.compile(r"-?(?:0|[1-9][0-9]*)")  # the {int} slot's surface form (template.py)
+_CANONICAL_LETTERS_RE = re.compile(r"[a-z]+")
 _STRIP_CHARS = set(string.punctuation) | set(string.whitespace) | set("\u2018\u2019\u201c\u201d\u00a0")
 
 
@@ -28,6 +30,24 @@ def normalize_integer(value: str) -> str | None:
     if not _INTEGER_RE.fullmatch(cleaned):
         return None
     return str(int(cleaned.split(".")[0]))
+
+
+def canonical_integer(value: str) -> str | None:
+    """``value`` (stripped) if it is written as the VC slot writes integers: digits, an optional ``-``, no
+    leading zeros, no separators or decimals (``28`` yes; ``28.00``, ``2,8``, ``028``, ``$28`` no). ``-0`` reads
+    as ``0``, as the slot's JSON form does."""
+    cleaned = value.strip()
+    if not _CANONICAL_INTEGER_RE.fullmatch(cleaned):
+        return None
+    return str(int(cleaned))
+
+
+def canonical_letters(value: str) -> str | None:
+    """``value`` stripped and lowercased if it is then only ASCII letters (``HENE`` -> ``hene``; ``H E N E`` and
+    ``h-e`` no). Lowercasing is paper 003's case rule: its unconstrained parser reads ``H E N E`` as
+    ``h e n e``, wrong only for the spaces."""
+    cleaned = value.strip().lower()
+    return cleaned if _CANONICAL_LETTERS_RE.fullmatch(cleaned) else None
 
 
 def normalize_letters(value: str) -> str | None:
@@ -66,6 +86,9 @@ class IntegerTask(Task):
 
     def normalize(self, value: str) -> str | None:
         return normalize_integer(value)
+
+    def canonical(self, value: str) -> str | None:
+        return canonical_integer(value)
 
 
 class ChoiceTask(Task):
@@ -110,6 +133,9 @@ class LettersTask(Task):
 
     def normalize(self, value: str) -> str | None:
         return normalize_letters(value)
+
+    def canonical(self, value: str) -> str | None:
+        return canonical_letters(value)
 
 
 def choice_question(stem: str, choices: tuple[tuple[str, str], ...]) -> str:
