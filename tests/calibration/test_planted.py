@@ -58,7 +58,7 @@ def test_coverage_study_runs_and_is_sane(tmp_path):
     assert set(cov.by_type) == {"items", "items+seeds"}
     # the crossed bootstrap is never narrower on the same studies when seeds are independent per item
     assert cov.by_type["items+seeds"]["acc_strict"]["mean_width"] > cov.by_type["items"]["acc_strict"]["mean_width"]
-    assert cov.mcnemar_ks is not None and cov.mcnemar_randomized_ks is not None
+    assert cov.paired_ks is not None and cov.paired_reject_05 is not None
     assert "accuracy/constrained/parse_rate_strict" in cov.degenerate  # the mask always gives an answer line
 
 

@@ -237,7 +237,7 @@ def test_paired_differences(records: list[Record], tables: dict[str, pd.DataFram
     assert r["diff"] == pytest.approx(round(a.mean() - b.mean(), 6), abs=1e-12)
     assert r["diff"] < 0 and r["diff_high"] < 0  # json@vc is much better
     assert r["b01"] == int(((a == 0) & (b == 1)).sum()) and r["b10"] == int(((a == 1) & (b == 0)).sum())
-    assert r["b01"] > r["b10"] and r["mcnemar_p"] < 0.05 and r["n_pairs"] == N_ITEMS * 4
+    assert r["b01"] > r["b10"] and r["paired_p"] < 0.05 and r["n_pairs"] == N_ITEMS * 4
     errored = row(paired, task="arith", strategy_a="json@fc", strategy_b="json@vc")
     assert errored["n_items"] == N_ITEMS - 1 and errored["n_unscored"] == 1
 

@@ -33,7 +33,7 @@ def test_identical_seeds_do_not_inflate_the_evidence():
     assert flattened < 0.01
 
 
-def test_many_discordant_items_use_seeded_monte_carlo():
+def test_many_discordant_real_valued_items_use_seeded_monte_carlo():
     rng = np.random.default_rng(3)
     a, b = rng.random((60, 3)), rng.random((60, 3))
     r = paired_item_test(a, b, seed=1)
@@ -46,3 +46,24 @@ def test_no_difference_is_p_one_and_p_values_print_without_zero():
     a = np.ones((4, 2))
     assert paired_item_test(a, a).p_value == 1.0
     assert format_p(3e-9) == "<1e-6" and format_p(0.0) == "<1e-6" and format_p(0.0391) == "0.0391"
+
+
+def test_exact_distribution_matches_brute_force_enumeration():
+    """The convolution equals enumerating all 2**n sign assignments (0/1 scores, 3 runs, 10 items)."""
+    import itertools
+
+    rng = np.random.default_rng(11)
+    a, b = (rng.random((10, 3)) < 0.7).astype(float), (rng.random((10, 3)) < 0.4).astype(float)
+    d = a.mean(axis=1) - b.mean(axis=1)
+    d = d[np.abs(d) > 1e-12]
+    obs = abs(d.sum())
+    sums = [abs(np.dot(signs, d)) for signs in itertools.product((1, -1), repeat=d.size)]
+    brute = np.mean(np.array(sums) >= obs - 1e-9)
+    assert paired_item_test(a, b).p_value == pytest.approx(brute, rel=1e-12)
+    assert paired_item_test(a, b).exact
+
+
+def test_one_discordant_item_is_p_one():
+    a, b = np.zeros((5, 2)), np.zeros((5, 2))
+    a[0, 0] = 1.0
+    assert paired_item_test(a, b).p_value == 1.0

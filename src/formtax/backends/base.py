@@ -156,6 +156,11 @@ class Backend(ABC):
     def describe(self) -> dict[str, Any]:
         return {"backend": self.name, "model": self.model_id}
 
+    def generation_defaults(self) -> Any | None:
+        """The model's own sampling defaults (a :class:`~formtax.decoding.sampling.Sampling`, from its
+        ``generation_config``), or None when the backend does not know them."""
+        return None
+
     # -- the dispatch hook (see the module docstring) --------------------------------------------------------
     def check_strategy(self, strategy: Strategy, requests: Sequence[Request]) -> bool:
         """True when this backend runs ``strategy`` natively (and accepts ``requests``; raise to refuse).

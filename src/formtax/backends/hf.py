@@ -136,6 +136,11 @@ class HFBackend(Backend):
         self._tok = TokenizerInfo.from_hf(hf_tokenizer, getattr(model.generation_config, "eos_token_id", None),
                                           int(model.get_output_embeddings().weight.shape[0]), model_id)
 
+    def generation_defaults(self) -> Any | None:
+        from formtax.decoding.sampling import from_generation_config
+
+        return from_generation_config(self.model.generation_config)
+
     @classmethod
     def load(cls, name: str | None = None, device: str = "cpu", dtype: str = "float32") -> HFBackend:
         """Load the embedded default (``name=None``), a GGUF file, a local folder or a hub id."""

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from formtax.decoding.loop import Plan, RowOutput, RowRequest, Step, masked_mass, resolve_divert
+from formtax.decoding.sampling import Sampling, as_sampling
 
 ROW_KEY = "formtax_row"  # the SamplingParams.extra_args key naming a registered LiveRow
 
@@ -38,11 +39,11 @@ _LOCK = threading.Lock()
 class LiveRow:
     """One row of the decode loop, stepped from inside the engine (see the module docstring)."""
 
-    def __init__(self, req: RowRequest, eos_id: int, n_logits: int, temperature: float = 0.0) -> None:
+    def __init__(self, req: RowRequest, eos_id: int, n_logits: int, sampling: Sampling | float = 0.0) -> None:
         self.req = req
-        self.temperature = temperature
+        self.sampling = as_sampling(sampling)
         # a diverting plan's coin (InWriting's sampled switch), seeded per row like the loop's generator
-        self.gen = torch.Generator().manual_seed(int(req.seed)) if temperature > 0.0 else None
+        self.gen = None if self.sampling.greedy else torch.Generator().manual_seed(int(req.seed))
         self.policy = req.policy
         self.eos_id = eos_id
         self.n_logits = n_logits
@@ -99,7 +100,7 @@ class LiveRow:
         view = row if row.device.type == "cpu" else row.detach().cpu()  # policies compute on CPU, as in the loop
         plan: Plan = self.policy.plan(view, step)
         if plan.divert is not None:  # the engine draws after this edit, so the divert is decided here
-            plan = resolve_divert(plan, view, self.temperature, self.gen)
+            plan = resolve_divert(plan, view, self.sampling, self.gen)
         if plan.event is not None:
             self.out.events.append({"step": step, **plan.event})
         if plan.stop is not None:

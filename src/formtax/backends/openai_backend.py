@@ -59,6 +59,7 @@ from formtax.backends.model_files import resolve_model
 from formtax.backends.rowplan import RowPlan, lark_grammar, plan_row, replay
 from formtax.constraints.spec import Constraint
 from formtax.decoding.loop import RowOutput, RowRequest, Step, decode
+from formtax.decoding.sampling import GREEDY, Sampling
 from formtax.errors import CapabilityError, ConfigError, ConstraintError, FormtaxError
 
 if TYPE_CHECKING:
@@ -214,6 +215,9 @@ class OpenAIBackend(Backend):
         from formtax.strategies.inwriting import InWriting
         from formtax.strategies.nl2format import NL2Format
 
+        if self.flavor != "vllm" and any(r.top_k > 0 or r.min_p > 0.0 for r in requests):
+            raise self._refuse(strategy, "top_k and min_p are vLLM's extensions of the OpenAI API; this server "
+                                         "takes temperature and top_p only")
         if isinstance(strategy, InWriting):
             for r in requests:
                 if not r.constrain:
@@ -256,12 +260,18 @@ class OpenAIBackend(Backend):
         return results
 
     # -- requests ---------------------------------------------------------------------------------------------
-    def _body(self, prompt: Sequence[int], max_tokens: int, temperature: float, seed: int,
+    def _body(self, prompt: Sequence[int], max_tokens: int, sampling: Sampling, seed: int,
               stop_ids: frozenset[int], constraint: Constraint | None) -> dict[str, Any]:
         body: dict[str, Any] = {"model": self.served_model, "max_tokens": int(max_tokens),
-                                "temperature": float(max(0.0, temperature))}
-        if temperature > 0:
+                                "temperature": float(sampling.temperature)}
+        if not sampling.greedy:
             body["seed"] = int(seed)
+            if sampling.top_p < 1.0:
+                body["top_p"] = sampling.top_p
+            if sampling.top_k > 0:  # vLLM's extensions (check_strategy refuses them for a generic server)
+                body["top_k"] = sampling.top_k
+            if sampling.min_p > 0.0:
+                body["min_p"] = sampling.min_p
         if self.flavor == "vllm":
             body.update(prompt=list(prompt), return_token_ids=True, stop_token_ids=sorted(stop_ids),
                         skip_special_tokens=False)
@@ -317,7 +327,7 @@ class OpenAIBackend(Backend):
         return self._text_index().get(key, [])
 
     def _probe_body(self, prompt: Sequence[int], allowed: torch.Tensor) -> dict[str, Any]:
-        body = self._body(prompt, 1, 0.0, 0, self._tok.eos_ids, None)
+        body = self._body(prompt, 1, GREEDY, 0, self._tok.eos_ids, None)
         body["logprobs"] = self.top_logprobs
         if self.flavor == "vllm":
             body["return_tokens_as_token_ids"] = True
@@ -364,11 +374,11 @@ class OpenAIBackend(Backend):
         return [self._mass(d, a, "logprob_token_ids" in b) for d, a, b in zip(replies, allowed, bodies, strict=True)]
 
     # -- decoding ---------------------------------------------------------------------------------------------
-    def decode_rows(self, backend: Backend, rows: Sequence[RowRequest], temperature: float,
+    def decode_rows(self, backend: Backend, rows: Sequence[RowRequest], sampling: Sampling,
                     whole: Sequence[Constraint | None]) -> list[RowOutput]:
         """A ``RowDecoder`` for rows a server can decode alone (free text, a whole-output grammar)."""
         if backend is not self:  # e.g. NL-to-Format's extractor on another engine
-            return decode(backend, rows, temperature=temperature)
+            return decode(backend, rows, temperature=sampling)
         t0 = time.perf_counter()
         plans: list[RowPlan] = [plan_row(r, w) for r, w in zip(rows, whole, strict=True)]
         for plan in plans:
@@ -377,7 +387,7 @@ class OpenAIBackend(Backend):
         measured = [k for k, p in enumerate(plans) if p.kind == "grammar" and getattr(p.inner, "_measure", True)]
         masses = dict(zip(measured, self._probes(
             [(list(rows[k].prompt_ids) + plans[k].prefix, plans[k].inner) for k in measured]), strict=True))
-        bodies = [self._body(list(r.prompt_ids) + p.prefix, r.max_tokens - len(p.prefix), temperature, r.seed,
+        bodies = [self._body(list(r.prompt_ids) + p.prefix, r.max_tokens - len(p.prefix), sampling, r.seed,
                              p.stop_ids, p.constraint) for r, p in zip(rows, plans, strict=True)]
         replies = [self._reply(d) for d in self._post_all(bodies)]
         wall = time.perf_counter() - t0
@@ -405,7 +415,7 @@ class OpenAIBackend(Backend):
 
     def _run_inwriting(self, strategy: Any, requests: Sequence[Request]) -> list[Result]:
         """InWriting's EOS switch as two requests per row (see the module docstring)."""
-        from formtax.strategies.base import Result
+        from formtax.strategies.base import Result, request_sampling
         from formtax.strategies.policies import ForcedPrefix, InWritingPolicy
 
         results: list[Result | None] = [None] * len(requests)
@@ -431,7 +441,7 @@ class OpenAIBackend(Backend):
         t0 = time.perf_counter()
         first = [self._reply(d) for d in self._post_all([
             # a free call stopped at EOS/PAD is the switch rule itself, greedy or sampled: the drawn stop token
-            self._body(p + pre, inner.preamble_budget + 1, requests[k].temperature, requests[k].seed,
+            self._body(p + pre, inner.preamble_budget + 1, request_sampling(requests[k]), requests[k].seed,
                        inner.stop_ids, None)
             for k, p, pre, inner in items])]
         switches: list[tuple[list[int], str]] = []
@@ -447,7 +457,7 @@ class OpenAIBackend(Backend):
         prompts2 = [p + pre + preamble for (_, p, pre, _), (preamble, _) in zip(items, switches, strict=True)]
         masses = self._probes([(p2, inner.answer) for p2, (_, _, _, inner) in zip(prompts2, items, strict=True)])
         second = [self._reply(d) for d in self._post_all([
-            self._body(p2, requests[k].max_tokens - len(pre) - len(preamble), requests[k].temperature,
+            self._body(p2, requests[k].max_tokens - len(pre) - len(preamble), request_sampling(requests[k]),
                        requests[k].seed,
                        inner.answer.eos_ids, requests[k].constraint)
             for p2, (k, _, pre, inner), (preamble, _) in zip(prompts2, items, switches, strict=True)])]

@@ -54,6 +54,7 @@ from formtax.backends.model_files import DEFAULT_MODEL, ModelSource, resolve_mod
 from formtax.backends.rowplan import RowPlan, lark_grammar, plan_row, replay
 from formtax.constraints.spec import Constraint
 from formtax.decoding.loop import RowOutput, RowRequest, decode
+from formtax.decoding.sampling import Sampling
 from formtax.errors import CapabilityError, ConfigError
 
 if TYPE_CHECKING:
@@ -194,13 +195,32 @@ class VLLMBackend(Backend):
 
     # -- decoding -----------------------------------------------------------------------------------------------
     # The two engine touch points (a test double replaces just these two and runs everything else).
-    def _params(self, temperature: float, seed: int, max_tokens: int, stop_ids: frozenset[int],
+    def generation_defaults(self) -> Any | None:
+        """The engine's defaults from the model's generation_config (vLLM reads it itself)."""
+        try:
+            p = self.llm.get_default_sampling_params()
+        except Exception:  # noqa: BLE001 - an engine without the method: no defaults known
+            return None
+        top_k = int(getattr(p, "top_k", 0) or 0)
+        return Sampling(temperature=float(p.temperature), top_p=float(getattr(p, "top_p", 1.0) or 1.0),
+                        top_k=max(0, top_k), min_p=float(getattr(p, "min_p", 0.0) or 0.0))
+
+    def _params(self, sampling: Sampling, seed: int, max_tokens: int, stop_ids: frozenset[int],
                 grammar: str | None = None, row_key: str | None = None) -> Any:
         """One request's SamplingParams: a grammar goes to structured outputs, a live row names its LiveRow."""
         from vllm import SamplingParams
         from vllm.sampling_params import StructuredOutputsParams
 
-        return SamplingParams(n=1, temperature=max(0.0, temperature), seed=seed if temperature > 0 else None,
+        filters: dict[str, Any] = {}  # vLLM's own filters, after the processor's mask: the loop's order
+        if not sampling.greedy:
+            if sampling.top_p < 1.0:
+                filters["top_p"] = sampling.top_p
+            if sampling.top_k > 0:
+                filters["top_k"] = sampling.top_k
+            if sampling.min_p > 0.0:
+                filters["min_p"] = sampling.min_p
+        return SamplingParams(n=1, temperature=sampling.temperature, seed=None if sampling.greedy else seed,
+                              **filters,
                               max_tokens=max_tokens, detokenize=False, skip_special_tokens=False,
                               stop_token_ids=sorted(stop_ids),
                               structured_outputs=StructuredOutputsParams(grammar=grammar) if grammar else None,
@@ -211,11 +231,11 @@ class VLLMBackend(Backend):
         outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], list(params), use_tqdm=False)
         return [(list(o.outputs[0].token_ids), o.outputs[0].finish_reason) for o in outs]
 
-    def _live_params(self, live: LiveRow, key: str, temperature: float) -> Any:
-        return self._params(temperature, live.req.seed, live.req.max_tokens, self._tok.eos_ids, row_key=key)
+    def _live_params(self, live: LiveRow, key: str, sampling: Sampling) -> Any:
+        return self._params(sampling, live.req.seed, live.req.max_tokens, self._tok.eos_ids, row_key=key)
 
     def _probe_masses(self, rows: Sequence[RowRequest], plans: Sequence[RowPlan],
-                      temperature: float) -> dict[int, float | None]:
+                      sampling: Sampling) -> dict[int, float | None]:
         """The masked mass at the first constrained step of each grammar row, from its raw logits: a one-token
         live row on prompt + forced prefix with a fresh copy of the row's constrained policy."""
         from formtax.strategies.policies import ConstrainedPolicy
@@ -232,24 +252,24 @@ class VLLMBackend(Backend):
             return {}
         keys = register_rows(list(probes.values()))
         try:
-            params = [self._live_params(p, key, temperature) for p, key in zip(probes.values(), keys, strict=True)]
+            params = [self._live_params(p, key, sampling) for p, key in zip(probes.values(), keys, strict=True)]
             self._generate([p.req.prompt_ids for p in probes.values()], params)
         finally:
             unregister_rows(keys)
         return {k: p.out.masked_mass for k, p in probes.items()}
 
-    def decode_rows(self, backend: Backend, rows: Sequence[RowRequest], temperature: float,
+    def decode_rows(self, backend: Backend, rows: Sequence[RowRequest], sampling: Sampling,
                     whole: Sequence[Constraint | None]) -> list[RowOutput]:
         """A ``RowDecoder``: every row to completion in one engine call (plus the masked-mass probes)."""
         if backend is not self:  # e.g. NL-to-Format's extractor on another engine
-            return decode(backend, rows, temperature=temperature)
+            return decode(backend, rows, temperature=sampling)
         if not rows:
             return []
         t0 = time.perf_counter()
         plans = [plan_row(r, w) for r, w in zip(rows, whole, strict=True)]
-        masses = self._probe_masses(rows, plans, temperature)
+        masses = self._probe_masses(rows, plans, sampling)
         lives: dict[int, LiveRow] = {
-            k: LiveRow(r, self.eos_id, self._tok.n_logits, temperature)
+            k: LiveRow(r, self.eos_id, self._tok.n_logits, sampling)
             for k, (r, p) in enumerate(zip(rows, plans, strict=True))
             if p.kind == "live"
         }
@@ -260,11 +280,11 @@ class VLLMBackend(Backend):
         for k, (row, plan) in enumerate(zip(rows, plans, strict=True)):
             if plan.kind == "live":
                 prompts.append(list(row.prompt_ids))
-                params.append(self._live_params(lives[k], key_of[k], temperature))
+                params.append(self._live_params(lives[k], key_of[k], sampling))
                 continue
             grammar = lark_grammar(plan.constraint) if plan.constraint is not None else None
             prompts.append(list(row.prompt_ids) + plan.prefix)
-            params.append(self._params(temperature, row.seed, row.max_tokens - len(plan.prefix), plan.stop_ids,
+            params.append(self._params(sampling, row.seed, row.max_tokens - len(plan.prefix), plan.stop_ids,
                                        grammar=grammar))
         try:
             produced = self._generate(prompts, params)

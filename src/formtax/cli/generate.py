@@ -12,6 +12,7 @@ from formtax.cli.main import command
 FEM_STRATEGIES = ("decog", "ctrlg")  # strategies/decog.py (not imported here: it would load torch for --help)
 
 if TYPE_CHECKING:
+    from formtax.decoding.sampling import Sampling
     from formtax.strategies.base import Request, Strategy
 
 
@@ -26,6 +27,23 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine-opt", action="append", default=[], metavar="KEY=VALUE",
                    help="--backend vllm: a vllm.LLM keyword (VALUE read as JSON when it parses, e.g. enforce_eager=true)"
                         "; --backend openai: timeout, retries, concurrency, flavor, top_logprobs (repeatable)")
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: keep this much mass (1 = off)")
+    p.add_argument("--top-k", type=int, default=0, help="sampling: keep the k most likely tokens (0 = off)")
+    p.add_argument("--min-p", type=float, default=0.0,
+                   help="sampling: drop tokens below MIN_P x the top token's probability (0 = off)")
+    p.add_argument("--model-defaults", action="store_true",
+                   help="sample with the model's own generation_config defaults instead of the four above")
+
+
+def sampling_from_args(args: argparse.Namespace) -> Sampling:
+    """The sampling settings the arguments name, checked (a clear error before the model loads)."""
+    from formtax.decoding.sampling import Sampling
+
+    return Sampling(args.temperature, args.top_p, args.top_k, args.min_p)
 
 
 def backend_options(args: argparse.Namespace) -> dict[str, object]:
@@ -64,7 +82,8 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fem", default=None, metavar="FILE",
                    help="decog / ctrlg: the HMM artifact (`formtax fem build`), or NAME=FILE,...,OPTION=VALUE")
     p.add_argument("--gamma", type=float, default=None, help="decog / ctrlg: control strength (default 1)")
-    p.add_argument("--top-k", type=int, default=None, help="decog / ctrlg: hidden states kept (0 = all)")
+    p.add_argument("--state-top-k", type=int, default=None, help="decog / ctrlg: hidden states kept (0 = all)")
+    add_sampling_args(p)
     p.add_argument("--raw", action="store_true", help="send PROMPT as plain text, without the chat template")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("prompt")
@@ -85,12 +104,13 @@ def generate_cmd(args: argparse.Namespace) -> int:
         raise ConfigError(f"strategy {args.strategy!r} needs --answer SPEC")
     # strategy options travel in Request.options; a strategy that takes none refuses them before the model loads
     options = {k: v for k, v in (("tau", args.tau), ("rule", args.beam_rule), ("fem", args.fem),
-                                 ("gamma", args.gamma), ("top_k", args.top_k)) if v is not None}
+                                 ("gamma", args.gamma), ("top_k", args.state_top_k)) if v is not None}
+    sampling = sampling_from_args(args)
     prompt = args.prompt if args.raw else [{"role": "user", "content": args.prompt}]
     if options or args.strategy in FEM_STRATEGIES:  # decog / ctrlg without --fem fail here, before the model loads
         request = Request(prompt, constraint, max_tokens=args.max_tokens, seed=args.seed,
                           reasoning_prefix=args.reasoning, triggers=args.trigger, constrain=not args.no_constrain,
-                          options=options)
+                          options=options, **sampling.to_json())
         _check_options(strategy, request)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -102,11 +122,18 @@ def generate_cmd(args: argparse.Namespace) -> int:
         else:
             model = load_model(args.model, backend=args.backend, device=args.device, dtype=args.dtype)
         if options or args.strategy in FEM_STRATEGIES:
+            if args.model_defaults:
+                from dataclasses import replace
+
+                from formtax.api import resolve_sampling
+
+                request = replace(request, **resolve_sampling(model, sampling, True).to_json())
             r = strategy.run(model, [request])[0]
         else:
             r = generate(model, prompt, strategy=args.strategy, answer=constraint, max_tokens=args.max_tokens,
                          reasoning=args.reasoning, triggers=args.trigger, seed=args.seed,
-                         constrain=not args.no_constrain)
+                         constrain=not args.no_constrain, model_defaults=args.model_defaults,
+                         **sampling.to_json())
     if args.json:
         out = r.model_dump(exclude={"token_ids"})
         out["tokens_detail"] = out.pop("tokens")
@@ -136,7 +163,7 @@ def _check_options(strategy: Strategy, request: Request) -> None:
         strategy.settings(request)  # a missing or mismatched --fem fails here
         return
     if set(request.options) & fem_keys:
-        raise ConfigError(f"--fem / --gamma / --top-k apply to decog and ctrlg, not {strategy.name!r}")
+        raise ConfigError(f"--fem / --gamma / --state-top-k apply to decog and ctrlg, not {strategy.name!r}")
 
     if not isinstance(strategy, SuffixStrategy):
         raise ConfigError(f"--tau / --beam-rule apply to the suffix-* strategies, not {strategy.name!r}")

@@ -7,7 +7,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from formtax.cli.generate import add_model_args, backend_options
+from formtax.cli.generate import add_model_args, add_sampling_args, backend_options, sampling_from_args
 from formtax.cli.main import command
 
 
@@ -30,7 +30,7 @@ def _run_args(p: argparse.ArgumentParser) -> None:
                    help="the reasoning budget of InWriting, JSON and NL-to-Format at every constraint level "
                         "(paper 003's max_preamble_tokens: 600); each level's answer reserve is added on top")
     p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--temperature", type=float, default=0.0)
+    add_sampling_args(p)
     p.add_argument("--data-dir", default=None, help="benchmark data folder (default: $FORMTAX_DATA or ../shared/data)")
     p.add_argument("--pairs", type=int, default=None, help="metatool: pair positions to sample (default 200)")
     p.add_argument("--translations", type=Path, default=None,
@@ -52,6 +52,7 @@ def run_cmd(args: argparse.Namespace) -> int:
     from formtax.errors import ConfigError
     from formtax.runner import RunConfig, run
 
+    sampling_from_args(args)  # out-of-range sampling settings: one clear line before anything loads
     task_options: dict[str, object] = {}
     if args.world is not None:
         world = str(args.world.resolve())
@@ -71,7 +72,8 @@ def run_cmd(args: argparse.Namespace) -> int:
                     model=args.model, backend=args.backend, device=args.device, dtype=args.dtype, limit=args.limit,
                     seeds=args.seeds, prompt_variants=args.prompt_variants, shots=args.shots,
                     max_tokens=args.max_tokens, reasoning_tokens=args.reasoning_tokens,
-                    batch_size=args.batch_size, temperature=args.temperature,
+                    batch_size=args.batch_size, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                    min_p=args.min_p, model_defaults=args.model_defaults,
                     data_dir=args.data_dir, task_options=task_options,
                     hypotheses=str(args.hypotheses.resolve()) if args.hypotheses is not None else None,
                     workers=args.workers, ray_address=args.ray_address, backend_options=backend_options(args),

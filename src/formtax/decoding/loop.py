@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from formtax.backends.base import Backend, Batch
+from formtax.decoding.sampling import Sampling, as_sampling
 
 
 @dataclass
@@ -119,7 +120,8 @@ def relay(plan: Plan, sync: Callable[[], None]) -> Plan:
     return dataclasses.replace(plan, divert=Divert(plan.divert.tokens, then))
 
 
-def resolve_divert(plan: Plan, logits: torch.Tensor, temperature: float, gen: torch.Generator | None) -> Plan:
+def resolve_divert(plan: Plan, logits: torch.Tensor, sampling: Sampling | float, gen: torch.Generator | None
+                   ) -> Plan:
     """A diverting plan as one an engine that samples on its own can apply (vLLM's logits processor).
 
     Greedy: the replacement plan if the argmax is a divert token, else the plan with those tokens banned (whose
@@ -129,11 +131,12 @@ def resolve_divert(plan: Plan, logits: torch.Tensor, temperature: float, gen: to
     is the engine's.
     """
     assert plan.divert is not None
+    s = as_sampling(sampling)
     tokens = plan.divert.tokens
-    if temperature <= 0.0:
+    if s.greedy:
         hit = int(torch.argmax(logits).item()) in tokens
     else:
-        p = torch.softmax(logits.double() / temperature, dim=-1)
+        p = torch.softmax(s.warp(logits).double(), dim=-1)
         hit = float(torch.rand((), generator=gen, dtype=torch.float64).item()) < float(p[sorted(tokens)].sum())
     if hit:
         return plan.divert.then()
@@ -141,7 +144,7 @@ def resolve_divert(plan: Plan, logits: torch.Tensor, temperature: float, gen: to
 
 
 def _choose(
-    logits: torch.Tensor, plan: Plan, temperature: float, gen: torch.Generator | None
+    logits: torch.Tensor, plan: Plan, sampling: Sampling, gen: torch.Generator | None
 ) -> tuple[int, bool]:
     """Pick a token under the plan; returns (token, masked)."""
     masked = plan.allowed is not None or bool(plan.banned)
@@ -151,9 +154,9 @@ def _choose(
             logits.masked_fill_(~plan.allowed, float("-inf"))
         if plan.banned:
             logits[list(plan.banned)] = float("-inf")
-    if temperature <= 0.0:
+    if sampling.greedy:
         return int(torch.argmax(logits).item()), masked
-    probs = torch.softmax(logits / temperature, dim=-1)
+    probs = torch.softmax(sampling.warp(logits), dim=-1)  # the filters act on the masked distribution
     return int(torch.multinomial(probs, 1, generator=gen).item()), masked
 
 
@@ -181,15 +184,17 @@ def masked_mass(logits: torch.Tensor, allowed: torch.Tensor) -> float:
 def decode(
     backend: Backend,
     rows: Sequence[RowRequest],
-    temperature: float = 0.0,
+    temperature: float | Sampling = 0.0,
     on_step: Callable[[int], None] | None = None,
 ) -> list[RowOutput]:
-    """Decode a batch of rows to completion; every row follows its own policy."""
+    """Decode a batch of rows to completion; every row follows its own policy. ``temperature``: a temperature
+    (0 = greedy) or a full :class:`~formtax.decoding.sampling.Sampling` (top-k, top-p, min-p)."""
+    sampling = as_sampling(temperature)
     outs = [RowOutput(prompt_ids=list(r.prompt_ids)) for r in rows]
     if not rows:
         return outs
     gens: list[torch.Generator | None] = [None] * len(rows)
-    if temperature > 0.0:
+    if not sampling.greedy:
         gens = [torch.Generator().manual_seed(int(r.seed)) for r in rows]
     t0 = time.perf_counter()
     batch = backend.new_batch([r.prompt_ids for r in rows])
@@ -213,7 +218,7 @@ def decode(
             plan = req.policy.plan(row_logits, len(out.tokens))
             drawn: tuple[int, bool] | None = None
             if plan.divert is not None:  # draw first; a diverted token is replaced by the next plan's choice
-                drawn = _choose(plan.scores if plan.scores is not None else row_logits, plan, temperature, gens[i])
+                drawn = _choose(plan.scores if plan.scores is not None else row_logits, plan, sampling, gens[i])
                 if drawn[0] in plan.divert.tokens:
                     plan, drawn = plan.divert.then(), None
             if plan.event is not None:
@@ -235,7 +240,7 @@ def decode(
                 token, masked, forced = drawn[0], True, False
             else:
                 base = plan.scores if plan.scores is not None else row_logits
-                token, masked = _choose(base, plan, temperature, gens[i])
+                token, masked = _choose(base, plan, sampling, gens[i])
                 forced = plan.allowed is not None and int(plan.allowed.sum().item()) == 1
             out.tokens.append(token)
             out.steps.append(Step(token, req.policy.phase, forced, masked))

@@ -146,6 +146,9 @@ def request_truth(backend: PlantedBackend, task: Task, p: Planned, config: RunCo
     if name not in SUPPORTED:
         raise ConfigError(f"no exact truth for strategy {name!r} (covered: {', '.join(sorted(SUPPORTED))})")
     req = request_for(task, p, config)
+    if req.top_p < 1.0 or req.top_k > 0 or req.min_p > 0.0:
+        raise ConfigError("no exact truth with top_p / top_k / min_p: the enumerator follows temperature sampling "
+                          "only")
     prompt_text = backend.tokenizer.chat_prompt(p.messages)
     scored: list[Scored] = []
     unresolved = 0.0

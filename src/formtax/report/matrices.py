@@ -67,11 +67,20 @@ def score_matrix(cell: pd.DataFrame, column: str, items: list[str], runs: list[R
     return out
 
 
+def is_p_column(column: str) -> bool:
+    """p-value columns (``paired_p``, ``mcnemar_p``, ``p_value``) keep significant digits, not decimals."""
+    return column.endswith("_p") or column == "p_value"
+
+
 def round_table(table: pd.DataFrame) -> pd.DataFrame:
-    """Round every float column to :data:`DECIMALS` decimals (in place and returned)."""
+    """Round every float column to :data:`DECIMALS` decimals, p-values to as many significant digits (in
+    place and returned): a p of 1.6e-7 must not read 0.0."""
     for column in table.columns:
         if pd.api.types.is_float_dtype(table[column]):
-            table[column] = table[column].round(DECIMALS)
+            if is_p_column(str(column)):
+                table[column] = table[column].map(lambda x: float(f"{x:.{DECIMALS}g}"))
+            else:
+                table[column] = table[column].round(DECIMALS)
     return table
 
 

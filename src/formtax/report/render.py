@@ -13,7 +13,8 @@ from typing import Any
 import pandas as pd
 
 from formtax.report.figures import FIGURES
-from formtax.report.matrices import CONFIDENCE, DECIMALS
+from formtax.report.matrices import CONFIDENCE, DECIMALS, is_p_column
+from formtax.stats.paired_test import format_p
 
 DESCRIPTIONS: dict[str, str] = {
     "accuracy": (
@@ -33,9 +34,9 @@ DESCRIPTIONS: dict[str, str] = {
     ),
     "paired": (
         "Every pair of strategies within a task on the items and runs both scored: "
-        "diff = acc_a - acc_b (strict); b01 = pairs only b got right, b10 = pairs only a got right; "
-        "mcnemar_p is the exact McNemar test on the flattened item x run outcomes (each item x run "
-        "counted as one pair, which overstates independence)."
+        "diff = acc_a - acc_b (strict); b01 / b10 = item x run pairs only b / only a got right; paired_p is a "
+        "per-item test (the item is the unit: a sign-flip permutation test on per-item mean differences over "
+        "runs, McNemar's exact test at one run); items_a_better / items_b_better are the discordant items."
     ),
     "tokens": "Mean tokens per scored request: prompt, generated total, forced, and generated per phase.",
     "timing": "Wall-clock seconds per scored request: mean, median, and the total over the cell.",
@@ -93,16 +94,19 @@ def footer(name: str, table: pd.DataFrame, ctx: ReportContext) -> str:
     boot = name in _WITH_BOOTSTRAP or (name in ANALYSES and ANALYSES[name].bootstrap)
     replicates = ctx.meta["n_resamples"] if boot else 0
     seed = f", bootstrap seed = {ctx.meta['seed']}" if boot else ""
+    rule = str(ctx.meta.get("resampling", "items+seeds"))
+    resampling = "items and runs jointly" if rule == "items+seeds" else "items, each with all its runs"
     if name in ANALYSES:
         return (
             f"n = {n} records ({n - unscored} scored), unscored = {unscored}, replicates = {replicates}, "
             f"interval = {ANALYSES[name].method}{seed}."
         )
     method = {
-        "accuracy": f"{confidence} percentile bootstrap resampling items and runs jointly",
-        "decomposition": f"{confidence} paired percentile bootstrap over common items x runs (gains jointly)",
-        "paired": f"{confidence} paired percentile bootstrap; p-value: exact McNemar on flattened item x run "
-        "pairs",
+        "accuracy": f"{confidence} percentile bootstrap resampling {resampling}",
+        "decomposition": f"{confidence} paired percentile bootstrap over common items x runs ({resampling}; "
+        "gains jointly)",
+        "paired": f"{confidence} paired percentile bootstrap ({resampling}); p-value: per-item sign-flip test "
+        "(McNemar's exact test at one run)",
         "runs": "none (mean and sample std, ddof=1, over runs)",
         "tokens": "none (means over scored records)",
         "timing": "none (mean, median, total over scored records)",
@@ -159,10 +163,17 @@ def _md_cell(value: Any) -> str:
     return _text(value).replace("|", "\\|").replace("\n", " ")
 
 
+def _md_value(column: str, value: Any) -> str:
+    if is_p_column(column) and isinstance(value, float):
+        return format_p(value)  # a tiny p-value prints as <1e-6, never as 0.0
+    return _md_cell(value)
+
+
 def markdown_table(table: pd.DataFrame) -> str:
     header = "| " + " | ".join(_md_cell(c) for c in table.columns) + " |"
     rule = "| " + " | ".join("---" for _ in table.columns) + " |"
-    body = ["| " + " | ".join(_md_cell(v) for v in row) + " |" for row in table.itertuples(index=False)]
+    body = ["| " + " | ".join(_md_value(str(c), v) for c, v in zip(table.columns, row, strict=True)) + " |"
+            for row in table.itertuples(index=False)]
     if not body:
         body = ["| " + " | ".join("" for _ in table.columns) + " |"]
     return "\n".join([header, rule, *body])

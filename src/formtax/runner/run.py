@@ -18,13 +18,14 @@ import hashlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from formtax import __version__
 from formtax.backends import Backend, load_backend
 from formtax.constraints.spec import parse_spec
+from formtax.decoding.sampling import Sampling
 from formtax.errors import ConfigError, FormtaxError
 from formtax.parsing import ParseResult, parse_all
 from formtax.records.schema import ParseRecord, Record
@@ -43,6 +44,7 @@ from formtax.scoring import score_all
 from formtax.strategies.base import Request, Result
 from formtax.strategies.decog import FEM_STRATEGIES
 from formtax.tasks import Item, OutputFormat, Task, get_task, parse_variant_id, resolve_data_dir, sample_items
+from formtax.tasks.base import ConstraintLevel
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +87,10 @@ class RunConfig:
     reasoning_tokens: int | None = None
     batch_size: int = 8
     temperature: float = 0.0
+    top_p: float = 1.0  # sampling filters (decoding/sampling.py)
+    top_k: int = 0
+    min_p: float = 0.0
+    model_defaults: bool = False  # sample with the model's generation_config defaults (resolved at load)
     item_seed: int = 0
     data_dir: str | None = None
     task_options: dict[str, Any] = field(default_factory=dict)  # passed to a ConfigurableTask
@@ -107,6 +113,9 @@ class RunConfig:
             d.pop("fem")
         if d["reasoning_tokens"] is None:
             d.pop("reasoning_tokens")
+        for key, default in (("top_p", 1.0), ("top_k", 0), ("min_p", 0.0), ("model_defaults", False)):
+            if d[key] == default:
+                d.pop(key)
         return d
 
     def variants(self) -> list[tuple[int, int]]:
@@ -216,7 +225,8 @@ def run(config: RunConfig, out_dir: Path, progress: Callable[[int, int], None] |
 
     out_dir.mkdir(parents=True, exist_ok=True)
     manifest = read_manifest(out_dir)
-    if manifest is not None and manifest.get("config_identity") != config.identity():
+    identity = config.identity()  # before --model-defaults is resolved: a resumed run names the same request
+    if manifest is not None and manifest.get("config_identity") != identity:
         old = manifest.get("config_identity") or {}
         diff = sorted(k for k in set(old) | set(config.identity()) if old.get(k) != config.identity().get(k))
         raise ConfigError(f"{out_dir} holds a run with another configuration (differs in: {', '.join(diff)}); "
@@ -235,6 +245,9 @@ def run(config: RunConfig, out_dir: Path, progress: Callable[[int, int], None] |
 
     samples = [next(p for p in planned if p.spec == s) for s in specs]
     pool = None
+    Sampling(config.temperature, config.top_p, config.top_k, config.min_p)  # bad settings: refused before loading
+    if config.model_defaults and backend is None and (config.workers > 1 or config.ray_address):
+        raise ConfigError("--model-defaults is resolved in the driver's backend: run it without --workers")
     if backend is None and (config.workers > 1 or config.ray_address):
         from formtax.runner.parallel import WorkerPool
 
@@ -244,13 +257,18 @@ def run(config: RunConfig, out_dir: Path, progress: Callable[[int, int], None] |
         if backend is None:
             backend = load_backend(config.backend, config.model, device=config.device, dtype=config.dtype,
                                    **config.backend_options)
+        if config.model_defaults:  # the model's own settings replace the four (recorded in the manifest)
+            from formtax.api import resolve_sampling
+
+            s = resolve_sampling(backend, Sampling(), True)
+            config = replace(config, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p)
         for sample in samples:  # refuse a strategy the backend cannot run, before any request
             sample.spec.strategy.check(backend, [request_for(task, sample, config)])
         provenance = _backend_provenance(backend)
 
     manifest = manifest or {
         "formtax_version": __version__, "git": git_state(), "packages": package_versions(),
-        "config": asdict(config), "config_identity": config.identity(), "backend": provenance,
+        "config": asdict(config), "config_identity": identity, "backend": provenance,
         "data_files": file_hashes, "items": [it.id for it in items],
         "seeds": list(range(config.seeds)), "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "resumptions": [],
         **({"hypotheses": hypotheses} if hypotheses else {}),
@@ -349,8 +367,9 @@ def planned_budget(task: Task, p: Planned, config: RunConfig) -> dict[str, int]:
         reasoning = config.reasoning_tokens
     else:
         fmt = OutputFormat(p.output_format)
-        levels = {"fc" if s.level == "fc" else "vc" for s in map(parse_strategy_spec, config.strategies)
-                  if s.name == p.spec.name}  # the unconstrained level reads its answer with VC's constraint
+        # the unconstrained level reads its answer with VC's constraint
+        levels: set[ConstraintLevel] = {"fc" if s.level == "fc" else "vc"
+                                       for s in map(parse_strategy_spec, config.strategies) if s.name == p.spec.name}
         worst = max(strategy.answer_overhead(Request(prompt=p.messages, constraint=parse_spec(
             task.answer_spec(level, p.item, fmt)))) or 0 for level in sorted(levels))
         reasoning = config.max_tokens - worst
@@ -380,7 +399,8 @@ def request_for(task: Task, p: Planned, config: RunConfig) -> Request:
     """The strategy request of one planned grid entry (also what the calibration truths are computed for)."""
     max_tokens = planned_budget(task, p, config)["max_tokens"]
     return Request(prompt=p.messages, constraint=p.constraint(), max_tokens=max_tokens, seed=p.seed,
-                   temperature=config.temperature, reasoning_prefix=RC_PREFIX if p.spec.rc else None,
+                   temperature=config.temperature, top_p=config.top_p, top_k=config.top_k, min_p=config.min_p,
+                   reasoning_prefix=RC_PREFIX if p.spec.rc else None,
                    constrain=p.spec.level != "none", conversion=p.conversion(task),
                    options={"fem": config.fem} if config.fem and p.spec.name in FEM_STRATEGIES else {})
 

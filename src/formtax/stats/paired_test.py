@@ -7,7 +7,8 @@ of the test must be the unit that was sampled, the item. So each item's scores a
 item) each ``d_i`` is as likely to have either sign. The test statistic is ``sum_i d_i``; the p-value is the share
 of sign assignments whose statistic is at least as extreme, two-sided (:func:`scipy.stats.permutation_test` with
 ``permutation_type="samples"``, which swaps ``a`` and ``b`` within an item). Items with ``d_i = 0`` cannot change
-the statistic and are left out, so the test is exact (every assignment enumerated) for up to
+the statistic and are left out. With 0/1 scores (``n_seeds * d_i`` an integer) the permutation distribution is
+computed exactly for any number of items (:func:`_sign_flip_p`); other scores use scipy, exact for up to
 :data:`EXACT_MAX_ITEMS` discordant items and a seeded Monte Carlo test otherwise.
 
 With one seed per item and 0/1 scores this is exactly McNemar's exact test (the two-sided binomial test of the
@@ -63,7 +64,12 @@ def paired_item_test(a: npt.ArrayLike, b: npt.ArrayLike, seed: int = 0) -> Paire
     a_better, b_better = int((nonzero > 0).sum()), int((nonzero < 0).sum())
     if n == 0:
         return PairedTest(1.0, int(d.size), 0, 0, 0, True)
+    counts = _as_counts(nonzero, matrix_a.shape[1])
+    if counts is not None:
+        return PairedTest(_sign_flip_p(counts), int(d.size), n, a_better, b_better, True)
     exact = n <= EXACT_MAX_ITEMS
+    if n == 1:  # one discordant item: the two sign assignments are equally extreme
+        return PairedTest(1.0, int(d.size), n, a_better, b_better, True)
     result = stats.permutation_test(
         (nonzero, np.zeros_like(nonzero)),
         lambda x, y, axis: np.sum(x - y, axis=axis),
@@ -83,3 +89,39 @@ def format_p(p: float) -> str:
     if p < 1e-6:
         return "<1e-6"
     return f"{p:.3g}"
+
+
+def _as_counts(d: npt.NDArray[np.float64], n_seeds: int) -> npt.NDArray[np.int64] | None:
+    """``n_seeds * d`` as integers when it is one (0/1 scores: a per-item difference of run counts), else None."""
+    k = d * n_seeds
+    rounded = np.rint(k)
+    if not np.allclose(k, rounded, rtol=0.0, atol=1e-9):
+        return None
+    return rounded.astype(np.int64)
+
+
+def _sign_flip_p(k: npt.NDArray[np.int64]) -> float:
+    """Exact two-sided p of ``sum_i k_i`` over all ``2**n`` sign assignments (:func:`sign_flip_tail`)."""
+    greater, equal = sign_flip_tail(k)
+    return min(1.0, greater + equal)
+
+
+def sign_flip_tail(k: npt.NDArray[np.int64]) -> tuple[float, float]:
+    """``(P(|T| > |t|), P(|T| = |t|))`` for ``T = sum_i s_i |k_i|`` with independent fair signs ``s_i`` and
+    ``t = sum_i k_i``: the permutation distribution computed by convolving each item's two equally likely
+    values, in O(n * sum|k|) instead of enumerated (ours: scipy enumerates, which stops at a few dozen items).
+    With one run (``|k_i| = 1``) it is the binomial distribution of McNemar's exact test. The two parts also
+    give the randomised p-value ``greater + U * equal``, exactly uniform under the null (the calibration
+    study's check of the null distribution)."""
+    mags = np.abs(np.asarray(k, dtype=np.int64))
+    total = int(mags.sum())
+    dist = np.zeros(2 * total + 1, dtype=np.float64)  # dist[s + total] = P(sum = s)
+    dist[total] = 1.0
+    for m in (int(x) for x in mags):
+        new = np.zeros_like(dist)
+        new[m:] += 0.5 * dist[: dist.size - m]  # this item's sign is +: the sum moves up by m
+        new[: dist.size - m] += 0.5 * dist[m:]  # sign -: down by m
+        dist = new
+    values = np.abs(np.arange(dist.size) - total)
+    observed = abs(int(np.asarray(k).sum()))
+    return float(dist[values > observed].sum()), float(dist[values == observed].sum())

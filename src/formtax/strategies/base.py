@@ -23,6 +23,7 @@ from pydantic import BaseModel, Field
 from formtax.backends.base import Backend, Capability, require
 from formtax.constraints.spec import Constraint
 from formtax.decoding.loop import Policy, RowOutput, RowRequest, decode
+from formtax.decoding.sampling import GREEDY, Sampling
 from formtax.errors import ConfigError, ConstraintError
 
 Prompt = str | list[dict[str, str]]
@@ -47,6 +48,9 @@ class Request:
     max_tokens: int = 256
     seed: int = 0
     temperature: float = 0.0  # 0 = greedy; otherwise sampled with a generator seeded by ``seed``
+    top_p: float = 1.0  # sampling filters (decoding/sampling.py), applied to the constrained distribution
+    top_k: int = 0
+    min_p: float = 0.0
     reasoning_prefix: str | None = None  # RC: forced at the start of the (first) generation
     triggers: Sequence[str] = ()  # InWriting: single-token strings that switch to the constraint
     constrain: bool = True  # False: same prompt and budget, no mask (the "unconstrained" level of paper 003)
@@ -102,7 +106,9 @@ class Strategy(ABC):
     output_format: ClassVar[str] = "reason-answer"  # the expected output format its prompt must describe
 
     def check(self, backend: Backend, requests: Sequence[Request]) -> None:
-        """Refuse before any model call: capabilities, a missing constraint, a budget the answer cannot fit."""
+        """Refuse before any model call: bad sampling settings, capabilities, a missing constraint, a budget the
+        answer cannot fit."""
+        batch_sampling(requests)
         if not backend.check_strategy(self, requests):  # a backend's native path checks itself (dispatch hook)
             require(backend, self.needs, self.name)
         for r in requests:
@@ -157,11 +163,18 @@ def list_strategies() -> dict[str, str]:
 # -- shared assembly -----------------------------------------------------------------------------------------
 
 
-def batch_temperature(requests: Sequence[Request]) -> float:
-    temps = {r.temperature for r in requests}
-    if len(temps) > 1:
-        raise ConfigError("all requests of one batch must share a temperature")
-    return temps.pop() if temps else 0.0
+def request_sampling(request: Request) -> Sampling:
+    """The request's sampling settings (refused here, before any model call, if out of range)."""
+    return Sampling(request.temperature, request.top_p, request.top_k, request.min_p)
+
+
+def batch_sampling(requests: Sequence[Request]) -> Sampling:
+    """The one sampling setting of a batch (the decode loop draws every row alike)."""
+    settings = {request_sampling(r) for r in requests}
+    if len(settings) > 1:
+        raise ConfigError("all requests of one batch must share their sampling settings (temperature, top_p, "
+                          "top_k, min_p)")
+    return settings.pop() if settings else GREEDY
 
 
 def prefix_ids(backend: Backend, request: Request) -> list[int]:
@@ -231,16 +244,16 @@ def finish_error(finish_reason: str) -> str | None:
         return "the grammar engine reached an error state (empty allowed set or rejected token)"
     return None
 
-RowDecoder = Callable[[Backend, Sequence[RowRequest], float, Sequence[Constraint | None]], list[RowOutput]]
-"""Decodes rows to completion: ``(backend, rows, temperature, whole_output_constraints) -> outputs``. The fourth
+RowDecoder = Callable[[Backend, Sequence[RowRequest], Sampling, Sequence[Constraint | None]], list[RowOutput]]
+"""Decodes rows to completion: ``(backend, rows, sampling, whole_output_constraints) -> outputs``. The fourth
 argument names, per row, a constraint that alone governs the row's output after its forced prefix (None: the
 policy must be stepped); an engine with a grammar parameter may enforce it natively instead."""
 
 
-def loop_decoder(backend: Backend, rows: Sequence[RowRequest], temperature: float,
+def loop_decoder(backend: Backend, rows: Sequence[RowRequest], sampling: Sampling,
                  whole: Sequence[Constraint | None]) -> list[RowOutput]:
     """The decode loop as a :data:`RowDecoder` (it steps every policy, so it needs no constraint hint)."""
-    return decode(backend, rows, temperature=temperature)
+    return decode(backend, rows, temperature=sampling)
 
 
 class SinglePass(Strategy):
@@ -291,7 +304,7 @@ class SinglePass(Strategy):
             index.append(k)
             whole.append(self.whole_output_constraint(r, policy))
         t0 = time.perf_counter()
-        outs = decoder(backend, rows, batch_temperature(requests), whole)
+        outs = decoder(backend, rows, batch_sampling(requests), whole)
         wall = time.perf_counter() - t0
         for k, o in zip(index, outs, strict=True):
             results[k] = self.assemble(backend, requests[k], o, wall)

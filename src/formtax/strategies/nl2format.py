@@ -14,7 +14,7 @@ from formtax.strategies.base import (
     RowDecoder,
     Strategy,
     answer_reserve,
-    batch_temperature,
+    batch_sampling,
     call_info,
     counts,
     loop_decoder,
@@ -76,7 +76,7 @@ class NL2Format(Strategy):
                            r.max_tokens, r.seed)
                 for r in requests
             ],
-            batch_temperature(requests),
+            batch_sampling(requests),
             [None] * len(requests),
         )
         reasonings = [tok.decode_text(o.tokens) for o in first]
@@ -90,7 +90,7 @@ class NL2Format(Strategy):
                 else FreePolicy(ext.tokenizer.eos_ids, ext.tokenizer.newline_ids, phase="answer")
             )
             second_rows.append(RowRequest(ext.tokenizer.prompt_ids(prompt), policy, answer_reserve(r.constraint), r.seed))
-        second = decoder(ext, second_rows, batch_temperature(requests),
+        second = decoder(ext, second_rows, batch_sampling(requests),
                          [r.constraint if r.constrain else None for r in requests])
         wall = time.perf_counter() - t0
         results = []

@@ -61,7 +61,7 @@ from formtax.strategies.base import (
     Strategy,
     TokenCounts,
     answer_reserve,
-    batch_temperature,
+    batch_sampling,
     call_info,
     finish_error,
     phase_texts,
@@ -436,7 +436,7 @@ class SuffixStrategy(Strategy):
                 results[k] = Result(strategy=self.name, model=backend.model_id, text="", error=str(e),
                                     finish_reason="constraint-error", parse_error=str(e))
         t0 = time.perf_counter()
-        outs = decode(backend, [row for _, p in plans for row in p.rows], temperature=batch_temperature(requests))
+        outs = decode(backend, [row for _, p in plans for row in p.rows], temperature=batch_sampling(requests))
         wall = time.perf_counter() - t0
         at = 0
         for k, p in plans:
