@@ -425,3 +425,22 @@ def test_language_table_on_hand_made_records(tmp_path):
     assert en.set_index("short_category")["n"].to_dict() == {"D0": 0, "wrong": 0, "D2": 0, "order": 0}
     ko = transitions[(transitions["language"] == "ko")].set_index(["direction", "short_category"])["n"]
     assert ko[("wrong_to_right", "wrong")] == 1 and ko[("right_to_wrong", "correct")] == 3
+
+
+def test_a_run_with_only_tool_items_reports_and_verifies(scripted_run, tmp_path):
+    """No abstention items at all (e.g. a filtered run): every table renders, nothing raises."""
+    import json
+    import shutil
+
+    from formtax.report import verify_report
+
+    out, _, _ = scripted_run
+    only = tmp_path / "only-tools"
+    only.mkdir()
+    shutil.copy(out / "manifest.json", only / "manifest.json")
+    lines = (out / "records.jsonl").read_text(encoding="utf-8").splitlines()
+    kept = [line for line in lines if json.loads(line)["item_id"].endswith("-tool")]
+    assert 0 < len(kept) < len(lines)
+    (only / "records.jsonl").write_text("\n".join(kept) + "\n", encoding="utf-8")
+    write_report(only, n_resamples=REPLICATES, seed=0)
+    assert verify_report(only) == []

@@ -304,6 +304,7 @@ def coverage_study(g: GridTruth, n_studies: int = 400, n_items: int = 40, n_seed
     truths = population_truths(g)
     rng = np.random.default_rng(seed)
     hits: dict[tuple[str, Key], list[float]] = {}
+    at_truth: dict[Key, list[bool]] = {}
     widths: dict[tuple[str, Key], list[float]] = {}
     pvals: list[float] = []
     randomized: list[float] = []
@@ -314,9 +315,11 @@ def coverage_study(g: GridTruth, n_studies: int = 400, n_items: int = 40, n_seed
                       "paired": paired_table(df, n_resamples, k, rs),
                       "decomposition": decomposition_table(df, n_resamples, k, rs)}
             for key, exact in truths.items():
-                _, low, high = lookup(tables, key)
+                est, low, high = lookup(tables, key)
                 if math.isnan(low) or math.isnan(exact):
                     continue
+                if exact in (0.0, 1.0) and est == exact:
+                    at_truth.setdefault(key, []).append(True)
                 hits.setdefault((rs.value, key), []).append(float(low - 1e-9 <= exact <= high + 1e-9))
                 widths.setdefault((rs.value, key), []).append(high - low)
         if null_of:
@@ -327,7 +330,10 @@ def coverage_study(g: GridTruth, n_studies: int = 400, n_items: int = 40, n_seed
                 randomized.append(_randomized_paired_p(df, null_of, rng))
         if progress:
             progress(k + 1)
-    degenerate = sorted({"/".join(key) for (_, key), w in widths.items() if max(w) <= 1e-12})
+    # deterministic truths: zero-width intervals, or a truth of 0 or 1 that every study estimates exactly
+    n_seen = {key: len(h) for (_, key), h in hits.items()}
+    degenerate = sorted({"/".join(key) for (_, key), w in widths.items()
+                         if max(w) <= 1e-12 or len(at_truth.get(key, [])) == n_seen[key] * len(resamplings)})
     by_type: dict[str, dict[str, dict[str, float]]] = {}
     for (rule, key), h in hits.items():
         if "/".join(key) in degenerate:

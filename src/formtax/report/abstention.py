@@ -180,6 +180,8 @@ def _quantiles(replicates: Matrix) -> tuple[float, float]:
 
 
 def _mean_interval(matrix: Matrix, n_resamples: int, seed: int) -> tuple[float, float, float]:
+    if 0 in np.shape(matrix):  # no items of this type in the run (e.g. only tool items): no number, no error
+        return NAN, NAN, NAN
     (clean,), _ = complete_cases(matrix)
     if clean.shape[0] == 0 or clean.shape[1] == 0:
         return NAN, NAN, NAN
@@ -265,6 +267,8 @@ def _aligned(
     sf: pd.DataFrame, language: str, kind: str, conditions: tuple[str, ...]
 ) -> tuple[dict[str, Matrix], int]:
     mats = [_matrix(sf, language, kind, c)[0] for c in conditions]
+    if any(0 in np.shape(m) for m in mats):  # no items of this type: empty cells, reported as NaN rows
+        return {c: np.zeros((0, 0)) for c in conditions}, 0
     clean, dropped = complete_cases(*mats)
     return dict(zip(conditions, clean, strict=True)), dropped
 

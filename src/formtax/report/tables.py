@@ -7,8 +7,9 @@ Conventions shared by every table:
 - ``accuracy``: the score matrix of a cell is items x runs (run = seed x prompt variant). Items with an
   unscored or absent entry are dropped (:func:`formtax.stats.complete_cases`; counted in
   ``n_items_dropped``), and the accuracy is the mean of what remains, with a 95% percentile bootstrap
-  interval resampling items and runs jointly (:func:`formtax.stats.percentile_bootstrap_mean`). The strict
-  parse rate is computed the same way.
+  interval resampling items and runs jointly (:func:`formtax.stats.percentile_bootstrap_mean`), or the Wilson
+  interval on items where every score is 0 or 1 (:func:`_interval`). The strict parse rate is computed the same
+  way.
 - ``runs``: per-run accuracy over that run's scored items, then mean and sample std (ddof=1) over runs
   (:func:`formtax.stats.mean_std_over_runs`), paper 003's way.
 - ``tokens`` and ``timing``: means over scored records.
@@ -42,6 +43,7 @@ from formtax.stats import (
     complete_cases,
     mean_std_over_runs,
     percentile_bootstrap_mean,
+    wilson_interval,
 )
 
 NAN = math.nan
@@ -75,11 +77,25 @@ def _cells(df: pd.DataFrame) -> list[tuple[str, str, pd.DataFrame]]:
     ]
 
 
+BOUNDARY_METHOD = "Wilson score interval on items where every score is 0 or every score is 1"
+
+
 def _interval(
     matrix: np.ndarray, n_resamples: int, seed: int, resampling: Resampling
 ) -> tuple[float, float, float]:
+    """The mean's interval: the percentile bootstrap, except at 0 and 1.
+
+    Where every score is 0 (or every score 1) no resample can leave the point, so the bootstrap prints
+    ``[0, 0]`` for 0/16 correct, which cannot cover any true accuracy above 0. There the interval is the Wilson
+    score interval with the items as the trials (ours: the items are the independent unit, so runs of one item
+    add no trials; 0/16 gives [0, 0.194]). The calibration suite measures coverage near 0, 0.5 and 1.
+    """
     if matrix.shape[0] == 0:
         return NAN, NAN, NAN
+    if np.all(matrix == 0.0) or np.all(matrix == 1.0):
+        n = int(matrix.shape[0])
+        w = wilson_interval(int(round(float(matrix.mean()) * n)), n, confidence=CONFIDENCE)
+        return w.estimate, w.low, w.high
     result: Interval = percentile_bootstrap_mean(
         matrix, n_resamples=n_resamples, confidence=CONFIDENCE, seed=seed, resampling=resampling
     )
@@ -120,7 +136,7 @@ def accuracy_table(
             )
         row.update(
             confidence=CONFIDENCE,
-            interval_method="percentile-bootstrap",
+            interval_method=f"percentile-bootstrap; {BOUNDARY_METHOD}",
             resampling=Resampling(resampling).value,
             n_resamples=n_resamples,
         )

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import math
 import numbers
 from dataclasses import dataclass
-
-from scipy.stats import norm
 
 from formtax.stats._checks import check_confidence
 
@@ -78,15 +75,13 @@ def wilson_interval(k: int, n: int, confidence: float = 0.95) -> Interval:
         raise ValueError(f"k must lie between 0 and n={n}, got {k}")
     confidence = check_confidence(confidence)
 
-    z = float(norm.ppf(1.0 - (1.0 - confidence) / 2.0))
+    from statsmodels.stats.proportion import proportion_confint
+
     p = k / n
-    z2n = z * z / n
-    denominator = 1.0 + z2n
-    centre = (p + z2n / 2.0) / denominator
-    half_width = z * math.sqrt(p * (1.0 - p) / n + z2n / (4.0 * n)) / denominator
+    lo, hi = proportion_confint(k, n, alpha=1.0 - confidence, method="wilson")
     # Clip rounding noise: the exact interval lies within [0, 1] and touches 0 (1) when k = 0 (k = n).
-    low = 0.0 if k == 0 else max(0.0, centre - half_width)
-    high = 1.0 if k == n else min(1.0, centre + half_width)
+    low = 0.0 if k == 0 else max(0.0, float(lo))
+    high = 1.0 if k == n else min(1.0, float(hi))
     return Interval(
         estimate=p,
         low=low,

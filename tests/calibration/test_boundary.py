@@ -1,0 +1,53 @@
+"""Intervals near 0 and 1: 0/16 correct no longer prints [0, 0], and coverage holds at 0.01, 0.5 and 0.99.
+
+Synthetic studies of 40 items x 3 seeds, every (item, seed) correct with probability p, through the report's own
+accuracy table. Before the Wilson rule, p = 0.01 left 30% of studies at 0/120 with the interval [0, 0] (coverage
+about 0.70).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from formtax.report.tables import accuracy_table
+from formtax.stats import Resampling
+
+
+def _frame(rng: np.random.Generator, p: float, n_items: int = 40, n_seeds: int = 3) -> pd.DataFrame:
+    rows = []
+    for i in range(n_items):
+        for s in range(n_seeds):
+            ok = float(rng.random() < p)
+            rows.append({"task": "t", "strategy": "a", "base_strategy": "a", "level": "vc", "rc": False,
+                         "item_id": f"i{i}", "seed": s, "prompt_variant": "t1f1", "scored": True,
+                         "score_strict": ok, "score_lenient": ok, "parse_ok_strict": 1.0})
+    return pd.DataFrame(rows)
+
+
+def coverage(p: float, rule: Resampling, studies: int, seed: int = 0) -> float:
+    rng = np.random.default_rng(seed)
+    hits = 0
+    for k in range(studies):
+        row = accuracy_table(_frame(rng, p), 300, k, rule).iloc[0]
+        hits += row["acc_strict_low"] - 1e-12 <= p <= row["acc_strict_high"] + 1e-12
+    return hits / studies
+
+
+def test_zero_of_sixteen_is_not_a_point():
+    df = _frame(np.random.default_rng(0), 0.0, n_items=16, n_seeds=1)
+    row = accuracy_table(df, 200, 0).iloc[0]
+    assert row["acc_strict"] == 0.0 and row["acc_strict_low"] == 0.0
+    assert row["acc_strict_high"] == pytest.approx(0.1936, abs=1e-3)  # Wilson, 16 items
+    assert "Wilson" in row["interval_method"]
+
+
+@pytest.mark.parametrize("p", [0.01, 0.99])
+def test_coverage_holds_at_the_boundary(p):
+    for rule in (Resampling.ITEMS_AND_SEEDS, Resampling.ITEMS):
+        c = coverage(p, rule, 120)
+        assert c >= 0.9, (p, rule, c)
+        assert not math.isnan(c)
