@@ -51,6 +51,8 @@ class TokenizerInfo:
     pad_id: int
     n_logits: int  # width of the model's logits row (may exceed the tokenizer's vocabulary)
     has_chat_template: bool
+    # keyword arguments of the chat template, e.g. {"enable_thinking": False} (see :meth:`set_thinking`)
+    chat_options: dict[str, Any] = field(default_factory=dict)
     _engine: EngineTokenizer | None = field(default=None, repr=False)
     _newline: frozenset[int] | None = field(default=None, repr=False)
 
@@ -97,8 +99,21 @@ class TokenizerInfo:
     def chat_prompt(self, messages: list[dict[str, str]]) -> str:
         """The prompt text for chat messages (the chat template when there is one, else plain concatenation)."""
         if self.has_chat_template:
-            return str(self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False))
+            return str(self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
+                                                   **self.chat_options))
         return "\n\n".join(m["content"] for m in messages) + "\n"
+
+    def set_thinking(self, on: bool | None) -> None:
+        """Turn a chat template's thinking switch on or off (Qwen3 and similar: ``enable_thinking``); None leaves
+        the template's default. Paper 003 runs thinking off. A template without the switch is refused, since
+        the setting would silently do nothing."""
+        if on is None:
+            self.chat_options.pop("enable_thinking", None)
+            return
+        template = getattr(self.hf, "chat_template", None) or ""
+        if "enable_thinking" not in str(template):
+            raise ConfigError("--thinking: this model's chat template has no thinking switch (enable_thinking)")
+        self.chat_options["enable_thinking"] = bool(on)
 
     def prompt_ids(self, prompt: str | list[dict[str, str]]) -> list[int]:
         """Token ids of a prompt: chat messages through the chat template, a plain string as the tokenizer

@@ -69,6 +69,8 @@ def fem_cmd(args: argparse.Namespace) -> int:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = load_model(args.model, backend=args.backend, device=args.device, dtype=args.dtype)
+        if args.thinking is not None:  # the distillation prompts go through the same chat template
+            model.tokenizer.set_thinking(args.thinking == "on")
         try:
             hmm, meta = build_fem(model, cfg, progress)
         finally:

@@ -24,6 +24,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--server", default=None, help="--backend openai: the server's URL, e.g. http://127.0.0.1:8000/v1")
     p.add_argument("--served-model", default=None, help="--backend openai: the served model's name (default: its only one)")
     p.add_argument("--tensor-parallel-size", type=int, default=None, help="--backend vllm: passed to the engine")
+    p.add_argument("--thinking", choices=["on", "off"], default=None,
+                   help="the chat template's thinking switch (enable_thinking; Qwen3 and similar); paper 003 runs off")
     p.add_argument("--engine-opt", action="append", default=[], metavar="KEY=VALUE",
                    help="--backend vllm: a vllm.LLM keyword (VALUE read as JSON when it parses, e.g. enforce_eager=true)"
                         "; --backend openai: timeout, retries, concurrency, flavor, top_logprobs (repeatable)")
@@ -121,6 +123,8 @@ def generate_cmd(args: argparse.Namespace) -> int:
             model = load_backend(args.backend, args.model, device=args.device, dtype=args.dtype, **opts)
         else:
             model = load_model(args.model, backend=args.backend, device=args.device, dtype=args.dtype)
+        if args.thinking is not None:
+            model.tokenizer.set_thinking(args.thinking == "on")
         if options or args.strategy in FEM_STRATEGIES:
             if args.model_defaults:
                 from dataclasses import replace

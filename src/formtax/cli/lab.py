@@ -73,7 +73,7 @@ def run_cmd(args: argparse.Namespace) -> int:
                     seeds=args.seeds, prompt_variants=args.prompt_variants, shots=args.shots,
                     max_tokens=args.max_tokens, reasoning_tokens=args.reasoning_tokens,
                     batch_size=args.batch_size, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                    min_p=args.min_p, model_defaults=args.model_defaults,
+                    min_p=args.min_p, model_defaults=args.model_defaults, thinking=args.thinking,
                     data_dir=args.data_dir, task_options=task_options,
                     hypotheses=str(args.hypotheses.resolve()) if args.hypotheses is not None else None,
                     workers=args.workers, ray_address=args.ray_address, backend_options=backend_options(args),

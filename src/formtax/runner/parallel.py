@@ -50,7 +50,7 @@ class _Worker:
 
     def __init__(self, config: RunConfig, task: Task, samples: Sequence[Planned]) -> None:
         from formtax.backends import load_backend
-        from formtax.runner.run import request_for
+        from formtax.runner.run import request_for, thinking_flag
 
         self.config = config
         self.task = task
@@ -60,6 +60,8 @@ class _Worker:
         try:
             self.backend = load_backend(config.backend, config.model, device=config.device, dtype=config.dtype,
                                         **config.backend_options)
+            if config.thinking is not None:
+                self.backend.tokenizer.set_thinking(thinking_flag(config.thinking))
             for p in samples:  # refuse a strategy the backend cannot run, before any request
                 p.spec.strategy.check(self.backend, [request_for(task, p, config)])
         except Exception as e:  # noqa: BLE001 - re-raised by provenance()

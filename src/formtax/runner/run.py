@@ -91,6 +91,7 @@ class RunConfig:
     top_k: int = 0
     min_p: float = 0.0
     model_defaults: bool = False  # sample with the model's generation_config defaults (resolved at load)
+    thinking: str | None = None  # "on" | "off": the chat template's enable_thinking (paper 003: off); None: as is
     item_seed: int = 0
     data_dir: str | None = None
     task_options: dict[str, Any] = field(default_factory=dict)  # passed to a ConfigurableTask
@@ -113,7 +114,8 @@ class RunConfig:
             d.pop("fem")
         if d["reasoning_tokens"] is None:
             d.pop("reasoning_tokens")
-        for key, default in (("top_p", 1.0), ("top_k", 0), ("min_p", 0.0), ("model_defaults", False)):
+        for key, default in (("top_p", 1.0), ("top_k", 0), ("min_p", 0.0), ("model_defaults", False),
+                             ("thinking", None)):
             if d[key] == default:
                 d.pop(key)
         return d
@@ -246,6 +248,7 @@ def run(config: RunConfig, out_dir: Path, progress: Callable[[int, int], None] |
     samples = [next(p for p in planned if p.spec == s) for s in specs]
     pool = None
     Sampling(config.temperature, config.top_p, config.top_k, config.min_p)  # bad settings: refused before loading
+    thinking_flag(config.thinking)
     if config.model_defaults and backend is None and (config.workers > 1 or config.ray_address):
         raise ConfigError("--model-defaults is resolved in the driver's backend: run it without --workers")
     if backend is None and (config.workers > 1 or config.ray_address):
@@ -257,6 +260,8 @@ def run(config: RunConfig, out_dir: Path, progress: Callable[[int, int], None] |
         if backend is None:
             backend = load_backend(config.backend, config.model, device=config.device, dtype=config.dtype,
                                    **config.backend_options)
+        if config.thinking is not None:
+            backend.tokenizer.set_thinking(thinking_flag(config.thinking))
         if config.model_defaults:  # the model's own settings replace the four (recorded in the manifest)
             from formtax.api import resolve_sampling
 
@@ -343,6 +348,15 @@ def _hypotheses_lock(config: RunConfig, manifest: dict[str, Any] | None, has_rec
                           f"(sha256 {registered.get('sha256')}, now {entry['sha256']}); the pre-registration "
                           "is locked")
     return None
+
+
+def thinking_flag(value: str | None) -> bool | None:
+    """``--thinking on|off`` as the template's ``enable_thinking`` (None: the template's default)."""
+    if value is None:
+        return None
+    if value not in ("on", "off"):
+        raise ConfigError(f"--thinking must be on or off, got {value!r}")
+    return value == "on"
 
 
 def planned_budget(task: Task, p: Planned, config: RunConfig) -> dict[str, int]:
