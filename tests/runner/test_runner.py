@@ -152,3 +152,27 @@ def test_sigkill_mid_run_then_rerun(tmp_path):
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     recs = read_records(path)
     assert len(recs) == 300 and len({r.request_id for r in recs}) == 300
+
+
+def test_paper_prompt_plan_per_strategy(tmp_path):
+    """--prompt-variants paper: 3 x 3 for InWriting and NL-to-Format, 3 x 1 for JSON (paper 003 A.2)."""
+    import collections
+    import json as _json
+
+    from formtax.errors import ConfigError
+    from formtax.runner import RunConfig, run
+    from formtax.runner.run import paper_variants
+
+    cfg = RunConfig(task="arith", strategies=["json@vc", "inwriting@vc", "nl2format@vc"], backend="fake", limit=2,
+                    max_tokens=96, prompt_variants="paper")
+    run(cfg, tmp_path / "r")
+    recs = [_json.loads(x) for x in (tmp_path / "r" / "records.jsonl").read_text().splitlines()]
+    variants = collections.defaultdict(set)
+    for r in recs:
+        variants[r["strategy"]].add(r["prompt_variant"])
+    assert variants["json@vc"] == {"t1f1", "t2f1", "t3f1"}
+    assert len(variants["inwriting@vc"]) == 9 and len(variants["nl2format@vc"]) == 9
+    assert paper_variants("aime", "inwriting") == [(1, 1), (1, 2), (1, 3)]
+    with pytest.raises(ConfigError, match="paper 003 runs"):
+        run(RunConfig(task="arith", strategies=["free"], backend="fake", limit=1, prompt_variants="paper"),
+            tmp_path / "bad")

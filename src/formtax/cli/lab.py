@@ -20,7 +20,9 @@ def _run_args(p: argparse.ArgumentParser) -> None:
                    help="comma list of NAME[@none|fc|vc][+rc], e.g. free,constrained,json@fc,json@vc,inwriting+rc")
     p.add_argument("--limit", type=int, default=None, help="items (the same fixed-seed sample for every strategy)")
     p.add_argument("--seeds", type=int, default=1, help="seeds per request (only matter when sampling)")
-    p.add_argument("--prompt-variants", default="t1f1", help="'all' (3 task x 3 format) or e.g. t1f1,t2f3")
+    p.add_argument("--prompt-variants", default="t1f1",
+                   help="'all' (3 task x 3 format), 'paper' (paper 003's plan: 3 x 3 for InWriting and NL-to-Format, "
+                        "3 x 1 for JSON, 1 x 3 on AIME) or e.g. t1f1,t2f3")
     p.add_argument("--shots", type=int, default=0)
     p.add_argument("--max-tokens", type=int, default=256,
                    help="the whole budget of a strategy without a reasoning phase; for InWriting, JSON and "

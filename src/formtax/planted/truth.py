@@ -183,7 +183,7 @@ def grid_truth(backend: PlantedBackend, task: Task, config: RunConfig) -> GridTr
     """The exact truth of every request ``formtax run`` would make for ``config`` (seeds collapse under greedy)."""
     specs = [parse_strategy_spec(s) for s in config.strategies]
     items = sample_items(task.load(None), config.limit, config.item_seed)
-    planned = plan_grid(task, items, specs, config.variants(), [0], config.shots)  # truths do not depend on seeds
+    planned = plan_grid(task, items, specs, lambda s: config.variants(s.name), [0], config.shots)  # truths do not depend on seeds
     truths = [request_truth(backend, task, p, config) for p in planned]
     worst = max((t.unresolved for t in truths), default=0.0)
     g = GridTruth(truths, [s.spec for s in specs], [it.id for it in items], worst)

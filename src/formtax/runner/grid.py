@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,7 +97,7 @@ def plan_grid(
     task: Task,
     items: list[Item],
     specs: list[StrategySpec],
-    variants: list[tuple[int, int]],
+    variants: list[tuple[int, int]] | Callable[[StrategySpec], list[tuple[int, int]]],
     seeds: list[int],
     shots: int,
     shot_seed: int = 0,
@@ -106,7 +107,7 @@ def plan_grid(
     out: list[Planned] = []
     for s in specs:
         fmt = OutputFormat(s.strategy.output_format)
-        for tv, fv in variants:
+        for tv, fv in variants(s) if callable(variants) else variants:
             vid = variant_id(tv, fv)
             for seed in seeds:
                 for it in items:

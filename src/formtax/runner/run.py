@@ -120,10 +120,29 @@ class RunConfig:
                 d.pop(key)
         return d
 
-    def variants(self) -> list[tuple[int, int]]:
+    def variants(self, strategy: str | None = None) -> list[tuple[int, int]]:
+        """The (task variant, format variant) pairs of ``strategy`` (a base strategy name; None: any)."""
+        if self.prompt_variants == "paper":
+            return paper_variants(self.task, strategy)
         if self.prompt_variants == "all":
             return [(t, f) for t in (1, 2, 3) for f in (1, 2, 3)]
         return [parse_variant_id(v.strip()) for v in self.prompt_variants.split(",") if v.strip()]
+
+
+PAPER_PLANS = {"inwriting": (3, 3), "nl2format": (3, 3), "json": (3, 1)}
+"""Paper 003's prompt plan (A.2): task x format variants per strategy; AIME uses 1 task x 3 format variants."""
+
+
+def paper_variants(task: str, strategy: str | None) -> list[tuple[int, int]]:
+    """``--prompt-variants paper``: exactly paper 003's plan for ``strategy`` on ``task`` (refused for strategies
+    the paper does not run)."""
+    if strategy is None:  # the union, for callers that ask for every variant in the grid
+        return sorted({v for name in PAPER_PLANS for v in paper_variants(task, name)})
+    if strategy not in PAPER_PLANS:
+        raise ConfigError(f"--prompt-variants paper: paper 003 runs {', '.join(sorted(PAPER_PLANS))}, not "
+                          f"{strategy!r}; give the variants explicitly (e.g. t1f1)")
+    n_task, n_format = (1, 3) if task == "aime" else PAPER_PLANS[strategy]
+    return [(t, f) for t in range(1, n_task + 1) for f in range(1, n_format + 1)]
 
 
 @dataclass
@@ -218,7 +237,8 @@ def run(config: RunConfig, out_dir: Path, progress: Callable[[int, int], None] |
     needs_data = (task._needs_data() and bool(task.data_files(Path(".")))) or config.data_dir is not None
     data_dir = resolve_data_dir(Path(config.data_dir) if config.data_dir else None) if needs_data else None
     items = sample_items(task.load(data_dir), config.limit, config.item_seed)
-    planned = plan_grid(task, items, specs, config.variants(), list(range(config.seeds)), config.shots)
+    planned = plan_grid(task, items, specs, lambda s: config.variants(s.name), list(range(config.seeds)),
+                        config.shots)
     if config.reasoning_tokens is not None and config.reasoning_tokens < 1:
         raise ConfigError(f"--reasoning-tokens must be at least 1, got {config.reasoning_tokens}")
     check_equal_reasoning(task, planned, config)
