@@ -176,3 +176,28 @@ def test_paper_prompt_plan_per_strategy(tmp_path):
     with pytest.raises(ConfigError, match="paper 003 runs"):
         run(RunConfig(task="arith", strategies=["free"], backend="fake", limit=1, prompt_variants="paper"),
             tmp_path / "bad")
+
+
+def test_nl2format_extractor_model_writes_the_second_call(tmp_path):
+    """--extractor-model: call 2 on another model (paper 003 uses a larger one); records name both models."""
+    import json as _json
+
+    from formtax.errors import ConfigError
+    from formtax.runner import RunConfig, run
+
+    cfg = RunConfig(task="arith", strategies=["nl2format@vc", "free"], backend="fake", model="1", limit=3,
+                    max_tokens=48, extractor_model="7")
+    run(cfg, tmp_path / "r")
+    recs = [_json.loads(x) for x in (tmp_path / "r" / "records.jsonl").read_text().splitlines()]
+    nl = [r for r in recs if r["strategy"] == "nl2format@vc"]
+    assert nl and all(r["model"] == "fake-random-1" and r["stats"]["extractor"] == "fake-random-7" for r in nl)
+    manifest = _json.loads((tmp_path / "r" / "manifest.json").read_text())
+    assert manifest["backend"]["extractor"]["model"] == "fake-random-7"
+    same = RunConfig(task="arith", strategies=["nl2format@vc"], backend="fake", model="1", limit=3, max_tokens=48)
+    run(same, tmp_path / "s")
+    first = [_json.loads(x) for x in (tmp_path / "s" / "records.jsonl").read_text().splitlines()]
+    assert {r["stats"]["extractor"] for r in first} == {"fake-random-1"}
+    assert [r["reasoning"] for r in first] == [r["reasoning"] for r in nl]  # call 1 is the same model's
+    with pytest.raises(ConfigError, match="applies to nl2format"):
+        run(RunConfig(task="arith", strategies=["free"], backend="fake", limit=1, extractor_model="7"),
+            tmp_path / "bad")

@@ -32,6 +32,10 @@ def _run_args(p: argparse.ArgumentParser) -> None:
                    help="the reasoning budget of InWriting, JSON and NL-to-Format at every constraint level "
                         "(paper 003's max_preamble_tokens: 600); each level's answer reserve is added on top")
     p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--extractor-model", default=None,
+                   help="nl2format: the model of the second (extraction) call, e.g. a larger one as in paper 003 "
+                        "(default: the main model); records name it in stats.extractor")
+    p.add_argument("--extractor-backend", default=None, help="nl2format: the extractor's engine (default: --backend)")
     add_sampling_args(p)
     p.add_argument("--data-dir", default=None, help="benchmark data folder (default: $FORMTAX_DATA or ../shared/data)")
     p.add_argument("--pairs", type=int, default=None, help="metatool: pair positions to sample (default 200)")
@@ -76,6 +80,7 @@ def run_cmd(args: argparse.Namespace) -> int:
                     max_tokens=args.max_tokens, reasoning_tokens=args.reasoning_tokens,
                     batch_size=args.batch_size, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                     min_p=args.min_p, model_defaults=args.model_defaults, thinking=args.thinking,
+                    extractor_model=args.extractor_model, extractor_backend=args.extractor_backend,
                     data_dir=args.data_dir, task_options=task_options,
                     hypotheses=str(args.hypotheses.resolve()) if args.hypotheses is not None else None,
                     workers=args.workers, ray_address=args.ray_address, backend_options=backend_options(args),

@@ -50,7 +50,7 @@ class _Worker:
 
     def __init__(self, config: RunConfig, task: Task, samples: Sequence[Planned]) -> None:
         from formtax.backends import load_backend
-        from formtax.runner.run import request_for, thinking_flag
+        from formtax.runner.run import load_extractor, request_for, strategy_for, thinking_flag
 
         self.config = config
         self.task = task
@@ -62,8 +62,9 @@ class _Worker:
                                         **config.backend_options)
             if config.thinking is not None:
                 self.backend.tokenizer.set_thinking(thinking_flag(config.thinking))
+            self.extractor = load_extractor(config)
             for p in samples:  # refuse a strategy the backend cannot run, before any request
-                p.spec.strategy.check(self.backend, [request_for(task, p, config)])
+                strategy_for(p, self.extractor).check(self.backend, [request_for(task, p, config)])
         except Exception as e:  # noqa: BLE001 - re-raised by provenance()
             self.failure = e
 
@@ -79,7 +80,7 @@ class _Worker:
     def run(self, chunk: Sequence[Planned]) -> list[Record]:
         from formtax.runner.run import chunk_records
 
-        return [rec for _, rec, _ in chunk_records(self.backend, self.task, chunk, self.config)]
+        return [rec for _, rec, _ in chunk_records(self.backend, self.task, chunk, self.config, self.extractor)]
 
 
 def _cause(e: BaseException) -> BaseException:

@@ -41,7 +41,7 @@ from formtax.records.store import (
 )
 from formtax.runner.grid import RC_PREFIX, Planned, check_prompt_identity, parse_strategy_spec, plan_grid
 from formtax.scoring import score_all
-from formtax.strategies.base import Request, Result
+from formtax.strategies.base import Request, Result, Strategy
 from formtax.strategies.decog import FEM_STRATEGIES
 from formtax.tasks import Item, OutputFormat, Task, get_task, parse_variant_id, resolve_data_dir, sample_items
 from formtax.tasks.base import ConstraintLevel
@@ -92,6 +92,8 @@ class RunConfig:
     min_p: float = 0.0
     model_defaults: bool = False  # sample with the model's generation_config defaults (resolved at load)
     thinking: str | None = None  # "on" | "off": the chat template's enable_thinking (paper 003: off); None: as is
+    extractor_model: str | None = None  # NL-to-Format's second call on this model (paper 003: a larger one)
+    extractor_backend: str | None = None  # its engine (default: --backend)
     item_seed: int = 0
     data_dir: str | None = None
     task_options: dict[str, Any] = field(default_factory=dict)  # passed to a ConfigurableTask
@@ -115,7 +117,7 @@ class RunConfig:
         if d["reasoning_tokens"] is None:
             d.pop("reasoning_tokens")
         for key, default in (("top_p", 1.0), ("top_k", 0), ("min_p", 0.0), ("model_defaults", False),
-                             ("thinking", None)):
+                             ("thinking", None), ("extractor_model", None), ("extractor_backend", None)):
             if d[key] == default:
                 d.pop(key)
         return d
@@ -269,6 +271,9 @@ def run(config: RunConfig, out_dir: Path, progress: Callable[[int, int], None] |
     pool = None
     Sampling(config.temperature, config.top_p, config.top_k, config.min_p)  # bad settings: refused before loading
     thinking_flag(config.thinking)
+    if (config.extractor_model or config.extractor_backend) and not any(s.name == "nl2format" for s in specs):
+        raise ConfigError("--extractor-model applies to nl2format, which the grid does not hold")
+    extractor: Backend | None = None
     if config.model_defaults and backend is None and (config.workers > 1 or config.ray_address):
         raise ConfigError("--model-defaults is resolved in the driver's backend: run it without --workers")
     if backend is None and (config.workers > 1 or config.ray_address):
@@ -287,9 +292,12 @@ def run(config: RunConfig, out_dir: Path, progress: Callable[[int, int], None] |
 
             s = resolve_sampling(backend, Sampling(), True)
             config = replace(config, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p)
+        extractor = load_extractor(config)
         for sample in samples:  # refuse a strategy the backend cannot run, before any request
-            sample.spec.strategy.check(backend, [request_for(task, sample, config)])
+            strategy_for(sample, extractor).check(backend, [request_for(task, sample, config)])
         provenance = _backend_provenance(backend)
+        if extractor is not None:
+            provenance["extractor"] = _backend_provenance(extractor)
 
     manifest = manifest or {
         "formtax_version": __version__, "git": git_state(), "packages": package_versions(),
@@ -315,7 +323,8 @@ def run(config: RunConfig, out_dir: Path, progress: Callable[[int, int], None] |
             else:
                 assert backend is not None
                 local = backend
-                done_chunks = ((c, [rec for _, rec, _ in chunk_records(local, task, c, config)]) for c in chunks)
+                done_chunks = ((c, [rec for _, rec, _ in chunk_records(local, task, c, config, extractor)])
+                               for c in chunks)
             for chunk, records in done_chunks:  # one writer: the driver appends each finished chunk at once
                 for rec in records:
                     writer.append(rec)
@@ -439,18 +448,35 @@ def request_for(task: Task, p: Planned, config: RunConfig) -> Request:
                    options={"fem": config.fem} if config.fem and p.spec.name in FEM_STRATEGIES else {})
 
 
-def chunk_records(backend: Backend, task: Task, chunk: Sequence[Planned], config: RunConfig
-                  ) -> list[tuple[Planned, Record, str | None]]:
+def load_extractor(config: RunConfig) -> Backend | None:
+    """NL-to-Format's extractor backend (``--extractor-model``), or None to extract with the main model."""
+    if config.extractor_model is None and config.extractor_backend is None:
+        return None
+    return load_backend(config.extractor_backend or config.backend, config.extractor_model, device=config.device,
+                        dtype=config.dtype)
+
+
+def strategy_for(p: Planned, extractor: Backend | None) -> Strategy:
+    """The strategy object of a planned entry: NL-to-Format with the run's extractor when there is one."""
+    if extractor is not None and p.spec.name == "nl2format":
+        from formtax.strategies.nl2format import NL2Format
+
+        return NL2Format(extractor=extractor)
+    return p.spec.strategy
+
+
+def chunk_records(backend: Backend, task: Task, chunk: Sequence[Planned], config: RunConfig,
+                  extractor: Backend | None = None) -> list[tuple[Planned, Record, str | None]]:
     """Run one chunk and make its records (the same in one process and in a parallel worker)."""
     render = backend.tokenizer.chat_prompt
     return [(p, make_record(task, p, res, render(p.messages), len(chunk), backend.model_id, err), err)
-            for p, res, err in _run_chunk(backend, task, chunk, config)]
+            for p, res, err in _run_chunk(backend, task, chunk, config, extractor)]
 
 
-def _run_chunk(backend: Backend, task: Task, chunk: Sequence[Planned], config: RunConfig
-               ) -> list[tuple[Planned, Result | None, str | None]]:
+def _run_chunk(backend: Backend, task: Task, chunk: Sequence[Planned], config: RunConfig,
+               extractor: Backend | None = None) -> list[tuple[Planned, Result | None, str | None]]:
     """Run one batch; if the batch fails, run its requests one by one so one bad request costs only itself."""
-    strategy = chunk[0].spec.strategy
+    strategy = strategy_for(chunk[0], extractor)
     try:
         results = strategy.run(backend, [request_for(task, p, config) for p in chunk])
         return [(p, r, None) for p, r in zip(chunk, results, strict=True)]
@@ -461,5 +487,5 @@ def _run_chunk(backend: Backend, task: Task, chunk: Sequence[Planned], config: R
         log.warning("a batch failed (%s); retrying its requests one by one", e)
         out: list[tuple[Planned, Result | None, str | None]] = []
         for p in chunk:
-            out.extend(_run_chunk(backend, task, [p], config))
+            out.extend(_run_chunk(backend, task, [p], config, extractor))
         return out
