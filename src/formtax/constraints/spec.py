@@ -495,7 +495,10 @@ class JsonReasonAnswer(Constraint):
         elif self._plain_string_answer():
             # A free-text answer (FC) gets the same capped, escape-free body as the reason.
             cap = self._string_cap(self.answer)
-            answer_rules = f'answer: "\\"" answer_body "\\""\nanswer_body[max_tokens={cap}]: {body}\n'
+            # the oracle's schema (minLength) decides whether "" is an answer; the engine must agree with it
+            answer_body = body if not self.answer_field.get("minLength") else f"/{NO_ESCAPE_CHAR}+/"
+            answer_rules = (f'answer: "\\"" answer_body "\\""\n'
+                            f"answer_body[max_tokens={cap}]: {answer_body}\n")
         else:
             answer = "%json" + json.dumps(
                 {**self.answer_field, "x-guidance": JSON_OPTIONS}, separators=(",", ":"), ensure_ascii=False
