@@ -444,3 +444,33 @@ def test_a_run_with_only_tool_items_reports_and_verifies(scripted_run, tmp_path)
     (only / "records.jsonl").write_text("\n".join(kept) + "\n", encoding="utf-8")
     write_report(only, n_resamples=REPLICATES, seed=0)
     assert verify_report(only) == []
+
+
+def test_tables_one_and_three_share_one_basis_under_missing_data(scripted_run, tmp_path):
+    """Records missing in one condition drop the item from every condition's Table 1 accuracy too, so that
+    constrained - short from Table 1 equals Table 3's delta_mask."""
+    import json
+    import shutil
+
+    out, _, _ = scripted_run
+    gap = tmp_path / "gappy"
+    gap.mkdir()
+    shutil.copy(out / "manifest.json", gap / "manifest.json")
+    lines = (out / "records.jsonl").read_text(encoding="utf-8").splitlines()
+    recs = [json.loads(line) for line in lines]
+    victims = sorted({r["item_id"] for r in recs if r["item_id"].endswith("-tool")})[:2]
+    kept = [line for line, r in zip(lines, recs, strict=True)
+            if not (r["item_id"] in victims and r["strategy"] == "short")]
+    (gap / "records.jsonl").write_text("\n".join(kept) + "\n", encoding="utf-8")
+    write_report(gap, n_resamples=REPLICATES, seed=0)
+    t = _tables(gap)
+    acc = t["abstention_accuracy"].set_index(["language", "condition"])
+    con = t["abstention_contrasts"].set_index(["language", "item_type", "contrast"])
+    dropped = 0
+    for lang in sorted(set(t["abstention_accuracy"]["language"])):
+        diff = acc.loc[(lang, "constrained"), "tool_acc"] - acc.loc[(lang, "short"), "tool_acc"]
+        assert diff == pytest.approx(con.loc[(lang, "tool", "delta_mask"), "estimate"], abs=1e-6)
+        dropped += int(acc.loc[(lang, "constrained"), "tool_n_items_dropped"])
+        assert acc.loc[(lang, "constrained"), "tool_n_items_dropped"] == con.loc[
+            (lang, "tool", "delta_mask"), "n_items_dropped"]
+    assert dropped >= 2  # the two items missing under short, dropped from constrained's accuracy as well

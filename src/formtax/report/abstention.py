@@ -216,6 +216,11 @@ def accuracy_table(df: pd.DataFrame, n_resamples: int, seed: int) -> pd.DataFram
         return None
     rows: list[dict[str, Any]] = []
     for language in _languages(sf):
+        present = tuple(
+            c for c in CONDITIONS if ((sf["language"] == language) & (sf["condition"] == c)).any()
+        )
+        # one basis with Table 3: the positions and seeds scored in every condition of the language and type
+        aligned = {kind: _aligned(sf, language, kind, present) for kind in ITEM_TYPES}
         for condition in CONDITIONS:
             cell = sf[(sf["language"] == language) & (sf["condition"] == condition)]
             if cell.empty:
@@ -229,7 +234,8 @@ def accuracy_table(df: pd.DataFrame, n_resamples: int, seed: int) -> pd.DataFram
                 "n_seeds": int(cell["seed"].nunique()),
             }
             for kind in ITEM_TYPES:
-                matrix, _, _ = _matrix(sf, language, kind, condition)
+                cells, n_dropped = aligned[kind]
+                matrix = cells[condition]
                 acc, low, high = _mean_interval(matrix, n_resamples, seed)
                 row[f"{kind}_acc"], row[f"{kind}_acc_low"], row[f"{kind}_acc_high"] = acc, low, high
                 part = cell[cell["item_type"] == kind]
@@ -240,7 +246,7 @@ def accuracy_table(df: pd.DataFrame, n_resamples: int, seed: int) -> pd.DataFram
                 for c in WRONG_CATEGORIES:
                     row[f"{kind}_n_{c}"] = int(counts.get(str(c), 0))
                 row[f"{kind}_n_unscored"] = len(part) - len(scored)
-                row[f"{kind}_n_items_dropped"] = int(np.isnan(matrix).any(axis=1).sum())
+                row[f"{kind}_n_items_dropped"] = n_dropped
             rows.append(row)
     return frame(rows, ACCURACY_COLUMNS)
 

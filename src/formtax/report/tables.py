@@ -5,8 +5,9 @@ Conventions shared by every table:
 - An errored record (``error`` set) is *unscored*: it is left out of every number and counted in the
   ``n_unscored`` column.
 - ``accuracy``: the score matrix of a cell is items x runs (run = seed x prompt variant). Items with an
-  unscored or absent entry are dropped (:func:`formtax.stats.complete_cases`; counted in
-  ``n_items_dropped``), and the accuracy is the mean of what remains, with a 95% percentile bootstrap
+  unscored or absent entry in *any* strategy of the task are dropped from every strategy of the task
+  (:func:`task_basis`: one basis with the decomposition and paired tables; counted in ``n_items_dropped``),
+  and the accuracy is the mean of what remains, with a 95% percentile bootstrap
   interval resampling items and runs jointly (:func:`formtax.stats.percentile_bootstrap_mean`), or the Wilson
   interval on items where every score is 0 or 1 (:func:`_interval`). The strict parse rate is computed the same
   way.
@@ -102,27 +103,57 @@ def _interval(
     return result.estimate, result.low, result.high
 
 
+def _complete_items(cell: pd.DataFrame) -> set[str]:
+    """Items of a cell scored in every one of its runs."""
+    items, runs = cell_items(cell), cell_runs(cell)
+    m = score_matrix(cell, "score_strict", items, runs)
+    return {item for item, row in zip(items, m, strict=True) if not np.isnan(row).any()}
+
+
+def task_basis(df: pd.DataFrame) -> dict[str, set[str]]:
+    """Per task, the items scored in every run of every strategy: the one item set that the accuracy table, the
+    decomposition and the paired comparisons all stand on, so that acc_fc - acc_none from the accuracy table is
+    the decomposition's format gain (issue 14: one basis under missing data). A strategy with no complete item
+    at all (every request crashed) reports NaN and does not veto the others' items."""
+    basis: dict[str, set[str]] = {}
+    for task, _, cell in _cells(df):
+        done = _complete_items(cell)
+        if not done:
+            basis.setdefault(task, set(cell_items(cell)))
+            continue
+        basis[task] = basis[task] & done if task in basis else done
+    return basis
+
+
 def accuracy_table(
     df: pd.DataFrame, n_resamples: int, seed: int, resampling: Resampling = DEFAULT_RESAMPLING
 ) -> pd.DataFrame:
     rows: list[dict[str, Any]] = []
+    basis = task_basis(df)
     for task, strategy, cell in _cells(df):
-        items, runs = cell_items(cell), cell_runs(cell)
+        runs = cell_runs(cell)
+        present = cell_items(cell)
+        items = [i for i in present if i in basis[task]]  # the task's one basis (task_basis)
         matrices = [
             score_matrix(cell, col, items, runs)
             for col in ("score_strict", "score_lenient", "parse_ok_strict")
         ]
-        (strict, lenient, parse_ok), n_dropped = complete_cases(*matrices)
+        if items:
+            (strict, lenient, parse_ok), n_dropped = complete_cases(*matrices)
+        else:
+            strict = lenient = parse_ok = np.zeros((0, len(runs)))
+            n_dropped = 0
+        n_dropped += len(present) - len(items)  # unscored or missing here or in another strategy of the task
         n_scored = int(cell["scored"].sum())
         row: dict[str, Any] = {
             "task": task,
             "strategy": strategy,
-            "n_items": len(items),
+            "n_items": len(present),
             "n_runs": len(runs),
             "n_records": len(cell),
             "n_scored": n_scored,
             "n_unscored": len(cell) - n_scored,
-            "n_missing": len(items) * len(runs) - len(cell),
+            "n_missing": len(present) * len(runs) - len(cell),
             "n_items_used": int(strict.shape[0]),
             "n_items_dropped": n_dropped,
         }
