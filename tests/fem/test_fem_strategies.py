@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pandas as pd
 import pytest
 
 import formtax
@@ -154,3 +155,29 @@ def test_the_runner_gives_the_fem_option_only_to_fem_strategies(tmp_path, fems) 
     cfg = RunConfig(task="arith", strategies=["suffix-last", "decog"], backend="fake", limit=2, max_tokens=40,
                     fem=fems["decog"])
     assert run(cfg, tmp_path).errors == 0
+
+
+def test_top_k_is_a_share_of_the_states_by_default(fems) -> None:
+    """Deco-G keeps 5% of the states by default (the paper: 200 of 4096), so pruning runs at CPU sizes too."""
+    from formtax.strategies.decog import resolve_top_k
+
+    assert resolve_top_k("5%", 4096) == 205 and resolve_top_k("5%", 8) == 1 and resolve_top_k("25%", 8) == 2
+    assert resolve_top_k(200, 4096) == 200 and resolve_top_k("none", 8) is None and resolve_top_k(0, 8) is None
+    with pytest.raises(ValueError):
+        resolve_top_k("150%", 8)
+    r = gen(FakeBackend(), "decog", "The answer is: {int}", fems["decog"], 40, placement="anywhere")
+    assert r.stats["fem_top_k"] == 1 and r.stats["fem_h"] == 8  # ceil(5% of 8)
+    assert all(0.0 < m <= 1.0 + 1e-9 for m in r.stats["fem_mass"])
+
+
+def test_the_report_draws_the_retained_mass_per_step(tmp_path, fems) -> None:
+    from formtax.report import verify_report, write_report
+
+    cfg = RunConfig(task="arith", strategies=["decog", "free"], backend="fake", limit=3, max_tokens=40,
+                    fem=fems["decog"])
+    assert run(cfg, tmp_path).errors == 0
+    write_report(tmp_path, n_resamples=100)
+    assert verify_report(tmp_path) == []
+    table = pd.read_csv(tmp_path / "tables" / "fem_mass.csv")
+    assert set(table["strategy"]) == {"decog"} and (table["mass_mean"] <= 1.0 + 1e-9).all()
+    assert (table["step"] == 0).any() and (tmp_path / "figures" / "fem_mass.png").is_file()

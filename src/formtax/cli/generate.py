@@ -84,7 +84,9 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fem", default=None, metavar="FILE",
                    help="decog / ctrlg: the HMM artifact (`formtax fem build`), or NAME=FILE,...,OPTION=VALUE")
     p.add_argument("--gamma", type=float, default=None, help="decog / ctrlg: control strength (default 1)")
-    p.add_argument("--state-top-k", type=int, default=None, help="decog / ctrlg: hidden states kept (0 = all)")
+    p.add_argument("--state-top-k", default=None,
+                   help="decog / ctrlg: hidden states kept per step, a share (default 5%%, the paper's 200 of 4096) "
+                        "or a number (0 = all)")
     add_sampling_args(p)
     p.add_argument("--raw", action="store_true", help="send PROMPT as plain text, without the chat template")
     p.add_argument("--json", action="store_true", help="print one JSON object")

@@ -6,21 +6,24 @@ format is the request's answer template placed as the *last line* of a free reas
 ``reason-answer`` output format the prompts ask for), with an optional leading space; ``placement = "anywhere"``
 instead requires the key phrase to appear anywhere (text may follow it), as Deco-G does for GSM8K.
 
-* ``decog``: an instruction-aware HMM (``formtax fem build --form instruction-aware``), top-k state pruning with
-  k = 200 (the paper's value; no pruning when h <= 200), gamma = 1 (the paper tunes it per model; ours is a
-  starting point).
+* ``decog``: an instruction-aware HMM (``formtax fem build --form instruction-aware``), top-k state pruning
+  keeping 5% of the states by default (the paper keeps 200 of 4096; ``top_k=200`` gives an absolute k), gamma =
+  1 (the paper tunes it per model; ours is a starting point). Each record keeps the retained mass per step
+  (``stats.fem_mass``); the report's ``fem_mass`` table and figure show it per step (the paper's
+  hidden-state concentration figure).
 * ``ctrlg``: Ctrl-G's setting: an HMM from unconditional samples (``--form unconditional``), the full state space,
   gamma = 1.
 
 Options (``Request.options``; ``formtax generate --fem``; ``formtax run --fem``): ``fem`` (an artifact path, a
 loaded :class:`~formtax.fem.artifact.FemArtifact`, or a spec ``NAME=FILE,NAME.OPTION=VALUE,OPTION=VALUE`` naming a
-file per strategy), ``gamma``, ``top_k`` (0 or "none" = no pruning), ``placement`` (``end`` | ``anywhere``),
+file per strategy), ``gamma``, ``top_k`` (``"5%"``: a fraction of the states; an integer: absolute; 0 or "none" = no pruning), ``placement`` (``end`` | ``anywhere``),
 ``leading_space`` (true), ``slot_tokens`` (``LO..HI``: every slot's token range), ``allow_form`` (true: use an
 artifact of the other distillation form). The artifact's form must match the strategy unless ``allow_form``.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Sequence
@@ -122,7 +125,7 @@ class FemStrategy(SinglePass):
     """The shared machinery of ``decog`` and ``ctrlg``."""
 
     form: ClassVar[str]
-    default_top_k: ClassVar[int | None]
+    default_top_k: ClassVar[int | str | None]
     default_gamma: ClassVar[float] = 1.0
     output_format = "reason-answer"
 
@@ -152,7 +155,7 @@ class FemStrategy(SinglePass):
         try:
             gamma = float(opts.pop("gamma", self.default_gamma))
             raw_k = opts.pop("top_k", self.default_top_k)
-            top_k = None if raw_k is None or str(raw_k).lower() in ("0", "none") else int(raw_k)
+            top_k = resolve_top_k(raw_k, art.h)
         except ValueError as e:
             raise ConfigError(f"strategy {self.name!r}: bad gamma or top_k ({e})") from e
         if gamma < 0 or (top_k is not None and top_k < 1):
@@ -290,13 +293,28 @@ def _answer_span(data: bytes, template: Template, s: FemSettings) -> tuple[int, 
     return found
 
 
+def resolve_top_k(raw: Any, h: int) -> int | None:
+    """Hidden states kept per step: ``"5%"`` is a fraction of the HMM's ``h`` (at least 1), an integer is
+    absolute, ``0`` / ``"none"`` / None keeps all. Deco-G's paper keeps 200 of 4096 states (about 5%), so the
+    default is the fraction: a fixed 200 never pruned the 64-256-state HMMs formtax builds on CPUs."""
+    if raw is None or str(raw).strip().lower() in ("0", "none"):
+        return None
+    text = str(raw).strip()
+    if text.endswith("%"):
+        frac = float(text[:-1]) / 100.0
+        if not 0.0 < frac <= 1.0:
+            raise ValueError(f"a top_k fraction must be in (0%, 100%], got {text}")
+        return max(1, math.ceil(frac * h))
+    return int(text)
+
+
 @register
 class DecoG(FemStrategy):
     name = "decog"
     summary = ("Deco-G: free reasoning reweighted by an instruction-aware HMM + token DFA of the answer template "
                "(top-k state pruning, gamma; needs --fem); 100% format compliance")
     form = "instruction-aware"
-    default_top_k = 200
+    default_top_k = "5%"
 
 
 @register
