@@ -181,3 +181,5 @@ def test_the_report_draws_the_retained_mass_per_step(tmp_path, fems) -> None:
     table = pd.read_csv(tmp_path / "tables" / "fem_mass.csv")
     assert set(table["strategy"]) == {"decog"} and (table["mass_mean"] <= 1.0 + 1e-9).all()
     assert (table["step"] == 0).any() and (tmp_path / "figures" / "fem_mass.png").is_file()
+    cost = pd.read_csv(tmp_path / "tables" / "fem_cost.csv")
+    assert list(cost["strategy"]) == ["decog"] and (cost["ms_per_step_mean"] > 0).all() and (cost["h"] == 8).all()

@@ -62,6 +62,43 @@ def fem_mass_figure(table: pd.DataFrame) -> Any:
     return fig
 
 
+COST_COLUMNS = ["task", "strategy", "n_records", "h", "top_k", "ms_per_step_mean", "ms_per_step_median"]
+
+
+def fem_cost_table(df: pd.DataFrame, n_resamples: int, seed: int) -> pd.DataFrame | None:
+    """Measured FEM time per decoding step, per task and strategy, with the state counts it ran at."""
+    rows: list[dict[str, Any]] = []
+    if "record" not in df.columns:
+        return None
+    for (task, strategy), cell in df.groupby(["task", "strategy"], sort=True):
+        ms = [float(r.stats["fem_ms_per_step"]) for r in cell["record"]
+              if (r.stats or {}).get("fem_ms_per_step") is not None]
+        if not ms:
+            continue
+        first = next(r.stats for r in cell["record"] if (r.stats or {}).get("fem_ms_per_step") is not None)
+        k = first.get("fem_top_k")
+        rows.append({"task": task, "strategy": strategy, "n_records": len(ms), "h": first.get("fem_h", 0),
+                     "top_k": k if k is not None else 0, "ms_per_step_mean": sum(ms) / len(ms),
+                     "ms_per_step_median": float(pd.Series(ms).median())})
+    return frame(rows, COST_COLUMNS) if rows else None
+
+
+register_analysis(
+    Analysis(
+        name="fem_cost",
+        keys=("task", "strategy"),
+        description=(
+            "Deco-G / Ctrl-G efficiency (paper 001): the measured time of the HMM reweighting per decoding step, "
+            "with the states kept (top_k, 0 = all h). Compare a pruned strategy with an unpruned one (decog vs "
+            "ctrlg, or decog with --state-top-k 0) in one run; times are this machine's."
+        ),
+        method="none (mean and median over records)",
+        bootstrap=False,
+        compute=fem_cost_table,
+    )
+)
+
+
 register_analysis(
     Analysis(
         name="fem_mass",
