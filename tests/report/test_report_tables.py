@@ -377,3 +377,15 @@ def test_accuracy_and_decomposition_share_one_basis(tables: dict[str, pd.DataFra
     dec = row(tables["decomposition"], task=ERRORED[0], base_strategy="json")
     assert acc[(ERRORED[0], "json@fc")] - acc[(ERRORED[0], "json@none")] == pytest.approx(dec["format_gain"], abs=2e-6)
     assert acc[(ERRORED[0], "json@vc")] - acc[(ERRORED[0], "json@fc")] == pytest.approx(dec["validity_gain"], abs=2e-6)
+
+
+def test_markdown_cells_escape_what_markdown_would_interpret() -> None:
+    from formtax.report.render import markdown_table
+
+    t = pd.DataFrame({"model": ["<img src=x onerror=alert(1)>|*bold*\n[link](u)"], "p_value": [1e-9]})
+    md = markdown_table(t)
+    body = md.splitlines()[2]
+    import re
+
+    assert not re.search(r"(?<!\\)<img", body) and "\\|" in body and "\\*bold\\*" in body
+    assert "\\[link\\]" in body and body.rstrip().endswith("| <1e-6 |")  # p-values: never 0.0

@@ -201,3 +201,53 @@ def test_nl2format_extractor_model_writes_the_second_call(tmp_path):
     with pytest.raises(ConfigError, match="applies to nl2format"):
         run(RunConfig(task="arith", strategies=["free"], backend="fake", limit=1, extractor_model="7"),
             tmp_path / "bad")
+
+
+def test_a_locked_run_directory_refuses_a_second_run(tmp_path):
+    """Two runs into one --out used to both append every record; the second is now refused, told who holds it."""
+    import subprocess
+    import sys
+    import textwrap
+
+    from formtax.errors import ConfigError
+    from formtax.runner import RunConfig, run
+
+    out = tmp_path / "r"
+    out.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys, time
+        from pathlib import Path
+        from formtax.runner.run import run_lock
+        with run_lock(Path({str(out)!r})):
+            print("locked", flush=True)
+            time.sleep(30)
+    """)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        cfg = RunConfig(task="arith", strategies=["free"], backend="fake", limit=2, max_tokens=8)
+        with pytest.raises(ConfigError, match=f"in use by another formtax run \\(pid {holder.pid} "):
+            run(cfg, out)
+        assert not (out / "records.jsonl").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert run(RunConfig(task="arith", strategies=["free"], backend="fake", limit=2, max_tokens=8), out).done == 2
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"batch_size": 0}, "--batch-size must be at least 1"),
+    ({"batch_size": -1}, "--batch-size must be at least 1"),
+    ({"limit": 0}, "--limit must be at least 1"),
+])
+def test_bad_run_settings_are_refused_before_anything_is_written(tmp_path, kwargs, message):
+    from formtax.errors import ConfigError
+    from formtax.runner import RunConfig, run
+
+    cfg = RunConfig(task="arith", strategies=["free"], backend="fake", max_tokens=8, **{"limit": 2, **kwargs})
+    with pytest.raises(ConfigError, match=message):
+        run(cfg, tmp_path / "r")
+    assert not (tmp_path / "r").exists()
+    afile = tmp_path / "f.txt"
+    afile.write_text("x")
+    with pytest.raises(ConfigError, match="is a file"):
+        run(RunConfig(task="arith", strategies=["free"], backend="fake", limit=1, max_tokens=8), afile)

@@ -6,6 +6,7 @@ import base64
 import html
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -159,8 +160,13 @@ def manifest_lines(ctx: ReportContext) -> list[tuple[str, str]]:
     return lines
 
 
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]<>|#])")
+
+
 def _md_cell(value: Any) -> str:
-    return _text(value).replace("|", "\\|").replace("\n", " ")
+    """A value as Markdown text: every character Markdown or its inline HTML would interpret is escaped (model
+    output and manifest strings reach the report; report.html escapes them too), newlines become spaces."""
+    return _MD_SPECIAL.sub(r"\\\1", _text(value)).replace("\r", " ").replace("\n", " ")
 
 
 def _md_value(column: str, value: Any) -> str:

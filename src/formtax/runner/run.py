@@ -14,13 +14,18 @@ exists, and ``formtax verify`` fails if the file changes afterwards.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
+import os
+import socket
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
+
+import filelock
 
 from formtax import __version__
 from formtax.backends import Backend, load_backend
@@ -215,9 +220,55 @@ def make_record(task: Task, p: Planned, res: Result | None, prompt_text: str, ba
     return rec
 
 
+LOCK_FILE = ".formtax.lock"
+HOLDER_FILE = ".formtax.lock.holder"
+
+
+@contextlib.contextmanager
+def run_lock(out_dir: Path) -> Iterator[None]:
+    """Hold ``out_dir`` exclusively for one run (:mod:`filelock`); a second run is refused and told who holds
+    it, instead of both appending every record (two runs into one ``--out`` used to duplicate every id)."""
+    lock = filelock.FileLock(str(out_dir / LOCK_FILE), timeout=0)
+    holder = out_dir / HOLDER_FILE
+    try:
+        lock.acquire()
+    except filelock.Timeout:
+        who = holder.read_text(encoding="utf-8").strip() if holder.is_file() else "another process"
+        raise ConfigError(f"{out_dir} is in use by another formtax run ({who}); wait for it to finish or "
+                          "use another --out") from None
+    try:
+        holder.write_text(f"pid {os.getpid()} on {socket.gethostname()} since "
+                          f"{time.strftime('%Y-%m-%dT%H:%M:%S')}\n", encoding="utf-8")
+        yield
+    finally:
+        holder.unlink(missing_ok=True)
+        lock.release()
+
+
 def run(config: RunConfig, out_dir: Path, progress: Callable[[int, int], None] | None = None,
         backend: Backend | None = None) -> RunSummary:
-    """Run (or resume) the grid of ``config`` into ``out_dir``; ``progress(done, total)`` after each batch."""
+    """Run (or resume) the grid of ``config`` into ``out_dir``; ``progress(done, total)`` after each batch.
+
+    Bad settings are refused before anything is written; the directory is locked for the whole run."""
+    out_dir = Path(out_dir)
+    if config.batch_size < 1:
+        raise ConfigError(f"--batch-size must be at least 1, got {config.batch_size}")
+    if config.limit is not None and config.limit < 1:
+        raise ConfigError(f"--limit must be at least 1, got {config.limit}")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError(f"--out {out_dir} is a file, not a run directory")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"--out {out_dir}: cannot create the run directory ({e.strerror or e})") from None
+    if not os.access(out_dir, os.W_OK):
+        raise ConfigError(f"--out {out_dir}: the run directory is not writable")
+    with run_lock(out_dir):
+        return _run(config, out_dir, progress, backend)
+
+
+def _run(config: RunConfig, out_dir: Path, progress: Callable[[int, int], None] | None,
+         backend: Backend | None) -> RunSummary:
     t_start = time.perf_counter()
     specs = [parse_strategy_spec(s) for s in config.strategies]
     if not specs:
