@@ -492,6 +492,11 @@ class JsonReasonAnswer(Constraint):
         body = f"/{NO_ESCAPE_CHAR}*/"
         if isinstance(self.answer, RecordConstraint):
             answer_rules = self.answer.lark_rules("answer")
+        elif self._template_text_answer():
+            # text around a slot, or several slots: the template's own rules inside the string's quotes, so the
+            # field's language is exactly the template's (a pattern in a JSON schema could not bound the ints)
+            assert isinstance(self.answer, TemplateConstraint)
+            answer_rules = 'answer: "\\"" answer_t "\\""\n' + self.answer.template.lark("answer_t", json_string=True)
         elif self._plain_string_answer():
             # A free-text answer (FC) gets the same capped, escape-free body as the reason.
             cap = self._string_cap(self.answer)
@@ -523,7 +528,17 @@ class JsonReasonAnswer(Constraint):
             rec = self.answer.validate(json.dumps(value["answer"], ensure_ascii=False))
             if not rec.ok:
                 return Validation(False, value, error=f"answer: {rec.error}")
+        elif self._template_text_answer():
+            # the same oracle as the constrained strategy: fullmatch and every slot's bounds
+            tmpl = self.answer.validate(str(value["answer"]))
+            if not tmpl.ok:
+                return Validation(False, value, error=f"answer: {tmpl.error}")
         return Validation(True, value)
+
+    def _template_text_answer(self) -> bool:
+        """A template with text around its slot or several slots (not one bare slot, not one free-text slot)."""
+        a = self.answer
+        return isinstance(a, TemplateConstraint) and not a.template.is_single_slot
 
     def _plain_string_answer(self) -> bool:
         return self.answer_field.get("type") == "string" and set(self.answer_field) <= {"type", "minLength"}

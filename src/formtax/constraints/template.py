@@ -41,6 +41,7 @@ from typing import Any
 
 from formtax.errors import ConstraintError
 
+_NEEDS_JSON_ESCAPE = re.compile(r'["\\\x00-\x1f\x7f]')
 MAX_INT_DIGITS = 15  # 10**15 - 1 is exact in a double: the engine reads JSON bounds as floats
 INT_LIMIT = 10**MAX_INT_DIGITS - 1
 STR_SLOT_MAX_TOKENS = 64
@@ -147,18 +148,34 @@ class Template:
     def is_single_slot(self) -> bool:
         return len(self.parts) == 1 and isinstance(self.parts[0], Slot)
 
-    def lark(self) -> str:
-        """A Lark grammar for llguidance that accepts exactly this template's language."""
+    def lark(self, top: str = "start", json_string: bool = False) -> str:
+        """A Lark grammar for llguidance that accepts exactly this template's language, with ``top`` as its
+        rule (the others are ``{top}_slot{i}``) so that it can be embedded in a larger grammar.
+
+        ``json_string``: the body of a JSON string, written without escapes (JSON's ``answer`` field): a free
+        text slot then excludes ``"``, ``\\`` and control characters, and literal text or choices that would need
+        escaping are refused (ConstraintError), so the engine's language is exactly the template's.
+        """
+
         rules: list[str] = []
         seq: list[str] = []
         for i, part in enumerate(self.parts):
             if isinstance(part, Slot):
-                name = f"slot{i}"
-                rules.append(f"{name}{part.lark_attrs()}: {part.lark_body()}")
+                name = f"{top}_slot{i}" if top != "start" else f"slot{i}"
+                body = part.lark_body()
+                if json_string and part.kind == "str":
+                    body = r'/[^"\\\x00-\x1F\x7F\n\r]+/'
+                if json_string and part.kind == "choice" and any(_NEEDS_JSON_ESCAPE.search(o) for o in part.options):
+                    raise ConstraintError(f"template {self.source!r}: a choice that needs JSON escaping cannot be "
+                                          "a JSON answer")
+                rules.append(f"{name}{part.lark_attrs()}: {body}")
                 seq.append(name)
             else:
+                if json_string and _NEEDS_JSON_ESCAPE.search(part):
+                    raise ConstraintError(f"template {self.source!r}: text {part!r} needs JSON escaping and cannot "
+                                          "be a JSON answer")
                 seq.append(lark_string(part))
-        return "\n".join([f"start: {' '.join(seq)}", *rules]) + "\n"
+        return "\n".join([f"{top}: {' '.join(seq)}", *rules]) + "\n"
 
     def py_regex(self, capture: bool = True) -> str:
         out = []
@@ -170,16 +187,37 @@ class Template:
         return "".join(out)
 
     def match(self, text: str) -> list[Any] | None:
-        """Fullmatch ``text``; the converted slot values, or None when it does not match."""
+        """Fullmatch ``text``; the converted slot values, or None when it does not match.
+
+        Every way of splitting ``text`` among the slots is tried until one satisfies every slot's bounds (a
+        regex's first split need not: ``{int:0..9}{int:10..99}`` reads ``242`` as 24|2 first, then 2|42). The
+        fast path is the regex's own split; the search runs only when a bound rejects it.
+        """
         m = re.fullmatch(self.py_regex(), text)
         if m is None:
             return None
-        values = []
-        for slot, raw in zip(self.slots, m.groups(), strict=True):
-            if not slot.accepts(raw):
-                return None
-            values.append(slot.convert(raw))
-        return values
+        raws = list(m.groups())
+        if all(slot.accepts(raw) for slot, raw in zip(self.slots, raws, strict=True)):
+            return [slot.convert(raw) for slot, raw in zip(self.slots, raws, strict=True)]
+        found = self._split(0, text, 0)
+        return None if found is None else [slot.convert(raw) for slot, raw in zip(self.slots, found, strict=True)]
+
+    def _split(self, k: int, text: str, pos: int) -> list[str] | None:
+        """Slot texts for ``parts[k:]`` matching ``text[pos:]`` exactly, every slot within its bounds; longest
+        slot text first (as the engine's lexemes prefer)."""
+        if k == len(self.parts):
+            return [] if pos == len(text) else None
+        part = self.parts[k]
+        if not isinstance(part, Slot):
+            return self._split(k + 1, text, pos + len(part)) if text.startswith(part, pos) else None
+        pattern = re.compile(part.py_regex())
+        for end in range(len(text), pos, -1):
+            raw = text[pos:end]
+            if pattern.fullmatch(raw) and part.accepts(raw):
+                rest = self._split(k + 1, text, end)
+                if rest is not None:
+                    return [raw, *rest]
+        return None
 
     def search_last(self, text: str) -> tuple[str, list[Any]] | None:
         """The last occurrence of the template inside free text (used by lenient parsing of free strategies)."""
