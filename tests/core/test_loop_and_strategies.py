@@ -175,3 +175,12 @@ def test_resolve_divert_greedy_and_sampled():
     gen = torch.Generator().manual_seed(0)
     hits = sum(resolve_divert(plan, logits, 1.0, gen) is switched for _ in range(4000))
     assert abs(hits / 4000 - 0.47) < 0.03  # sampled: switches with p(EOS)
+
+
+def test_a_constraint_that_matches_nothing_is_refused_before_running():
+    from formtax.errors import ConstraintError
+
+    fb = fake()
+    with pytest.raises(ConstraintError, match="matches nothing"):
+        formtax.generate(fb, Q, "constrained", r"regex:[^\s\S]", max_tokens=8)
+    assert not fb.batches  # no model call

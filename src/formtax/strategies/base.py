@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, Field
 
 from formtax.backends.base import Backend, Capability, require
+from formtax.constraints.compile import compile_grammar
 from formtax.constraints.spec import Constraint
 from formtax.decoding.loop import Policy, RowOutput, RowRequest, decode
 from formtax.decoding.sampling import GREEDY, Sampling
@@ -116,6 +117,8 @@ class Strategy(ABC):
                 raise ConfigError(f"strategy {self.name!r} needs an answer constraint (--answer)")
             if r.max_tokens <= 0:
                 raise ConfigError(f"max_tokens must be positive, got {r.max_tokens}")
+            if self.requires_constraint and r.constraint is not None:
+                refuse_empty_language(backend, r.constraint)
             need = self.min_budget(r)
             if need > r.max_tokens:
                 raise ConfigError(
@@ -161,6 +164,16 @@ def list_strategies() -> dict[str, str]:
 
 
 # -- shared assembly -----------------------------------------------------------------------------------------
+
+
+def refuse_empty_language(backend: Backend, constraint: Constraint) -> None:
+    """A constraint no output can satisfy (e.g. ``regex:[^\\s\\S]``) is refused before any model call; it used
+    to return an empty answer with exit status 0. The engine's matcher at its start state decides (compiled once,
+    cached): nothing but EOS allowed there, without accepting, means the language is empty."""
+    tok = backend.tokenizer
+    m = compile_grammar(constraint.grammar, tok.engine).matcher(tok.n_logits)
+    if m.error is None and not m.accepting and all(i in tok.eos_ids for i in m.allowed_ids()):
+        raise ConstraintError(f"constraint {constraint.describe()!r} matches nothing: no output can satisfy it")
 
 
 def request_sampling(request: Request) -> Sampling:
