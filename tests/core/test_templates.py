@@ -79,3 +79,20 @@ def test_int_slot_engine_and_oracle_agree_at_the_bound():
     c = parse_spec("{int}")
     for text in ["999999999999999", "-999999999999999", "1000000000000000", "0", "-0"]:
         assert c.validate(text).ok == validate_with_engine(c.grammar, text)[0], text
+
+
+def test_regex_oracle_is_never_super_linear(monkeypatch):
+    """The issue's ReDoS pattern: Python's re took 7.4 s on 28 characters. The oracle now uses the regex module
+    under a time limit and, past it, llguidance's linear matcher: both must give the same verdicts."""
+    import formtax.constraints.spec as spec_mod
+    from formtax.constraints.spec import parse_spec
+
+    c = parse_spec("regex:(x+x+)+y")
+    cases = {"x" * 30: False, "x" * 30 + "y": True, "xy": False, "xxy": True, "": False}
+    for text, want in cases.items():
+        assert c.validate(text).ok is want, text
+    monkeypatch.setattr(spec_mod, "REGEX_TIMEOUT_S", 1e-9)  # force the linear fallback on every call
+    fresh = parse_spec("regex:(x+x+)+y")
+    for text, want in cases.items():
+        assert fresh.validate(text).ok is want, text
+    assert parse_spec("regex:[a-c]{2,3}").validate("abc").ok and not parse_spec("regex:[a-c]{2,3}").validate("abcd").ok

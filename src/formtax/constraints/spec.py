@@ -26,6 +26,7 @@ then never split an escape; choice alternatives that would need one are refused 
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from abc import ABC, abstractmethod
@@ -138,6 +139,30 @@ class TemplateConstraint(Constraint):
         return {"type": "string", "pattern": "^" + self.template.py_regex(capture=False) + "$"}
 
 
+REGEX_TIMEOUT_S = 0.25
+"""Time the regex oracle may take on one output before the linear-time matcher decides."""
+
+
+def _linear_fullmatch(grammar: str, text: str) -> bool:
+    """Whether ``text`` is in the grammar's language, by llguidance over a byte-level tokenizer (ids 0-255 are
+    the bytes): linear in the text, whatever the pattern."""
+    from formtax.constraints.compile import compile_grammar
+
+    m = compile_grammar(grammar, _byte_engine()).matcher(BYTE_LOGITS)
+    return all(m.consume(b) for b in text.encode("utf-8")) and m.error is None and m.accepting
+
+
+BYTE_LOGITS = 260  # 256 bytes + EOS, PAD and two role markers (backends/bytetok.py)
+
+
+@functools.lru_cache(maxsize=1)
+def _byte_engine() -> Any:
+    from formtax.backends.bytetok import byte_tokenizer  # a leaf module: tokenizers and transformers only
+    from formtax.constraints.compile import EngineTokenizer
+
+    return EngineTokenizer(byte_tokenizer(), eos_ids=[256])
+
+
 class RegexConstraint(Constraint):
     kind = "regex"
 
@@ -153,15 +178,32 @@ class RegexConstraint(Constraint):
         return llguidance.grammar_from("regex", self.source)
 
     def validate(self, text: str) -> Validation:
-        if self._re.fullmatch(text) is None:
+        """Fullmatch with the ``regex`` module under a time limit; a pattern that backtracks past it (e.g.
+        ``(x+x+)+y``, exponential in Python's engines) is decided instead by llguidance's linear-time matcher
+        replaying the text's bytes, so validation is never super-linear (ours: the fast path stays an engine
+        independent of the one that decoded)."""
+        try:
+            ok = self._fast.fullmatch(text, timeout=REGEX_TIMEOUT_S) is not None
+        except TimeoutError:
+            ok = _linear_fullmatch(self.grammar, text)
+        if not ok:
             return Validation(False, error=f"does not fullmatch regex {self.source!r}")
         return Validation(True, text)
 
+    @cached_property
+    def _fast(self) -> Any:
+        import regex
+
+        return regex.compile(self.source, flags=regex.VERSION0)
+
     def search(self, text: str) -> Validation:
         last = None
-        for m in self._re.finditer(text):
-            if m.group(0):
-                last = m.group(0)
+        try:
+            for m in self._fast.finditer(text, timeout=REGEX_TIMEOUT_S):
+                if m.group(0):
+                    last = m.group(0)
+        except TimeoutError:  # lenient search only: a pathological pattern finds nothing rather than hanging
+            last = None
         if last is None:
             return Validation(False, error=f"no match of regex {self.source!r}")
         return Validation(True, last)
