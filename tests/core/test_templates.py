@@ -96,3 +96,28 @@ def test_regex_oracle_is_never_super_linear(monkeypatch):
     for text, want in cases.items():
         assert fresh.validate(text).ok is want, text
     assert parse_spec("regex:[a-c]{2,3}").validate("abc").ok and not parse_spec("regex:[a-c]{2,3}").validate("abcd").ok
+
+
+def test_engine_and_oracle_agree_on_integer_slots_and_whitespace():
+    """%json integer slots used to admit JSON whitespace ("2 42" for two adjacent slots, "The answer is:  12")."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from formtax.backends.fake import FakeBackend, random_logits
+    from formtax.constraints.compile import compile_grammar
+    from formtax.constraints.spec import parse_spec
+
+    tok = FakeBackend(random_logits(seed=1)).tokenizer
+    specs = [parse_spec("{int:0..9}{int:10..99}"), parse_spec("The answer is: {int}"), parse_spec("{int:-5..5} pts")]
+    compiled = [compile_grammar(c.grammar, tok.engine) for c in specs]
+
+    @settings(max_examples=150, deadline=None)
+    @given(k=st.integers(0, len(specs) - 1), body=st.text(alphabet="0123456789 -\n", max_size=5),
+           prefix=st.booleans())
+    def check(k, body, prefix):
+        text = ("The answer is: " if prefix else "") + body + (" pts" if k == 2 else "")
+        m = compiled[k].matcher(tok.n_logits)
+        engine = all(m.consume(t) for t in tok.encode(text)) and m.error is None and m.accepting
+        assert engine == specs[k].validate(text).ok, (specs[k].source, text)
+
+    check()

@@ -89,7 +89,10 @@ class Slot:
     def lark_body(self) -> str:
         """The right-hand side of this slot's Lark rule."""
         if self.kind == "int":
-            return "%json" + json.dumps(self.json_schema(), separators=(",", ":"))
+            # no JSON whitespace around the number: two adjacent int slots used to admit "2 42" (and a budget
+            # spent on spaces), which the template's own oracle rejects
+            schema = {**self.json_schema(), "x-guidance": {"whitespace_flexible": False}}
+            return "%json" + json.dumps(schema, separators=(",", ":"))
         if self.kind == "letters":
             n = "{%d}" % self.n if self.n is not None else "{1,%d}" % LETTERS_MAX
             return f"/[a-z]{n}/"
