@@ -42,8 +42,18 @@ class CompiledGrammar:
     tokenizer: EngineTokenizer
     _pristine: llguidance.LLMatcher
 
+    _empty: bool | None = None
+
     def matcher(self, n_logits: int) -> Matcher:
         return Matcher(self._pristine.deep_copy(), self.tokenizer, n_logits)
+
+    def matches_nothing(self, n_logits: int, eos_ids: frozenset[int]) -> bool:
+        """Whether no output satisfies the grammar: at the start state nothing but EOS is allowed and the
+        matcher does not accept. Decided once per compiled grammar (it costs one mask)."""
+        if self._empty is None:
+            m = self.matcher(n_logits)
+            self._empty = m.error is None and not m.accepting and all(i in eos_ids for i in m.allowed_ids())
+        return self._empty
 
 
 _CACHE: LRU[tuple[str, str], CompiledGrammar] = LRU(256)

@@ -281,7 +281,11 @@ def free_greedy_deltas(model: RowModel, prefix: Sequence[int], start: torch.Tens
 
 def branch_point(deltas: Sequence[float | None], end: int, rule: str, tau: float) -> int:
     """t* (ALGORITHMS.md section 6): pipeline = the end; last = the latest step with delta <= tau (the end
-    counts); min = the argmin of delta, ties to the latest step."""
+    counts); min = the argmin of delta, ties to the latest step.
+
+    Written from the specification on purpose, not imported from ``strategies.suffix.choose_branch``: this
+    module is the oracle the suffix strategies are checked against, so it shares nothing with them but the
+    model and the constraint's language (module docstring)."""
     steps = [t for t in range(end + 1) if deltas[t] is not None]
     if rule == "pipeline":
         return end

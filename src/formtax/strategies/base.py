@@ -168,11 +168,9 @@ def list_strategies() -> dict[str, str]:
 
 def refuse_empty_language(backend: Backend, constraint: Constraint) -> None:
     """A constraint no output can satisfy (e.g. ``regex:[^\\s\\S]``) is refused before any model call; it used
-    to return an empty answer with exit status 0. The engine's matcher at its start state decides (compiled once,
-    cached): nothing but EOS allowed there, without accepting, means the language is empty."""
+    to return an empty answer with exit status 0. The compiled grammar decides, once (``matches_nothing``)."""
     tok = backend.tokenizer
-    m = compile_grammar(constraint.grammar, tok.engine).matcher(tok.n_logits)
-    if m.error is None and not m.accepting and all(i in tok.eos_ids for i in m.allowed_ids()):
+    if compile_grammar(constraint.grammar, tok.engine).matches_nothing(tok.n_logits, tok.eos_ids):
         raise ConstraintError(f"constraint {constraint.describe()!r} matches nothing: no output can satisfy it")
 
 
