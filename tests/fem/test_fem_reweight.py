@@ -87,6 +87,33 @@ def test_reweighting_equals_brute_force(seed: int, prefix: list[int], gamma: flo
     np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("prefix", [[], [0, 3], [0, 1, 3, 0]])
+@pytest.mark.parametrize("top_k", [None, 2])
+def test_planted_truths_reweighting_equals_brute_force_and_the_lab(seed: int, prefix: list[int],
+                                                                  top_k: int | None) -> None:
+    """The calibration suite's own Deco-G (planted/exact_fem.py, written again from the specification) agrees
+    with brute-force enumeration (unpruned) and with the lab's runtime (pruned)."""
+    from formtax.planted.exact_fem import FemSpec, _forward, _step, _Tables
+
+    dfa = tiny()
+    hmm = HMM.random(3, len(TOKENS), seed=seed, concentration=1.0, dtype=torch.float64)
+    logits = np.random.default_rng(seed).normal(size=len(TOKENS)) * 2
+    budget = len(prefix) + 4
+    spec = FemSpec(dfa, hmm, frozenset({EOS}), budget, 1.5, top_k, prefix)
+    tables = _Tables(spec)
+    logf = tables.log_pi - np.log(np.exp(tables.log_pi).sum())
+    d = dfa.start
+    for t in prefix:
+        d, logf = dfa.step(d, t), _forward(tables, logf, t)
+    _, score = _step(spec, tables, logits, logf, d, budget - len(prefix) - 1)
+    got = np.exp(score)
+    lab, _ = fem_distribution(dfa, hmm, prefix, budget, logits, 1.5, top_k=top_k)
+    np.testing.assert_allclose(got, lab, rtol=1e-9, atol=1e-12)
+    if top_k is None:
+        np.testing.assert_allclose(got, brute_force(dfa, hmm, prefix, budget, logits, 1.5), rtol=1e-9, atol=1e-12)
+
+
 @pytest.mark.parametrize("template,prefix,suffix", [("1{letters:1}", "none", "none"), ("b{int}", "any", "any")])
 def test_brute_force_other_shapes_and_min_tokens(template: str, prefix: str, suffix: str) -> None:
     vocab = TokenVocab.from_bytes(TOKENS, {EOS}, (EOS,))

@@ -22,6 +22,8 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, default=None, help="default: the world's, else 128")
     p.add_argument("--reasoning-tokens", type=int, default=None,
                    help="one reasoning budget for every level (default: the world's, else from --max-tokens)")
+    p.add_argument("--fem", default=None,
+                   help="decog / ctrlg: an FEM artifact (default: the world's study.fem, e.g. distilled from it)")
     p.add_argument("--replicates", type=int, default=10_000, help="bootstrap replicates of the report")
     p.add_argument("--studies", type=int, default=0,
                    help="also run a coverage study of this many synthetic studies (e.g. 400)")
@@ -68,14 +70,14 @@ def calibrate_cmd(args: argparse.Namespace) -> int:
         try:
             cal = calibrate(args.world, out, [s for s in args.strategies.split(",") if s] if args.strategies else None,
                             args.seeds, args.temperature, args.max_tokens, args.replicates, progress,
-                            reasoning_tokens=args.reasoning_tokens)
+                            reasoning_tokens=args.reasoning_tokens, fem=args.fem)
         finally:
             if bar is not None:
                 bar.close()
     print(render(cal))
     if args.studies:
         from formtax.planted.backend import PlantedBackend
-        from formtax.planted.calibrate import render_coverage, resolve_world, study_config
+        from formtax.planted.calibrate import render_coverage, resolve_world, study_config, world_fem
         from formtax.planted.task import planted_task
         from formtax.planted.truth import grid_truth
         from formtax.planted.world import load_world
@@ -83,7 +85,8 @@ def calibrate_cmd(args: argparse.Namespace) -> int:
         path = resolve_world(args.world, out)
         world = load_world(path)
         cfg = study_config(world, path, [s for s in args.strategies.split(",") if s] if args.strategies else None,
-                           args.seeds, args.temperature, args.max_tokens, reasoning_tokens=args.reasoning_tokens)
+                           args.seeds, args.temperature, args.max_tokens, reasoning_tokens=args.reasoning_tokens,
+                           fem=args.fem or world_fem(world, path, out))
         g = grid_truth(PlantedBackend(world, str(path)), planted_task(world, str(path)), cfg)
         with tqdm(total=args.studies, unit="study", desc="coverage", file=sys.stderr) as sbar:
             cov = coverage_study(g, args.studies, args.study_items, args.study_seeds,

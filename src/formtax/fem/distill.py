@@ -136,11 +136,14 @@ def lm_hidden_states(backend: Backend, prompts: Sequence[Sequence[int]], respons
     return out
 
 
-def build_fem(backend: Backend, cfg: DistillConfig, progress: Progress | None = None) -> tuple[HMM, dict[str, Any]]:
-    """Distil an HMM from ``backend``'s model; returns it and the artifact metadata."""
+def build_fem(backend: Backend, cfg: DistillConfig, progress: Progress | None = None,
+              task: Task | None = None) -> tuple[HMM, dict[str, Any]]:
+    """Distil an HMM from ``backend``'s model; returns it and the artifact metadata. ``task``: a task object to
+    use instead of the registered ``cfg.task`` (e.g. a planted world's task, which needs its world)."""
     cfg.check()
     t0 = time.perf_counter()
-    task = get_task(cfg.task) if cfg.form == "instruction-aware" or cfg.task else None
+    if task is None and (cfg.form == "instruction-aware" or cfg.task):
+        task = get_task(cfg.task)
     prompts, responses, item_ids = collect_samples(backend, cfg, task, progress)
     v = backend.tokenizer.n_logits
     empty = v  # a training-only token id one past the vocabulary

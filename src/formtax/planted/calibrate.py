@@ -57,8 +57,10 @@ def resolve_world(name: str, out_dir: Path) -> Path:
 
 def study_config(world: World, path: Path, strategies: list[str] | None = None, seeds: int | None = None,
                  temperature: float | None = None, max_tokens: int | None = None, batch_size: int = 16,
-                 reasoning_tokens: int | None = None) -> RunConfig:
+                 reasoning_tokens: int | None = None, fem: str | None = None) -> RunConfig:
     st = world.study
+    if fem is None and isinstance(st.get("fem"), str):
+        fem = str(st["fem"])
     if reasoning_tokens is None and st.get("reasoning_tokens") is not None:
         reasoning_tokens = int(st["reasoning_tokens"])
     return RunConfig(task="planted", strategies=strategies or list(st.get("strategies", ["free"])),
@@ -66,8 +68,32 @@ def study_config(world: World, path: Path, strategies: list[str] | None = None, 
                      seeds=seeds if seeds is not None else int(st.get("seeds", 1)),
                      temperature=temperature if temperature is not None else float(st.get("temperature", 0.0)),
                      max_tokens=max_tokens if max_tokens is not None else int(st.get("max_tokens", 128)),
-                     reasoning_tokens=reasoning_tokens, batch_size=batch_size,
+                     reasoning_tokens=reasoning_tokens, batch_size=batch_size, fem=fem,
                      task_options={"world": str(path.resolve())})
+
+
+def world_fem(world: World, path: Path, out_dir: Path) -> str | None:
+    """The FEM a world's study asks for: a file (``"fem": "FILE"``), or one distilled from the planted model
+    itself (``"fem": {"distill": {...}}``: :class:`~formtax.fem.distill.DistillConfig` fields, instruction-aware,
+    greedy, n-gram initialisation), written once to ``out_dir/fem.npz`` and reused while the world is unchanged."""
+    spec = world.study.get("fem")
+    if spec is None or isinstance(spec, str):
+        return spec
+    from formtax.fem.artifact import load_fem, save_fem
+    from formtax.fem.distill import DistillConfig, build_fem
+
+    target = out_dir / "fem.npz"
+    if target.is_file() and load_fem(str(target)).meta.get("world_sha256") == world.sha256:
+        return str(target)
+    opts = dict(spec.get("distill", {})) if isinstance(spec, dict) else {}
+    try:
+        cfg = DistillConfig(task="planted", init="ngram", **opts)
+    except TypeError as e:
+        raise ConfigError(f"world {world.name}: study.fem.distill: {e}") from None
+    backend = PlantedBackend(world, str(path.resolve()))
+    hmm, meta = build_fem(backend, cfg, task=planted_task(world, str(path.resolve())))
+    meta["world_sha256"] = world.sha256
+    return str(save_fem(target, hmm, meta))
 
 
 def planted_key(text: str) -> Key:
@@ -120,6 +146,7 @@ class Calibration:
     records_differing: int | None  # greedy only: records whose text differs from the exact output
     max_unresolved: float
     notes: list[str] = field(default_factory=list)
+    fit_p: float | None = None  # sampled runs: distribution_fit (Bonferroni-adjusted smallest chi-square p)
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -148,10 +175,47 @@ def _records_differing(g: GridTruth, run_dir: Path) -> tuple[int, int]:
     return n, bad
 
 
+def distribution_fit(g: GridTruth, run_dir: Path) -> float | None:
+    """Sampled runs: does every request's spread of outputs over its seeds follow its exact distribution? Per
+    request, Pearson's chi-square of the records' texts against the exact outcome probabilities (outcomes
+    expected fewer than 5 times pooled into one cell); returned is the Bonferroni-adjusted smallest p-value over
+    the requests (None when no request has two cells). A small value points at the sampler, a policy's
+    renormalisation or the enumerator, request by request, where the accuracy's interval only sees the mean."""
+    from scipy import stats as sstats
+
+    from formtax.records.store import RECORDS, read_records
+
+    texts: dict[tuple[str, str, str], list[str]] = {}
+    for rec in read_records(run_dir / RECORDS):
+        texts.setdefault((rec.strategy, rec.item_id, rec.prompt_variant), []).append(
+            rec.text if rec.error is None else "\x00error")
+    ps: list[float] = []
+    for (strategy, item, variant), seen in texts.items():
+        t = g.by_key.get((strategy, item, variant, 0))
+        if t is None:
+            continue
+        exact: dict[str, float] = {}
+        for o in t.outcomes:
+            key = o.text if o.scored else "\x00error"
+            exact[key] = exact.get(key, 0.0) + o.p
+        n = len(seen)
+        big = [k for k, q in exact.items() if q * n >= 5]
+        obs = [sum(1 for x in seen if x == k) for k in big]
+        exp = [exact[k] * n for k in big]
+        rest_obs, rest_exp = n - sum(obs), n - sum(exp)
+        if rest_exp >= 1e-9 * n or rest_obs:
+            obs.append(rest_obs)
+            exp.append(max(rest_exp, 1e-12))
+        if len(obs) < 2:
+            continue
+        ps.append(float(sstats.chisquare(obs, np.array(exp) * n / sum(exp)).pvalue))
+    return min(1.0, min(ps) * len(ps)) if ps else None
+
+
 def calibrate(world_arg: str, out_dir: Path, strategies: list[str] | None = None, seeds: int | None = None,
               temperature: float | None = None, max_tokens: int | None = None, n_resamples: int = 10_000,
-              progress: Callable[[int, int], None] | None = None, reasoning_tokens: int | None = None
-              ) -> Calibration:
+              progress: Callable[[int, int], None] | None = None, reasoning_tokens: int | None = None,
+              fem: str | None = None) -> Calibration:
     from formtax.report.load import load_records
     from formtax.report.tables import compute_tables
     from formtax.runner import run
@@ -159,8 +223,10 @@ def calibrate(world_arg: str, out_dir: Path, strategies: list[str] | None = None
     out_dir.mkdir(parents=True, exist_ok=True)
     path = resolve_world(world_arg, out_dir)
     world = load_world(path)
+    if fem is None:
+        fem = world_fem(world, path, out_dir)
     config = study_config(world, path, strategies, seeds, temperature, max_tokens,
-                          reasoning_tokens=reasoning_tokens)
+                          reasoning_tokens=reasoning_tokens, fem=fem)
     backend = PlantedBackend(world, str(path.resolve()))
     task = planted_task(world, str(path.resolve()))
     g = grid_truth(backend, task, config)  # before the run: a world without an exact truth is refused early
@@ -184,6 +250,8 @@ def calibrate(world_arg: str, out_dir: Path, strategies: list[str] | None = None
     n, bad = _records_differing(g, run_dir)
     cal = Calibration(world.name, str(run_dir), asdict(config), rows, n,
                       bad if config.temperature <= 0.0 else None, g.max_unresolved, notes)
+    if config.temperature > 0.0:
+        cal.fit_p = distribution_fit(g, run_dir)
     (out_dir / "calibration.json").write_text(json.dumps(cal.to_json(), indent=1, default=str) + "\n",
                                               encoding="utf-8")
     (out_dir / "calibration.md").write_text(render(cal) + "\n", encoding="utf-8")
@@ -199,6 +267,8 @@ def render(cal: Calibration) -> str:
              f"{cal.records} records in {cal.run_dir}; "
              + (f"records differing from the exact output: {cal.records_differing}; "
                 if cal.records_differing is not None else "")
+             + (f"outputs vs exact distributions (chi-square per request, Bonferroni): p = {cal.fit_p:.3g}; "
+                if cal.fit_p is not None else "")
              + f"largest unresolved probability {cal.max_unresolved:.2g}", "",
              "| quantity | planted | exact | estimate | 95% interval | covers exact |", "|---|---|---|---|---|---|"]
     for r in cal.rows:

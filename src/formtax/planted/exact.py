@@ -13,7 +13,8 @@ sets, which the oracle of every constrained output checks separately).
   total probability is returned as ``unresolved``, a hard bound on the truth's error (about ``floor`` per step),
   and a world that *leaves* its paths under sampling (every on-path token masked) makes it large: the caller
   refuses such a truth instead of reporting it.
-- Suffix strategies are defined for greedy decoding only (paper 000), and so is their truth here.
+- Suffix strategies: paper 000 decodes greedily; formtax also samples them (the free pass from the unmasked
+  distribution, the completion under the mask), and the truth enumerates both passes.
 """
 
 from __future__ import annotations
@@ -101,6 +102,8 @@ class _State:
 
 NEGLIGIBLE = 1e-13
 """Branches less likely than this are added to ``unresolved`` instead of enumerated (each floor-level switch)."""
+SMALL_ALLOWED = 64
+"""An allowed set this small is enumerated token by token (see ``_branches``)."""
 
 
 def _argmax(values: np.ndarray, allowed: np.ndarray | None) -> int:
@@ -129,8 +132,13 @@ def _branches(model: RowModel, node: int | None, logits: np.ndarray, allowed: np
     x -= x.max()
     p = np.exp(x)
     p /= p.sum()
-    on = [t for t in model.probs_at(node) if allowed is None or allowed[t]]
-    out = [(t, float(p[t])) for t in on if p[t] > 0.0]
+    if allowed is not None and int(allowed.sum()) <= SMALL_ALLOWED:
+        # a small allowed set (digits and EOS inside an integer slot) is enumerated whole, so a mask that leaves
+        # the world's paths (the floor's uniform branches) stays exact; only branches below NEGLIGIBLE are dropped
+        on = [int(t) for t in np.flatnonzero(allowed)]
+    else:
+        on = [t for t in model.probs_at(node) if allowed is None or allowed[t]]
+    out = [(t, float(p[t])) for t in on if p[t] >= NEGLIGIBLE]
     return out, max(0.0, 1.0 - sum(q for _, q in out))
 
 
@@ -257,26 +265,60 @@ def distribution(model: RowModel, tok: TokenizerInfo, sem: Semantics, temperatur
     return Distribution(done, unresolved)
 
 
-def free_greedy_deltas(model: RowModel, prefix: Sequence[int], start: torch.Tensor, eos: frozenset[int],
-                       budget: int) -> tuple[list[int], list[float | None], int]:
-    """Paper 000's free pass (greedy): the tokens, delta_t at every step (None on forced RC steps) and the end
-    step (where the unmasked argmax is EOS, or the budget)."""
-    tokens: list[int] = []
-    deltas: list[float | None] = []
+@dataclass
+class FreeRun:
+    """One way paper 000's free pass can go: its tokens, delta_t at every step (None on forced RC steps), the end
+    step, and its probability."""
+
+    p: float
+    tokens: list[int]
+    deltas: list[float | None]
+    end: int
+
+
+def free_runs(model: RowModel, prefix: Sequence[int], start: torch.Tensor, eos: frozenset[int], budget: int,
+              temperature: float) -> tuple[list[FreeRun], float]:
+    """Every free pass with its probability, and the mass that cannot be enumerated (ALGORITHMS.md section 6 and
+    the strategies' sampled rule): the pass ends where the unmasked argmax is EOS or the budget is spent; under
+    sampling it draws from the unmasked ``softmax(logits / T)``, and a drawn EOS ends it at that step too. delta_t
+    always comes from the raw logits (temperature 1), as the penalty is defined."""
     s = start.numpy()
-    while True:
-        t = len(tokens)
+    runs: list[FreeRun] = []
+    unresolved = 0.0
+    stack = [FreeRun(1.0, [], [], -1)]
+    while stack:
+        r = stack.pop()
+        t = len(r.tokens)
         if t < len(prefix) and t < budget:
-            deltas.append(None)
-            tokens.append(prefix[t])
+            r.deltas.append(None)
+            r.tokens.append(prefix[t])
+            stack.append(r)
             continue
-        logits = model.logits(tokens).numpy().astype(np.float64)
+        node = model.node(r.tokens)
+        logits = model.logits_at(node).numpy().astype(np.float64)
         p = np.exp(logits - logits.max())
         p /= p.sum()
-        deltas.append(float(p.max() - p[s].max()))
+        r.deltas.append(float(p.max() - p[s].max()))
         if t >= budget or int(np.argmax(logits)) in eos:
-            return tokens, deltas, t
-        tokens.append(int(np.argmax(logits)))
+            r.end = t
+            runs.append(r)
+            continue
+        if temperature <= 0.0:
+            r.tokens.append(int(np.argmax(logits)))
+            stack.append(r)
+            continue
+        x = logits / temperature
+        q = np.exp(x - x.max())
+        q /= q.sum()
+        p_eos = float(q[sorted(eos)].sum())
+        on = [(v, float(q[v])) for v in model.probs_at(node) if v not in eos and q[v] > 0.0]
+        unresolved += r.p * max(0.0, 1.0 - p_eos - sum(w for _, w in on))
+        if r.p * p_eos >= NEGLIGIBLE:
+            runs.append(FreeRun(r.p * p_eos, list(r.tokens), list(r.deltas), t))
+        else:
+            unresolved += r.p * p_eos
+        stack.extend(FreeRun(r.p * w, [*r.tokens, v], list(r.deltas), -1) for v, w in on)
+    return runs, unresolved
 
 
 def branch_point(deltas: Sequence[float | None], end: int, rule: str, tau: float) -> int:
@@ -299,23 +341,28 @@ def branch_point(deltas: Sequence[float | None], end: int, rule: str, tau: float
     raise ValueError(f"unknown suffix rule {rule!r}")
 
 
-def suffix_outcome(model: RowModel, tok: TokenizerInfo, constraint: Constraint, prefix: Sequence[int],
-                   max_tokens: int, reserve: int, rule: str, tau: float) -> Outcome:
-    """The greedy output of suffix-pipeline / -last / -min: y<t* then complete_T from there."""
+def suffix_distribution(model: RowModel, tok: TokenizerInfo, constraint: Constraint, prefix: Sequence[int],
+                        max_tokens: int, reserve: int, rule: str, tau: float, temperature: float) -> Distribution:
+    """Every output of suffix-pipeline / -last / -min / -beam: y<t* then complete_T from there, for every free
+    pass (greedy: one). The beam's output equals the lazy form's (section 6) in law as well: its constrained
+    row draws from its own generator, so the completion that survives is a fresh draw from x + y<t*."""
     from formtax.strategies.suffix import suffix_answer  # the template's language T' and its start set S
 
     ans = suffix_answer(constraint, tok)
-    tokens, deltas, end = free_greedy_deltas(model, prefix, ans.start, tok.eos_ids, max_tokens - reserve)
-    t_star = branch_point(deltas, end, rule, tau)
-    kept = tokens[:t_star]
-    sub = _Shifted(model, kept)
-    sem = Semantics(Kind.CONSTRAINED, max_tokens=max_tokens - len(kept), grammar=ans.grammar,
-                    first_allowed=ans.start)
-    d = distribution(sub, tok, sem, 0.0)  # type: ignore[arg-type]
-    o = d.outcomes[0]
-    phases = ["rc" if k < len(prefix) else "reasoning" for k in range(len(kept))] + o.phases
-    return Outcome(1.0, kept + o.tokens, phases, o.finish, None,
-                   {"t_star": t_star, "delta_at_t_star": deltas[t_star], "free_end": end})
+    runs, unresolved = free_runs(model, prefix, ans.start, tok.eos_ids, max_tokens - reserve, temperature)
+    outcomes: list[Outcome] = []
+    for run in runs:
+        t_star = branch_point(run.deltas, run.end, rule, tau)
+        kept = run.tokens[:t_star]
+        sem = Semantics(Kind.CONSTRAINED, max_tokens=max_tokens - len(kept), grammar=ans.grammar,
+                        first_allowed=ans.start)
+        d = distribution(_Shifted(model, kept), tok, sem, temperature)  # type: ignore[arg-type]
+        unresolved += run.p * d.unresolved
+        phases = ["rc" if k < len(prefix) else "reasoning" for k in range(len(kept))]
+        for o in d.outcomes:
+            outcomes.append(Outcome(run.p * o.p, kept + o.tokens, phases + o.phases, o.finish, None,
+                                    {"t_star": t_star, "delta_at_t_star": run.deltas[t_star], "free_end": run.end}))
+    return Distribution(outcomes, unresolved)
 
 
 class _Shifted:

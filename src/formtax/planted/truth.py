@@ -11,6 +11,7 @@ paper 002's deltas (:func:`population_truths`).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,14 +20,15 @@ import numpy as np
 from formtax.constraints.spec import Constraint
 from formtax.errors import ConfigError
 from formtax.planted.backend import PlantedBackend
-from formtax.planted.exact import Distribution, Kind, Outcome, Semantics, distribution, suffix_outcome
+from formtax.planted.exact import Distribution, Kind, Outcome, Semantics, distribution, suffix_distribution
 from formtax.runner.grid import Planned, parse_strategy_spec, plan_grid
 from formtax.runner.run import RunConfig, make_record, request_for
 from formtax.strategies.base import ERROR_FINISHES, Request, Result, answer_reserve, finish_error
 from formtax.tasks import Task, sample_items
 
-SUFFIX_RULES = {"suffix-pipeline": "pipeline", "suffix-last": "last", "suffix-min": "min"}
-SUPPORTED = {"free", "short", "constrained", "json", "inwriting", "nl2format", *SUFFIX_RULES}
+SUFFIX_RULES = {"suffix-pipeline": "pipeline", "suffix-last": "last", "suffix-min": "min", "suffix-beam": "last"}
+FEM = ("decog", "ctrlg")
+SUPPORTED = {"free", "short", "constrained", "json", "inwriting", "nl2format", *SUFFIX_RULES, *FEM}
 UNRESOLVED_LIMIT = 1e-6
 
 
@@ -78,15 +80,21 @@ def _semantics_and_assemble(backend: PlantedBackend, strategy: str, req: Request
         return r
 
     if strategy in SUFFIX_RULES:
-        if req.temperature > 0.0:
-            raise ConfigError(f"the exact truth of {strategy} is defined for greedy decoding only")
         assert c is not None
         from formtax.strategies.suffix import SuffixStrategy
 
         tau = float(req.options.get("tau", 0.0))
-        o = suffix_outcome(model, tok, c, prefix, req.max_tokens, SuffixStrategy.reserve(c), SUFFIX_RULES[strategy], tau)
-        res = result(o, tok.decode_text(o.tokens), tok.decode_text(o.phase_tokens("answer")), o.finish)
-        return [(1.0, res, {"t_star": o.stats["t_star"]})]
+        rule = SUFFIX_RULES[strategy]
+        if strategy == "suffix-beam":
+            rule = str(req.options.get("rule", rule))
+        sd = suffix_distribution(model, tok, c, prefix, req.max_tokens, SuffixStrategy.reserve(c), rule, tau,
+                                 req.temperature)
+        for o in sd.outcomes:
+            res = result(o, tok.decode_text(o.tokens), tok.decode_text(o.phase_tokens("answer")), o.finish)
+            out.append((o.p, res, {"t_star": o.stats["t_star"], "unresolved": sd.unresolved}))
+        return out
+    if strategy in FEM and req.constrain:
+        return _fem_outputs(backend, strategy, req, model, prefix, result)
     if strategy == "nl2format":
         assert c is not None
         first = distribution(model, tok, Semantics(Kind.FREE, req.max_tokens, prefix), req.temperature)
@@ -141,6 +149,35 @@ def _semantics_and_assemble(backend: PlantedBackend, strategy: str, req: Request
     return out
 
 
+def _fem_outputs(backend: PlantedBackend, strategy: str, req: Request, model: Any, prefix: list[int],
+                 result: Callable[[Outcome, str, str | None, str], Result]) -> list[tuple[float, Result, dict[str, Any]]]:
+    """Deco-G / Ctrl-G: the strategy's settings and format DFA (the language), the rest from the specification."""
+    from formtax.fem.dfa import FormatSpec, token_dfa, vocab_for
+    from formtax.planted.exact_fem import FemSpec, fem_answer, fem_distribution
+    from formtax.strategies.base import get_strategy
+    from formtax.strategies.decog import FemStrategy, answer_template
+
+    tok = backend.tokenizer
+    strat = get_strategy(strategy)
+    assert isinstance(strat, FemStrategy)
+    s = strat.settings(req)
+    dfa = token_dfa(strat.format_spec(req, s), vocab_for(tok))
+    top_k = s.top_k if s.top_k is not None and s.top_k < s.artifact.h else None
+    spec = FemSpec(dfa, s.artifact.hmm, tok.eos_ids, req.max_tokens, s.gamma, top_k, prefix)
+    d = fem_distribution(model, spec, req.temperature)
+    template = answer_template(req.constraint)
+    n_lines = 1 + sum(p.count("\n") for p in template.parts if isinstance(p, str))
+    pattern = (FormatSpec(template, prefix="none", suffix="none", leading_space=False).py_regex()
+               if s.placement == "anywhere" else None)
+    out = []
+    for o in d.outcomes:
+        text = tok.decode_text(o.tokens)
+        body = tok.decode_text([t for t in o.tokens if t not in tok.eos_ids])
+        answer = fem_answer(body, n_lines, s.leading_space, pattern) if o.finish not in ERROR_FINISHES else None
+        out.append((o.p, result(o, text, answer, o.finish), {"unresolved": d.unresolved}))
+    return out
+
+
 def request_truth(backend: PlantedBackend, task: Task, p: Planned, config: RunConfig) -> RequestTruth:
     name = p.spec.name
     if name not in SUPPORTED:
@@ -151,18 +188,19 @@ def request_truth(backend: PlantedBackend, task: Task, p: Planned, config: RunCo
                           "only")
     prompt_text = backend.tokenizer.chat_prompt(p.messages)
     scored: list[Scored] = []
-    unresolved = 0.0
+    unresolved = total = 0.0
     if backend.world.item(p.item.id).meta.get("fail"):  # the backend raises for this item: an error record
         return RequestTruth(p, [Scored(1.0, 0.0, 0.0, 0.0, False)], 0.0)
     for q, res, extra in _semantics_and_assemble(backend, name, req):
         unresolved = max(unresolved, float(extra.get("unresolved", 0.0)))
+        total += q
         rec = make_record(task, p, res, prompt_text, 1, backend.model_id, error=None)
         strict = rec.parses.get("strict")
         scored.append(Scored(
             p=q, strict=float(rec.scores.get("strict", False)), lenient=float(rec.scores.get("lenient", False)),
             parse_ok=float(strict is not None and strict.status == "ok"), scored=rec.error is None,
             masked_mass=rec.masked_mass, t_star=extra.get("t_star"), text=res.text))
-    return RequestTruth(p, scored, unresolved)
+    return RequestTruth(p, scored, max(unresolved, 1.0 - total))  # nothing enumerated: nothing resolved
 
 
 @dataclass

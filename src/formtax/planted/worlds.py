@@ -221,7 +221,8 @@ def suffix_branch(n_items: int = 24, seed: int = 0, tokenizer: str = "smollm2") 
                       "meta": {"type": "drifts" if drifts else "steady"}})
     return parse_world({
         "name": "suffix-branch", "tokenizer": tokenizer, "items": items,
-        "study": {"strategies": ["suffix-pipeline", "suffix-last", "suffix-min"], "max_tokens": 64,
+        "study": {"strategies": ["suffix-pipeline", "suffix-last", "suffix-min", "suffix-beam"],
+                  "max_tokens": 64 if tokenizer == "smollm2" else 160,
                   "planted": {"paired/suffix-last/suffix-pipeline/diff": 0.5}},
     })
 
@@ -239,6 +240,42 @@ def missing(n_items: int = 20, seed: int = 0, tokenizer: str = "smollm2") -> Wor
     return parse_world(base)
 
 
+def decog_format(n_items: int = 30, seed: int = 0, tokenizer: str = "smollm2", top: float = 0.7) -> World:
+    """Paper 001's setting: free reasoning that a format estimation module steers into the answer line. Types
+    (shares 0.4 / 0.3 / 0.3): ``ok`` (the reasoning, then the answer as its last line), ``noline`` (the right
+    number in a sentence and no answer line: a format failure; made to go on after its end the model writes the
+    answer line) and ``wrong``. Deco-G's hard mask bans EOS until the last line is the template, so the
+    ``noline`` items get their answer line; the HMM (distilled from this world's own task-only outputs,
+    ``study.fem``) reweights which continuation is taken. Planted: format gain 0.3 (decog@vc - decog@none), if
+    the HMM does not turn the dominant continuation: the exact truth says what it does."""
+    rng = np.random.default_rng(seed)
+    types = ["ok", "noline", "wrong"]
+    counts = [int(round(s * n_items)) for s in (0.4, 0.3, 0.3)]
+    counts[0] += n_items - sum(counts)
+    kinds = [t for t, c in zip(types, counts, strict=True) for _ in range(c)]
+    items = []
+    for k, kind in enumerate(kinds):
+        a, b = int(rng.integers(10, 60)), int(rng.integers(10, 40))
+        g, w = a + b, a + b + int(rng.integers(1, 9))
+        line = f"\nThe answer is: {g}"  # the last line Deco-G's format asks for
+        conts: list[tuple[Any, list[tuple[Any, float]]]] = [
+            ([f"{a} plus {b} is {g}.", "\nThe answer is:", f" {g}"], [(line, 1.0)]),
+            ([f"{a} plus {b} makes {g}."], [(line, 1.0)]),
+            ([f"{a} plus {b} is {w}.", "\nThe answer is:", f" {w}"], [(f"\nThe answer is: {w}", 1.0)]),
+        ]
+        ps = _probs(rng, types.index(kind), 3, top)
+        items.append({"id": f"d{k:03d}", "question": f"What is {a} plus {b}? (item {k})", "gold": str(g),
+                      "continuations": [_cont(t, p, af) for (t, af), p in zip(conts, ps, strict=True)],
+                      "meta": {"type": kind}})
+    return parse_world({
+        "name": "decog-format", "tokenizer": tokenizer, "items": items,
+        "description": (decog_format.__doc__ or "").split("\n\n")[0],
+        "study": {"strategies": ["decog@none", "decog@vc"], "max_tokens": 64 if tokenizer == "smollm2" else 96,
+                  "fem": {"distill": {"states": 8, "samples": 24, "em_iters": 3, "max_tokens": 48}},
+                  "planted": {"paired/decog@none/decog@vc/diff": -0.3}},
+    })
+
+
 BUILTIN: dict[str, Callable[..., World]] = {
     "format-validity": format_validity,
     "letters-validity": letters_validity,
@@ -246,4 +283,5 @@ BUILTIN: dict[str, Callable[..., World]] = {
     "abstention": abstention,
     "suffix-branch": suffix_branch,
     "missing": missing,
+    "decog-format": decog_format,
 }

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import llguidance
+import numpy as np
 import torch
 
 from formtax.backends.base import Backend, Capability, TokenizerInfo
@@ -547,6 +548,14 @@ class SuffixMin(SuffixStrategy):
     rule = "min"
 
 
+def constrained_row_seed(seed: int) -> int:
+    """The beam's constrained row draws from its own generator, not a copy of the free row's: with the same seed,
+    its completion would reuse the uniforms the free row spent on the tokens after the branch point, which also
+    decide where the branch finally lands, so (branch, completion) would not have the lazy form's law. A seed
+    derived by ``numpy.random.SeedSequence`` keeps it reproducible and independent."""
+    return int(np.random.SeedSequence([int(seed), 0x5EED]).generate_state(1, np.uint64)[0] >> 1)
+
+
 @register
 class SuffixBeam(SuffixStrategy):
     name = "suffix-beam"
@@ -561,7 +570,8 @@ class SuffixBeam(SuffixStrategy):
         ids = tok.prompt_ids(request.prompt)
         rows = [
             RowRequest(ids, BeamFreePolicy(state), request.max_tokens, request.seed),
-            RowRequest(ids, BeamConstrainedPolicy(state, answer, tok), request.max_tokens, request.seed),
+            RowRequest(ids, BeamConstrainedPolicy(state, answer, tok), request.max_tokens,
+                       constrained_row_seed(request.seed)),
         ]
         return _Row(rows, free, rule, tau, answer, beam=state)
 
