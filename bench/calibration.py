@@ -1,5 +1,6 @@
 """The long calibration: coverage of every interval type over many synthetic studies of the built-in worlds,
-sampled at temperature 1, and the per-item paired test's p-values on a null pair (KS statistic). One JSON line per world.
+sampled at temperature 1, and the per-item paired test's p-values on a null pair (KS statistic); D_paired's
+coverage on the two-language world. One JSON line per world.
 
     python bench/calibration.py --studies 400 --items 40 --seeds 3
 """
@@ -13,6 +14,7 @@ from pathlib import Path
 
 from formtax.planted.backend import PlantedBackend
 from formtax.planted.calibrate import coverage_study, render_coverage, study_config
+from formtax.planted.languages import d_paired_coverage, pair_truths
 from formtax.planted.task import planted_task
 from formtax.planted.truth import grid_truth
 from formtax.planted.world import load_world, write_world
@@ -51,6 +53,20 @@ def main() -> None:
         if a.markdown:
             with a.markdown.open("a", encoding="utf-8") as fh:
                 fh.write(f"### World {name}\n\n" + render_coverage(cov, null) + "\n\n")
+    # paper 002's D_paired: the second-language world, both rules on the same synthetic studies
+    path = write_world(BUILTIN["abstention-languages"](n_items=200, tokenizer=a.tokenizer), tmp / "languages.json")
+    w = load_world(path)
+    g = grid_truth(PlantedBackend(w, str(path)), planted_task(w, str(path)), study_config(w, path))
+    dp = d_paired_coverage(pair_truths(g), a.studies, a.items, a.seeds, a.replicates)
+    results["abstention-languages"] = {rule: {"d_paired": round(v["coverage"], 4)} for rule, v in dp.by_rule.items()}
+    print(json.dumps({"world": "abstention-languages", "studies": a.studies, "items": a.items, "seeds": a.seeds,
+                      "truth": dp.truth, "coverage": results["abstention-languages"], "target": [0.93, 0.97],
+                      "mean_width": {r: round(v["mean_width"], 4) for r, v in dp.by_rule.items()}}), flush=True)
+    if a.markdown:
+        with a.markdown.open("a", encoding="utf-8") as fh:
+            fh.write("### World abstention-languages (D_paired)\n\n| resampling | coverage | mean width |\n|---|---|---|\n"
+                     + "".join(f"| {r} | {v['coverage']:.3f} | {v['mean_width']:.3f} |\n" for r, v in dp.by_rule.items())
+                     + f"\nTruth D_paired = {dp.truth:.4f}\n\n")
     if a.plot:
         plot(results, a.studies, a.items, a.seeds, a.plot)
 

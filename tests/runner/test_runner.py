@@ -251,3 +251,30 @@ def test_bad_run_settings_are_refused_before_anything_is_written(tmp_path, kwarg
     afile.write_text("x")
     with pytest.raises(ConfigError, match="is a file"):
         run(RunConfig(task="arith", strategies=["free"], backend="fake", limit=1, max_tokens=8), afile)
+
+
+def test_every_request_samples_from_its_own_seed():
+    """The default seeding gives each (item, strategy, variant, seed index) its own sampler seed, so requests are
+    independent draws (what the statistics assume); ``index`` keeps the older shared seed index."""
+    from formtax.runner.grid import plan_grid
+    from formtax.runner.run import request_for, sampler_seed
+    from formtax.tasks import get_task, sample_items
+
+    task = get_task("arith")
+    items = sample_items(task.load(None), 4, 0)
+    specs = [parse_strategy_spec(s) for s in ("free", "constrained")]
+    planned = plan_grid(task, items, specs, lambda s: [(1, 1)], [0, 1], 0)
+    config = cfg(temperature=1.0)
+    seeds = [request_for(task, p, config).seed for p in planned]
+    assert len(set(seeds)) == len(planned) == 16
+    assert seeds == [request_for(task, p, config).seed for p in planned]  # reproducible
+    assert all(0 <= s < 2**63 for s in seeds)
+    assert [sampler_seed(p, "index") for p in planned] == [p.seed for p in planned]
+    with pytest.raises(ConfigError, match="seeding"):
+        sampler_seed(planned[0], "shared")
+
+
+def test_seeding_is_part_of_a_sampled_runs_identity_only():
+    assert "seeding" not in cfg().identity()  # greedy decoding reads no seed: older greedy runs still resume
+    assert cfg(temperature=1.0).identity()["seeding"] == "request"
+    assert "seeding" not in cfg(temperature=1.0, seeding="index").identity()  # what runs before it recorded

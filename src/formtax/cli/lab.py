@@ -20,6 +20,9 @@ def _run_args(p: argparse.ArgumentParser) -> None:
                    help="comma list of NAME[@none|fc|vc][+rc], e.g. free,constrained,json@fc,json@vc,inwriting+rc")
     p.add_argument("--limit", type=int, default=None, help="items (the same fixed-seed sample for every strategy)")
     p.add_argument("--seeds", type=int, default=1, help="seeds per request (only matter when sampling)")
+    p.add_argument("--seeding", choices=["request", "index"], default="request",
+                   help="sampler seeds: one per request, independent (default), or the seed index shared by "
+                        "every item and strategy (formtax's older rule; common random numbers)")
     p.add_argument("--prompt-variants", default="t1f1",
                    help="'all' (3 task x 3 format), 'paper' (paper 003's plan: 3 x 3 for InWriting and NL-to-Format, "
                         "3 x 1 for JSON, 1 x 3 on AIME) or e.g. t1f1,t2f3")
@@ -76,7 +79,7 @@ def run_cmd(args: argparse.Namespace) -> int:
         task_options["translations"] = str(args.translations.resolve())
     cfg = RunConfig(task=args.task, strategies=[s for s in args.strategies.split(",") if s.strip()],
                     model=args.model, backend=args.backend, device=args.device, dtype=args.dtype, limit=args.limit,
-                    seeds=args.seeds, prompt_variants=args.prompt_variants, shots=args.shots,
+                    seeds=args.seeds, seeding=args.seeding, prompt_variants=args.prompt_variants, shots=args.shots,
                     max_tokens=args.max_tokens, reasoning_tokens=args.reasoning_tokens,
                     batch_size=args.batch_size, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                     min_p=args.min_p, model_defaults=args.model_defaults, thinking=args.thinking,

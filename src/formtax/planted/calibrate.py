@@ -245,6 +245,14 @@ def calibrate(world_arg: str, out_dir: Path, strategies: list[str] | None = None
     for key, exact in truths.items():
         est, low, high = lookup(tables, key)
         rows.append(Row("/".join(key), planted.get(key), exact, est, low, high))
+    meta = {it.id: dict(it.meta) for it in world.items}
+    if any("pair" in m for m in meta.values()) and {"short", "constrained"} <= set(config.strategies):
+        from formtax.planted.languages import d_paired_estimate, d_paired_truth, pair_truths
+
+        est, low, high = d_paired_estimate(df, meta, n_resamples)
+        key = ("d_paired", "short", "constrained")
+        rows.append(Row("/".join(key), planted.get(key), d_paired_truth(pair_truths(g)), est, low, high))
+        truths[key] = rows[-1].exact
     for key in planted.keys() - truths.keys():
         notes.append(f"planted {'/'.join(key)} has no exact counterpart in this grid")
     n, bad = _records_differing(g, run_dir)

@@ -201,6 +201,28 @@ def abstention(n_items: int = 40, seed: int = 0, tokenizer: str = "smollm2", top
     })
 
 
+def abstention_languages(n_items: int = 40, seed: int = 0, tokenizer: str = "smollm2") -> World:
+    """Paper 002's second language: every question of :func:`abstention` asked again in a second language
+    (item ``qNNN-l2``), where the model is less sure of itself (its dominant continuations hold 0.4 instead of
+    0.6, drawn with another seed). D_paired = (b - c) / |S| compares, on the items both languages get right under
+    short, how often the constraint loses only language 2 (b) against only language 1 (c); with sampled,
+    independent requests its truth is ``sum_i s1 s2 (c1 - c2) / sum_i s1 s2`` over the per-item probabilities of
+    a right answer (s: short, c: constrained). Not planted by hand: the exact truth is the reference."""
+    first = abstention(n_items, seed, tokenizer).model_dump(exclude={"sha256"})
+    second = abstention(n_items, seed + 1, tokenizer, top=0.4).model_dump(exclude={"sha256"})
+    for it in first["items"]:
+        it["meta"].update(language="l1", pair=it["id"])
+    for a, b in zip(first["items"], second["items"], strict=True):
+        b["meta"].update(language="l2", pair=a["id"])
+        b["id"] = f"{a['id']}-l2"
+        b["question"] = b["question"].replace("Which tool answers", "Welches Werkzeug beantwortet")
+    first["items"] += second["items"]
+    first["name"] = "abstention-languages"
+    first["study"] = {"strategies": ["short", "constrained"], "max_tokens": 64, "temperature": 1.0, "seeds": 3,
+                      "planted": {}}
+    return parse_world(first)
+
+
 def suffix_branch(n_items: int = 24, seed: int = 0, tokenizer: str = "smollm2") -> World:
     """Paper 000's bifurcation point: the free run states the right answer early (where the template could start
     at no cost, delta = 0) and then keeps talking to a wrong final line on ``drifts`` items (0.5). The pipeline
@@ -281,6 +303,7 @@ BUILTIN: dict[str, Callable[..., World]] = {
     "letters-validity": letters_validity,
     "reasoning-rc": reasoning_rc,
     "abstention": abstention,
+    "abstention-languages": abstention_languages,
     "suffix-branch": suffix_branch,
     "missing": missing,
     "decog-format": decog_format,

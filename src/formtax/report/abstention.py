@@ -46,7 +46,7 @@ from formtax.records.schema import Record  # noqa: E402
 from formtax.report.analyses import Analysis, register_analysis  # noqa: E402
 from formtax.report.matrices import CONFIDENCE, frame  # noqa: E402
 from formtax.scoring.abstention import ABSTAIN, Category, score_output  # noqa: E402
-from formtax.stats import bootstrap_replicates, complete_cases, logistic_fit  # noqa: E402
+from formtax.stats import DEFAULT_RESAMPLING, Resampling, bootstrap_replicates, complete_cases, logistic_fit  # noqa: E402
 from formtax.strategies.firstmass import EVENT as FIRST_MASS  # noqa: E402
 from formtax.tasks.metatool import BASE_LANGUAGE, parse_item_id  # noqa: E402
 
@@ -573,6 +573,21 @@ def d_paired_cells(short_1: Matrix, con_1: Matrix, short_2: Matrix, con_2: Matri
     return {"S": s.astype(float), "b": b.astype(float), "c": c.astype(float)}
 
 
+def d_paired_interval(cells: dict[str, Matrix], n_resamples: int, seed: int,
+                      resampling: Resampling = DEFAULT_RESAMPLING) -> tuple[float, float, float, int]:
+    """(D_paired, 95% low, high, replicates where S was empty) from the :func:`d_paired_cells` matrices (items x
+    seeds), with the paired bootstrap of the ratio (b - c) / S: every replicate resamples the same items (and
+    seeds) in all three."""
+    s, b, c = (float(cells[k].sum()) for k in ("S", "b", "c"))
+    d = (b - c) / s if s else NAN
+    reps = bootstrap_replicates({k: cells[k] for k in ("S", "b", "c")}, n_resamples, seed, resampling)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        r = (reps["b"] - reps["c"]) / reps["S"]
+    r[reps["S"] == 0] = np.nan
+    low, high = _quantiles(r)
+    return d, low, high, int(np.isnan(r).sum())
+
+
 def language_table(df: pd.DataFrame, n_resamples: int, seed: int) -> pd.DataFrame | None:
     sf = study_frame(df)
     if sf is None:
@@ -617,12 +632,9 @@ def language_table(df: pd.DataFrame, n_resamples: int, seed: int) -> pd.DataFram
             s_sum, b_sum, c_sum = (int(cells[k].sum()) for k in ("S", "b", "c"))
             row.update(S=s_sum, b=b_sum, c=c_sum, d_paired=(b_sum - c_sum) / s_sum if s_sum else NAN)
             if n_items:
+                _, row["d_paired_low"], row["d_paired_high"], row["n_replicates_undefined"] = d_paired_interval(
+                    cells, n_resamples, seed)
                 reps = bootstrap_replicates(cells, n_resamples, seed)
-                with np.errstate(invalid="ignore", divide="ignore"):
-                    d = (reps["b"] - reps["c"]) / reps["S"]
-                d[reps["S"] == 0] = np.nan
-                row["d_paired_low"], row["d_paired_high"] = _quantiles(d)
-                row["n_replicates_undefined"] = int(np.isnan(d).sum())
                 dm1 = reps["constrained_1"] - reps["short_1"]
                 dm2 = reps["constrained_2"] - reps["short_2"]
                 row["delta_mask_diff_low"], row["delta_mask_diff_high"] = _quantiles(dm2 - dm1)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import filelock
+import numpy as np
 
 from formtax import __version__
 from formtax.backends import Backend, load_backend
@@ -107,6 +108,7 @@ class RunConfig:
     ray_address: str | None = None  # join this Ray cluster instead of starting a local one
     backend_options: dict[str, Any] = field(default_factory=dict)  # e.g. server=URL, tensor_parallel_size=2
     fem: str | None = None  # decog / ctrlg: FEM artifact(s), FILE or NAME=FILE,... (strategies/decog.py)
+    seeding: str = "request"  # how a request's sampler seed is made from its seed index: see sampler_seed
 
     def identity(self) -> dict[str, Any]:
         d = asdict(self)
@@ -121,6 +123,8 @@ class RunConfig:
             d.pop("fem")
         if d["reasoning_tokens"] is None:
             d.pop("reasoning_tokens")
+        if d["seeding"] == "index" or (self.temperature <= 0.0 and not self.model_defaults):
+            d.pop("seeding")  # the rule before it existed; and greedy decoding reads no seed
         for key, default in (("top_p", 1.0), ("top_k", 0), ("min_p", 0.0), ("model_defaults", False),
                              ("thinking", None), ("extractor_model", None), ("extractor_backend", None)):
             if d[key] == default:
@@ -277,6 +281,8 @@ def _run(config: RunConfig, out_dir: Path, progress: Callable[[int, int], None] 
         raise ConfigError(f"duplicate strategies in {config.strategies}")
     if config.seeds < 1:
         raise ConfigError("--seeds must be at least 1")
+    if config.seeding not in SEEDINGS:
+        raise ConfigError(f"--seeding must be one of {', '.join(SEEDINGS)}, got {config.seeding!r}")
     task = get_task(config.task)
     if isinstance(task, ConfigurableTask):
         if config.limit is not None and getattr(task, "samples_own_items", True):
@@ -489,10 +495,34 @@ def check_equal_reasoning(task: Task, planned: Sequence[Planned], config: RunCon
                               "one reasoning budget (--reasoning-tokens)")
 
 
+SEEDINGS = ("request", "index")
+
+
+def sampler_seed(p: Planned, seeding: str = "request") -> int:
+    """The seed of one request's sampler.
+
+    ``request`` (the default, our choice): a seed of its own per (task, item, strategy, prompt variant, seed
+    index), derived by ``numpy.random.SeedSequence``, so every request is an independent draw. That is the model
+    the report's statistics and the calibration suite's exact truths assume (items independent, seeds
+    independent within an item). ``index`` (formtax before 0.x, and the common practice of one ``--seed`` for a
+    whole benchmark): the seed index itself, so every item and strategy with seed k reads the same uniform
+    numbers. Those common random numbers couple the items (an item-level bootstrap then misjudges the variance)
+    and make joint statistics such as D_paired depend on the sampler's internals; kept to reproduce older runs.
+    """
+    if seeding == "index":
+        return int(p.seed)
+    if seeding != "request":
+        raise ConfigError(f"unknown seeding {seeding!r}; use one of {', '.join(SEEDINGS)}")
+    key = "\x00".join((p.task, p.item.id, p.spec.spec, p.prompt_variant)).encode("utf-8")
+    words = [int(b) for b in hashlib.sha256(key).digest()[:16]]
+    return int(np.random.SeedSequence([int(p.seed), *words]).generate_state(1, np.uint64)[0] >> 1)
+
+
 def request_for(task: Task, p: Planned, config: RunConfig) -> Request:
     """The strategy request of one planned grid entry (also what the calibration truths are computed for)."""
     max_tokens = planned_budget(task, p, config)["max_tokens"]
-    return Request(prompt=p.messages, constraint=p.constraint(), max_tokens=max_tokens, seed=p.seed,
+    return Request(prompt=p.messages, constraint=p.constraint(), max_tokens=max_tokens,
+                   seed=sampler_seed(p, config.seeding),
                    temperature=config.temperature, top_p=config.top_p, top_k=config.top_k, min_p=config.min_p,
                    reasoning_prefix=RC_PREFIX if p.spec.rc else None,
                    constrain=p.spec.level != "none", conversion=p.conversion(task),
