@@ -78,7 +78,8 @@ def plot(results: dict[str, dict[str, dict[str, float]]], studies: int, items: i
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    bars = [(f"{world}\n{kind}", rs, v) for world, by_rs in results.items() for rs, kinds in by_rs.items()
+    short = {"abstention-languages": "languages"}
+    bars = [(f"{short.get(world, world)}\n{kind}", rs, v) for world, by_rs in results.items() for rs, kinds in by_rs.items()
             for kind, v in kinds.items()]
     labels = list(dict.fromkeys(b[0] for b in bars))
     rules = list(dict.fromkeys(b[1] for b in bars))

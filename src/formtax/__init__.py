@@ -2,6 +2,7 @@
 
 __version__ = "0.1.0"
 
-from formtax.api import generate, generate_batch, load_model  # noqa: E402
+from formtax.api import from_transformers, generate, generate_batch, load_model  # noqa: E402
+from formtax.constraints.native import from_pydantic  # noqa: E402
 
-__all__ = ["__version__", "generate", "generate_batch", "load_model"]
+__all__ = ["__version__", "from_pydantic", "from_transformers", "generate", "generate_batch", "load_model"]

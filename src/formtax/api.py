@@ -1,4 +1,14 @@
-"""The Python API: ``load_model``, ``generate`` and ``generate_batch``."""
+"""The Python API: ``load_model`` / ``from_transformers``, ``generate`` and ``generate_batch``.
+
+Prompts follow one rule in the API and the CLI: a plain string is the user's message, rendered by the model's chat
+template (or plainly concatenated where it has none), as ``formtax generate PROMPT`` does; ``raw=True`` (CLI
+``--raw``) sends the string exactly as given (a completion prompt, e.g. few-shot text for a base model). A list of
+``{"role", "content"}`` messages is always rendered by the chat template.
+
+``answer`` takes a SPEC string, a Constraint, or a native Python type (``constraints.native``: ``int``,
+``["yes", "no"]``, ``Literal[...]``, an ``Enum``, ``re.compile(...)``, a Pydantic model, a JSON Schema dict); with a
+typed answer ``Result.parsed`` is the Python value (an ``int``, the ``Enum`` member, a model instance).
+"""
 
 from __future__ import annotations
 
@@ -6,23 +16,74 @@ from collections.abc import Sequence
 from typing import Any
 
 from formtax.backends import Backend, load_backend
-from formtax.constraints.spec import Constraint, as_constraint
+from formtax.constraints.native import as_constraint
+from formtax.constraints.spec import Constraint
 from formtax.decoding.sampling import Sampling
 from formtax.errors import ConfigError
 from formtax.strategies import Request, Result, get_strategy
 from formtax.strategies.base import Prompt
 
 
-def load_model(model: str | None = None, backend: str = "hf", device: str = "cpu", dtype: str = "float32") -> Backend:
-    """Load a model: the embedded default (None), a .gguf file, a local folder or a hub id."""
-    return load_backend(backend, model, device=device, dtype=dtype)
+def load_model(model: Any = None, backend: str = "hf", device: str = "cpu", dtype: str = "float32",
+               tokenizer: Any = None) -> Backend:
+    """Load a model: the embedded default (None), a .gguf file, a local folder or a hub id; or wrap an already
+    loaded ``transformers`` model (with its ``tokenizer``, see :func:`from_transformers`) or a Backend."""
+    if isinstance(model, Backend):
+        return model
+    if model is None or isinstance(model, str):
+        return load_backend(backend, model, device=device, dtype=dtype)
+    return from_transformers(model, tokenizer)
+
+
+def from_transformers(model: Any, tokenizer: Any, model_id: str | None = None) -> Backend:
+    """A backend over a loaded ``transformers`` causal LM and its tokenizer, on the model's own device and dtype
+    (nothing is copied or converted)."""
+    if not (hasattr(model, "forward") and hasattr(model, "get_output_embeddings") and hasattr(model, "config")):
+        raise ConfigError(f"from_transformers needs a transformers causal LM (e.g. AutoModelForCausalLM), got "
+                          f"{type(model).__name__}")
+    if tokenizer is None or not callable(getattr(tokenizer, "encode", None)):
+        raise ConfigError("from_transformers needs the model's tokenizer too: from_transformers(model, tokenizer) "
+                          "(AutoTokenizer.from_pretrained(...))")
+    from formtax.backends.hf import HFBackend
+
+    name = model_id or str(getattr(model.config, "name_or_path", "") or type(model).__name__)
+    return HFBackend(model, tokenizer, name, device=getattr(model, "device", "cpu"))
+
+
+def _backend(model: Any) -> Backend:
+    if isinstance(model, Backend):
+        return model
+    raise ConfigError(f"generate needs a formtax model (formtax.load_model(...), or formtax.from_transformers(model, "
+                      f"tokenizer) for a loaded transformers model), got {type(model).__name__}")
+
+
+def _prompt(prompt: Prompt, raw: bool) -> Prompt:
+    if isinstance(prompt, str) and not raw:
+        return [{"role": "user", "content": prompt}]
+    if not isinstance(prompt, (str, list)):
+        raise ConfigError(f"a prompt is a string or a list of chat messages, got {type(prompt).__name__}")
+    return prompt
+
+
+def typed_result(res: Result, constraint: Constraint | None) -> Result:
+    """Turn ``res.parsed`` into the answer's Python type; a value the type refuses leaves the answer unparsed."""
+    if constraint is None or constraint.converter is None or not res.parse_ok:
+        return res
+    try:
+        res.parsed = constraint.to_python(res.parsed)
+    except (ValueError, TypeError, KeyError) as e:  # pydantic's ValidationError is a ValueError
+        res.parse_ok, res.parsed = False, None
+        errors = getattr(e, "errors", None)
+        detail = errors()[0].get("msg", str(e)) if callable(errors) and errors() else (str(e) or repr(e))
+        res.parse_error = f"not a valid {constraint.python_type}: {detail.splitlines()[0]}"
+    return res
 
 
 def generate_batch(
     model: Backend,
     prompts: Sequence[Prompt],
     strategy: str = "free",
-    answer: str | Constraint | type[Any] | dict[str, Any] | None = None,
+    answer: Any = None,
     max_tokens: int = 256,
     reasoning: str | None = None,
     triggers: Sequence[str] = (),
@@ -33,22 +94,25 @@ def generate_batch(
     top_k: int = 0,
     min_p: float = 0.0,
     model_defaults: bool = False,
+    raw: bool = False,
 ) -> list[Result]:
     """Generate for several prompts in one batch with one strategy and answer constraint.
 
     Sampling: ``temperature`` (0 = greedy), ``top_p``, ``top_k``, ``min_p`` (applied to the constrained
     distribution); ``model_defaults=True`` takes all four from the model's own generation_config instead.
+    ``raw``: send string prompts without the chat template (module docstring).
     """
+    backend = _backend(model)
     strat = get_strategy(strategy)
     constraint = as_constraint(answer) if answer is not None else None
-    sampling = resolve_sampling(model, Sampling(temperature, top_p, top_k, min_p), model_defaults)
+    sampling = resolve_sampling(backend, Sampling(temperature, top_p, top_k, min_p), model_defaults)
     reqs = [
-        Request(p, constraint, max_tokens=max_tokens, seed=seed, reasoning_prefix=reasoning, triggers=triggers,
-                constrain=constrain, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
-                min_p=sampling.min_p)
+        Request(_prompt(p, raw), constraint, max_tokens=max_tokens, seed=seed, reasoning_prefix=reasoning,
+                triggers=triggers, constrain=constrain, temperature=sampling.temperature, top_p=sampling.top_p,
+                top_k=sampling.top_k, min_p=sampling.min_p)
         for p in prompts
     ]
-    return strat.run(model, reqs)
+    return [typed_result(r, constraint) for r in strat.run(backend, reqs)]
 
 
 def resolve_sampling(model: Backend, sampling: Sampling, model_defaults: bool) -> Sampling:
@@ -66,7 +130,7 @@ def generate(
     model: Backend,
     prompt: Prompt,
     strategy: str = "free",
-    answer: str | Constraint | type[Any] | dict[str, Any] | None = None,
+    answer: Any = None,
     max_tokens: int = 256,
     reasoning: str | None = None,
     triggers: Sequence[str] = (),
@@ -77,8 +141,8 @@ def generate(
     top_k: int = 0,
     min_p: float = 0.0,
     model_defaults: bool = False,
+    raw: bool = False,
 ) -> Result:
-    """Generate one output. ``answer`` is a SPEC string, a Constraint, a Pydantic model or a JSON schema.
-    Sampling as in :func:`generate_batch`."""
+    """Generate one output (see :func:`generate_batch` and the module docstring for prompts and answers)."""
     return generate_batch(model, [prompt], strategy, answer, max_tokens, reasoning, triggers, seed, constrain,
-                          temperature, top_p, top_k, min_p, model_defaults)[0]
+                          temperature, top_p, top_k, min_p, model_defaults, raw)[0]

@@ -17,7 +17,7 @@ PROMPTS = [
 
 def test_free_greedy_is_token_identical_to_transformers_generate(default_model):
     m = default_model
-    ours = formtax.generate_batch(m, PROMPTS, "free", None, max_tokens=24)
+    ours = formtax.generate_batch(m, PROMPTS, "free", None, max_tokens=24, raw=True)  # the strings as given
     for prompt, r in zip(PROMPTS, ours, strict=True):
         ids = m.tokenizer.prompt_ids(prompt)
         inp = torch.tensor([ids])
@@ -77,3 +77,15 @@ def test_short_stops_at_newline_and_budget_is_respected(default_model):
     assert r.finish_reason in {"newline", "eos", "length"}
     assert "\n" not in (r.answer_text or "")
     assert r.tokens.total <= 40
+
+
+def test_your_own_transformers_model_gives_the_same_outputs(default_model):
+    """formtax.from_transformers over the loaded model and tokenizer is the same backend as load_model's."""
+    mine = formtax.from_transformers(default_model.model, default_model.tokenizer.hf)
+    assert formtax.load_model(default_model.model, tokenizer=default_model.tokenizer.hf).model_id == mine.model_id
+    for strategy, answer in (("free", None), ("constrained", int), ("inwriting", "The answer is: {int:0..99}")):
+        a = formtax.generate(default_model, PROMPTS[2][0]["content"], strategy, answer, max_tokens=40)
+        b = formtax.generate(mine, PROMPTS[2][0]["content"], strategy, answer, max_tokens=40)
+        assert a.token_ids == b.token_ids and a.parsed == b.parsed, strategy
+    r = formtax.generate(mine, PROMPTS[0][0]["content"], "constrained", int, max_tokens=8)
+    assert r.parse_ok and isinstance(r.parsed, int)

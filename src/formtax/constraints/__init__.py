@@ -1,6 +1,7 @@
 """Constraints: specs (what users write), the compile cache, and per-request matchers."""
 
 from formtax.constraints.compile import CompiledGrammar, EngineTokenizer, Matcher, compile_grammar
+from formtax.constraints.native import as_constraint, from_pydantic
 from formtax.constraints.spec import (
     ChoiceConstraint,
     Constraint,
@@ -11,8 +12,6 @@ from formtax.constraints.spec import (
     RegexConstraint,
     TemplateConstraint,
     Validation,
-    as_constraint,
-    from_pydantic,
     parse_spec,
     record_spec,
 )

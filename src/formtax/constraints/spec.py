@@ -30,7 +30,7 @@ import functools
 import json
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -73,6 +73,12 @@ class Constraint(ABC):
 
     kind: str
     source: str
+    converter: Callable[[Any], Any] | None = None  # native answer types: the parsed value's Python form
+    python_type: str | None = None
+
+    def to_python(self, value: Any) -> Any:
+        """The parsed value as the answer's Python type (``constraints.native``); unchanged without a converter."""
+        return value if self.converter is None else self.converter(value)
 
     @property
     @abstractmethod
@@ -695,26 +701,3 @@ def parse_spec(spec: str) -> Constraint:
         c = TemplateConstraint(spec)
     c.check()
     return c
-
-
-def from_pydantic(model: type[Any]) -> JsonConstraint:
-    """A JSON constraint from a Pydantic model class."""
-    schema = model.model_json_schema()
-    c = JsonConstraint(schema, source=model.__name__)
-    c.check()
-    return c
-
-
-def as_constraint(answer: str | Constraint | type[Any] | dict[str, Any]) -> Constraint:
-    """Accept a SPEC string, a Constraint, a Pydantic model class or a JSON schema dict."""
-    if isinstance(answer, Constraint):
-        return answer
-    if isinstance(answer, str):
-        return parse_spec(answer)
-    if isinstance(answer, dict):
-        c = JsonConstraint(answer)
-        c.check()
-        return c
-    if hasattr(answer, "model_json_schema"):
-        return from_pydantic(answer)
-    raise ConstraintError(f"cannot make a constraint from {type(answer).__name__}")
