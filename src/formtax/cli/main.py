@@ -29,7 +29,7 @@ def command(name: str, add_args: Callable[[argparse.ArgumentParser], None], help
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from formtax.cli import calibrate, fem, generate, lab, ls  # noqa: F401  (registration)
+    from formtax.cli import calibrate, fem, generate, lab, ls, serve  # noqa: F401  (registration)
     parser = argparse.ArgumentParser(prog="formtax", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -1,0 +1,136 @@
+"""``formtax serve`` through the official ``openai`` client: every strategy it serves parses and equals the
+in-process result token for token (the embedded default); bad requests are 400s; concurrent requests batch."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+openai = pytest.importorskip("openai")
+uvicorn = pytest.importorskip("uvicorn")
+
+import formtax  # noqa: E402
+from formtax.serve.app import ServerThread, create_app  # noqa: E402
+
+pytestmark = pytest.mark.model
+
+Q = "Tom has 3 apples and buys 4 more. How many apples does he have?"
+
+
+@pytest.fixture(scope="module")
+def server(default_model) -> Iterator[tuple[openai.OpenAI, object]]:
+    app = create_app(default_model, max_batch=8, window_s=0.05, timeout_s=120)
+    with ServerThread(app) as srv:  # a random free port, bounded start-up, always shut down
+        yield openai.OpenAI(base_url=srv.url, api_key="none", max_retries=0, timeout=120), app
+
+
+CASES = [("free", None), ("constrained", "The answer is: {int:0..99}"), ("json", "{int:0..99}"),
+         ("inwriting", "The answer is: {int:0..99}"), ("short", "{choice:yes|no}"),
+         ("nl2format", "The answer is: {int:0..99}"), ("suffix-last", "The answer is: {int:0..99}")]
+
+
+@pytest.mark.parametrize(("strategy", "answer"), CASES)
+def test_every_strategy_matches_the_in_process_result(server, default_model, strategy, answer):
+    client, _ = server
+    ref = formtax.generate(default_model, Q, strategy, answer, max_tokens=80)
+    r = client.chat.completions.create(model="default", messages=[{"role": "user", "content": Q}], max_tokens=80,
+                                       extra_body={"formtax": {"strategy": strategy, "answer": answer}})
+    ext = r.model_extra["formtax"]
+    assert ext["token_ids"] == ref.token_ids, (strategy, r.choices[0].message.content, ref.text)
+    assert ext["parse_ok"] == ref.parse_ok and ext["parsed"] == ref.parsed
+    msg = r.choices[0].message
+    assert msg.content == (ref.answer_text if ref.answer_text is not None else ref.text)
+    if strategy not in ("free", "short"):  # the constrained answers always parse
+        assert ext["parse_ok"], (strategy, msg.content)
+    if ref.answer_text is not None and ref.reasoning:
+        assert msg.model_extra.get("reasoning_content") == ref.reasoning
+    assert r.usage.completion_tokens == ref.tokens.total
+
+
+def test_response_format_json_schema_and_json_object(server):
+    import json
+
+    import jsonschema
+
+    client, _ = server
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
+              "additionalProperties": False}
+    r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": Q}], max_tokens=40,
+                                       response_format={"type": "json_schema",
+                                                        "json_schema": {"name": "a", "schema": schema}})
+    jsonschema.validate(json.loads(r.choices[0].message.content), schema)
+    r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": Q}], max_tokens=60,
+                                       response_format={"type": "json_object"})
+    if r.model_extra["formtax"]["finish_reason"] == "length-incomplete":  # an open object can outrun any budget
+        assert r.choices[0].finish_reason == "length" and not r.model_extra["formtax"]["parse_ok"]
+    else:
+        assert isinstance(json.loads(r.choices[0].message.content), dict)
+
+
+def test_tools_are_an_enum_constraint(server):
+    client, _ = server
+    tools = [{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}}
+             for n in ("get_weather", "add_numbers")]
+    r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "What is 3 plus 4?"}],
+                                       max_tokens=16, tools=tools, tool_choice="required")
+    calls = r.choices[0].message.tool_calls
+    assert r.choices[0].finish_reason == "tool_calls" and calls[0].function.name in ("get_weather", "add_numbers")
+    r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=16,
+                                       tools=tools)  # auto: a tool or the abstention answer None
+    m = r.choices[0].message
+    assert (m.tool_calls and m.tool_calls[0].function.name in ("get_weather", "add_numbers")) or m.content == "None"
+
+
+def test_streaming_and_completions(server, default_model):
+    client, _ = server
+    ref = formtax.generate(default_model, Q, "inwriting", "The answer is: {int:0..99}", max_tokens=80)
+    chunks = list(client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": Q}], max_tokens=80, stream=True,
+        extra_body={"formtax": {"strategy": "inwriting", "answer": "The answer is: {int:0..99}"}}))
+    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    reasoning = "".join((c.choices[0].delta.model_extra or {}).get("reasoning_content") or ""
+                        for c in chunks if c.choices)
+    assert content == ref.answer_text and reasoning == ref.reasoning
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    raw = formtax.generate(default_model, "The capital of France is", "free", max_tokens=12, raw=True)
+    r = client.completions.create(model="m", prompt="The capital of France is", max_tokens=12)
+    assert r.choices[0].text == raw.text
+
+
+@pytest.mark.parametrize(("body", "needle"), [
+    ({"messages": []}, "messages"),
+    ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "max_tokens"),
+    ({"messages": [{"role": "user", "content": "x"}], "formtax": {"strategy": "nope"}}, "unknown strategy"),
+    ({"messages": [{"role": "user", "content": "x"}], "formtax": {"answer": "regex:("}}, "regex"),
+    ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}}, "response_format"),
+    ({"messages": [{"role": "user", "content": "x"}], "formtax": {"strategy": "constrained"}}, "answer"),
+])
+def test_bad_requests_are_400_with_one_line(server, body, needle):
+    client, _ = server
+    known = {k: v for k, v in body.items() if k != "formtax"}
+    extra = {"formtax": body["formtax"]} if "formtax" in body else None
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="m", **known, extra_body=extra)
+    msg = e.value.body["message"] if isinstance(e.value.body, dict) else str(e.value)
+    assert needle in msg and "\n" not in msg
+
+
+def test_concurrent_requests_share_batches(server, default_model):
+    client, app = server
+    prompts = [f"What is {k} plus {k}?" for k in range(6)]
+    before = len(app.state.batcher.batches)
+
+    def ask(p):
+        return client.chat.completions.create(model="m", messages=[{"role": "user", "content": p}], max_tokens=40,
+                                              extra_body={"formtax": {"strategy": "constrained",
+                                                                      "answer": "The answer is: {int:0..999}"}})
+
+    with ThreadPoolExecutor(6) as ex:
+        rs = list(ex.map(ask, prompts))
+    assert all(r.model_extra["formtax"]["parse_ok"] for r in rs)
+    sizes = app.state.batcher.batches[before:]
+    assert sum(sizes) == 6 and max(sizes) > 1  # at least two requests decoded together
+    ref = formtax.generate_batch(default_model, prompts, "constrained", "The answer is: {int:0..999}", max_tokens=40)
+    assert [r.model_extra["formtax"]["parsed"] for r in rs] == [x.parsed for x in ref]
