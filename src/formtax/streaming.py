@@ -1,0 +1,175 @@
+"""``formtax.stream`` / ``formtax.astream``: the output as it is decoded, as text deltas tagged with their phase,
+then the final :class:`~formtax.strategies.base.Result`.
+
+    for part in formtax.stream(m, "2 + 5?", "inwriting", "The answer is: {int}", max_tokens=96):
+        if isinstance(part, formtax.Delta):
+            print(part.text, end="")           # part.phase: "reasoning", "answer", "rc", ...
+        else:
+            result = part                      # the same Result formtax.generate returns
+
+How: the strategy's own rows run through the ordinary decode loop (``SinglePass.run_rows``) with each row's policy
+behind a :class:`Tap`, a transparent wrapper that reports every emitted token with the phase its policy was in.
+So the Result is exactly ``generate``'s. Each phase run is detokenised cumulatively, as the Result's per-phase texts
+are (``Result.phases``), and a delta is held back while it ends inside an incomplete UTF-8 character; the deltas
+of a phase concatenate to that phase's text, and all deltas to ``Result.text`` whenever no character straddles a
+phase boundary. A phase is the
+policy's at the token: InWriting's switch moves from ``reasoning`` to ``answer`` live; strategies that decide the
+split afterwards (Deco-G's last line) stream as ``reasoning`` and the Result holds the split.
+
+Supported: single-pass strategies on step-wise backends (hf, the fake and planted backends). The suffix
+strategies rewind (a streamed token could be taken back) and NL-to-Format calls twice: they are refused, as are
+backends that decode outside formtax's loop (vllm, openai).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from formtax.api import _backend, _prompt, resolve_sampling, typed_result
+from formtax.backends.base import Backend, Capability
+from formtax.constraints.native import as_constraint
+from formtax.constraints.spec import Constraint
+from formtax.decoding.loop import Plan, Policy, RowOutput, RowRequest, decode
+from formtax.decoding.sampling import Sampling
+from formtax.errors import ConfigError
+from formtax.strategies import Request, Result, get_strategy
+from formtax.strategies.base import Prompt, SinglePass
+
+
+@dataclass(frozen=True)
+class Delta:
+    """New text of the output, the phase it belongs to, and the tokens that completed it."""
+
+    text: str
+    phase: str
+    token_ids: tuple[int, ...]
+
+
+class Tap(Policy):
+    """A policy that reports each emitted token and its phase to ``sink``, changing nothing else."""
+
+    def __init__(self, inner: Policy, sink: Callable[[int, str], None]) -> None:
+        self.inner = inner
+        self.sink = sink
+
+    @property
+    def phase(self) -> str:  # the loop records the inner policy's phase
+        return self.inner.phase
+
+    @phase.setter
+    def phase(self, value: str) -> None:
+        self.inner.phase = value
+
+    def plan(self, logits: torch.Tensor, step: int) -> Plan:
+        return self.inner.plan(logits, step)
+
+    def advance(self, token: int) -> str | None:
+        self.sink(token, self.inner.phase)
+        return self.inner.advance(token)
+
+    def budget_exhausted(self) -> str:
+        return self.inner.budget_exhausted()
+
+    def __getattr__(self, name: str) -> Any:  # strategies may read their policy's own state
+        return getattr(self.inner, name)
+
+
+_END = object()
+
+
+def stream(model: Backend, prompt: Prompt, strategy: str = "free", answer: Any = None, max_tokens: int = 256,
+           reasoning: str | None = None, triggers: Sequence[str] = (), seed: int = 0, constrain: bool = True,
+           temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0,
+           model_defaults: bool = False, raw: bool = False) -> Iterator[Delta | Result]:
+    """Deltas as they are decoded, then the Result (module docstring; arguments as :func:`formtax.generate`)."""
+    backend = _backend(model)
+    strat = get_strategy(strategy)
+    if not isinstance(strat, SinglePass):
+        raise ConfigError(f"strategy {strategy!r} cannot stream: it rewinds or makes two calls (use generate)")
+    if Capability.STEP_LOGITS not in backend.capabilities:
+        raise ConfigError(f"backend {backend.name!r} decodes outside formtax's loop and cannot stream")
+    constraint = as_constraint(answer) if answer is not None else None
+    sampling = resolve_sampling(backend, Sampling(temperature, top_p, top_k, min_p), model_defaults)
+    req = Request(_prompt(prompt, raw), constraint, max_tokens=max_tokens, seed=seed, reasoning_prefix=reasoning,
+                  triggers=triggers, constrain=constrain, temperature=sampling.temperature, top_p=sampling.top_p,
+                  top_k=sampling.top_k, min_p=sampling.min_p)
+    strat.check(backend, [req])
+    q: queue.Queue[Any] = queue.Queue()
+
+    def decoder(b: Backend, rows: Sequence[RowRequest], s: Sampling, whole: Sequence[Constraint | None]
+                ) -> list[RowOutput]:
+        tapped = [dataclasses.replace(r, policy=Tap(r.policy, lambda t, ph: q.put((t, ph)))) for r in rows]
+        return decode(b, tapped, temperature=s)
+
+    def work() -> None:
+        try:
+            (res,) = strat.run_rows(backend, [req], decoder)
+            q.put(typed_result(res, constraint))
+        except BaseException as e:  # handed to the consumer, raised there
+            q.put(e)
+        finally:
+            q.put(_END)
+
+    threading.Thread(target=work, name="formtax-stream", daemon=True).start()
+    tok = backend.tokenizer
+    run: list[int] = []  # the tokens of the current phase run, detokenised together
+    run_phase = ""
+    sent = ""  # what of the run's text was sent
+    pending: list[int] = []
+
+    def flush(final: bool) -> Delta | None:
+        nonlocal sent, pending
+        text = tok.decode_text(run)
+        if not final and text.endswith("\ufffd"):  # inside a multi-byte character: wait for the rest
+            return None
+        if len(text) <= len(sent) and not (final and pending):
+            return None
+        d = Delta(text[len(sent) :], run_phase, tuple(pending))
+        sent, pending = text, []
+        return d
+
+    while True:
+        item = q.get()
+        if item is _END:
+            return
+        if isinstance(item, BaseException):
+            raise item
+        if isinstance(item, Result):
+            d = flush(final=True)  # what an incomplete character held back, or an EOS (text "")
+            if d is not None:
+                yield d
+            yield item
+            continue
+        token, phase = item
+        if phase != run_phase and run:  # a new phase: the old run's text is complete as it is
+            d = flush(final=True)
+            if d is not None:
+                yield d
+            run, sent, pending = [], "", []
+        run_phase = phase
+        run.append(token)
+        pending.append(token)
+        d = flush(final=False)
+        if d is not None:
+            yield d
+
+
+async def astream(model: Backend, prompt: Prompt, strategy: str = "free", answer: Any = None,
+                  **kwargs: Any) -> AsyncIterator[Delta | Result]:
+    """:func:`stream` for asyncio code (a server): decoding runs in a worker thread, the loop stays free."""
+    it = stream(model, prompt, strategy, answer, **kwargs)
+    done = object()
+    while True:
+        part = await asyncio.to_thread(next, it, done)
+        if part is done:
+            return
+        assert isinstance(part, (Delta, Result))
+        yield part
