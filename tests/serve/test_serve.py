@@ -94,6 +94,11 @@ def test_streaming_and_completions(server, default_model):
                         for c in chunks if c.choices)
     assert content == ref.answer_text and reasoning == ref.reasoning
     assert chunks[-1].choices[0].finish_reason == "stop"
+    live = [c for c in chunks if c.choices and c.choices[0].delta.content]
+    assert len(live) > 1  # token by token, not one final chunk
+    with pytest.raises(openai.BadRequestError, match="needs an answer"):
+        list(client.chat.completions.create(model="m", messages=[{"role": "user", "content": Q}], stream=True,
+                                            extra_body={"formtax": {"strategy": "inwriting"}}))
     raw = formtax.generate(default_model, "The capital of France is", "free", max_tokens=12, raw=True)
     r = client.completions.create(model="m", prompt="The capital of France is", max_tokens=12)
     assert r.choices[0].text == raw.text

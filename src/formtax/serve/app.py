@@ -8,8 +8,9 @@ get a 400 with OpenAI's error shape (``{"error": {"message", "type": "invalid_re
 line naming the problem; a request that outlives ``timeout_s`` gets a 504.
 
 Streaming (``stream: true``) sends OpenAI's server-sent-event chunks (role, ``reasoning_content``, ``content``,
-finish reason, ``[DONE]``). The decode loop does not yet yield partial outputs, so the chunks come when the
-generation is complete: the wire format is the streaming one, the latency is not (yet) incremental.
+finish reason, ``[DONE]``) live, token by token, through :func:`formtax.stream` for single-pass strategies on
+step-wise backends (such a request decodes on its own, outside the shared batches); tool choices, multi-call
+strategies (suffix, nl2format) and other backends send the same chunks when the generation completes.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from formtax.serve.batcher import Batcher
 from formtax.serve.schema import ABSTAIN, ChatRequest, CompletionRequest, Sampled, chat_constraint
 from formtax.strategies import get_strategy
 from formtax.strategies.base import Prompt, Result
+from formtax.streaming import Delta, astream
 
 FINISH = {"length": "length", "length-incomplete": "length"}  # everything else ends as "stop"
 
@@ -87,6 +89,14 @@ def create_app(backend: Backend, max_batch: int = 16, window_s: float = 0.01, ti
     async def chat(req: ChatRequest) -> Any:
         strategy, constraint, tool = chat_constraint(req)
         messages: list[dict[str, str]] = [{"role": m.role, "content": m.text()} for m in req.messages]
+        if req.stream and not tool and _streams(backend, strategy):
+            opts = req.formtax
+            kwargs = {"max_tokens": req.budget(default_max_tokens), "temperature": req.temperature,
+                      "top_p": req.top_p, "seed": req.seed or 0, "reasoning": opts.reasoning if opts else None,
+                      "triggers": tuple(opts.triggers) if opts else ()}
+            parts = astream(backend, messages, strategy, constraint, **kwargs)
+            first = await anext(parts)  # a bad request fails here, as a 400, before the stream starts
+            return StreamingResponse(_live_chunks(backend.model_id, first, parts), media_type="text/event-stream")
         res = await run(req, messages, strategy, constraint, raw=False)
         message: dict[str, Any] = {"role": "assistant", "content": _content(res)}
         if _reasoning(res) is not None:
@@ -123,6 +133,38 @@ def create_app(backend: Backend, max_batch: int = 16, window_s: float = 0.01, ti
 
 class _Timeout(Exception):
     pass
+
+
+def _streams(backend: Backend, strategy: str) -> bool:
+    """Whether a request can stream live (formtax.stream): a single-pass strategy on a step-wise backend."""
+    from formtax.backends.base import Capability
+    from formtax.strategies.base import SinglePass
+
+    return isinstance(get_strategy(strategy), SinglePass) and Capability.STEP_LOGITS in backend.capabilities
+
+
+async def _live_chunks(model: str, first: Delta | Result, parts: AsyncIterator[Delta | Result]) -> AsyncIterator[str]:
+    """OpenAI chat chunks as the output is decoded: the reasoning phase as ``reasoning_content`` deltas, the answer
+    (or a free output) as ``content`` deltas, then the finish reason, usage and the formtax object."""
+    base = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion.chunk", "created": int(time.time()),
+            "model": model}
+    yield _sse(base | {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                    "finish_reason": None}]})
+    part: Delta | Result = first
+    while True:
+        if isinstance(part, Result):
+            body = _envelope("chat.completion", model, part)
+            yield _sse(base | {"choices": [{"index": 0, "delta": {}, "finish_reason": FINISH.get(
+                part.finish_reason, "stop")}], "usage": body["usage"], "formtax": body["formtax"]})
+            yield "data: [DONE]\n\n"
+            return
+        if part.text:
+            key = "reasoning_content" if part.phase in ("reasoning", "rc") else "content"
+            yield _sse(base | {"choices": [{"index": 0, "delta": {key: part.text}, "finish_reason": None}]})
+        try:
+            part = await anext(parts)
+        except StopAsyncIteration:
+            return
 
 
 def _content(res: Result) -> str | None:
