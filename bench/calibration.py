@@ -56,7 +56,7 @@ def main() -> None:
     # paper 002's D_paired: the second-language world, both rules on the same synthetic studies
     path = write_world(BUILTIN["abstention-languages"](n_items=200, tokenizer=a.tokenizer), tmp / "languages.json")
     w = load_world(path)
-    g = grid_truth(PlantedBackend(w, str(path)), planted_task(w, str(path)), study_config(w, path))
+    g = grid_truth(PlantedBackend(w, str(path)), planted_task(w, str(path)), study_config(w, path, temperature=1.0))
     dp = d_paired_coverage(pair_truths(g), a.studies, a.items, a.seeds, a.replicates)
     results["abstention-languages"] = {rule: {"d_paired": round(v["coverage"], 4)} for rule, v in dp.by_rule.items()}
     print(json.dumps({"world": "abstention-languages", "studies": a.studies, "items": a.items, "seeds": a.seeds,

@@ -29,7 +29,8 @@ def test_truth_equals_enumeration_of_the_four_cells():
 
 def test_calibrate_puts_d_paired_next_to_its_truth(tmp_path):
     w = BUILTIN["abstention-languages"](n_items=12, tokenizer="bytes")
-    cal = calibrate(str(write_world(w, tmp_path / "w.json")), tmp_path / "o", seeds=6, n_resamples=500)
+    cal = calibrate(str(write_world(w, tmp_path / "w.json")), tmp_path / "o", seeds=6, temperature=1.0,
+                    n_resamples=500)
     row = {r.quantity: r for r in cal.rows}["d_paired/short/constrained"]
     assert not math.isnan(row.exact) and not math.isnan(row.estimate)
     assert row.covered is True, row

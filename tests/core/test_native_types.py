@@ -58,6 +58,9 @@ CASES = [
 @settings(max_examples=8, deadline=None)
 def test_native_answers_parse_to_their_type(answer, python_type, check, seed):
     r = formtax.generate(FakeBackend(random_logits(seed=seed)), Q, "constrained", answer, max_tokens=24)
+    if answer is str and r.finish_reason == "length-incomplete":  # one unbounded line can outrun the budget
+        assert not r.parse_ok
+        return
     assert r.parse_ok, (answer, r.text, r.parse_error)
     assert isinstance(r.parsed, python_type), (answer, r.parsed)
     assert check(r), (answer, r.answer_text, r.parsed)

@@ -215,7 +215,10 @@ class RegexConstraint(Constraint):
         return Validation(True, last)
 
     def answer_schema(self) -> dict[str, Any]:
-        return {"type": "string", "pattern": "^(?:" + self.source + ")$"}
+        # inline global flags such as (?i) must stay at the very start of the anchored pattern
+        m = re.match(r"\(\?[aiLmsux]+\)", self.source)
+        flags, body = (m.group(0), self.source[m.end() :]) if m else ("", self.source)
+        return {"type": "string", "pattern": flags + "^(?:" + body + ")$"}
 
 
 class ChoiceConstraint(Constraint):
@@ -525,11 +528,15 @@ class JsonReasonAnswer(Constraint):
         self.reason_tokens = max(1, reason_tokens)
         self.answer_field = answer.answer_schema()
         self.source = f"reason+answer({answer.describe()})"
+        # the answer's definitions move to the wrapper's root, where its "#/$defs/..." references point
+        field = {k: v for k, v in self.answer_field.items() if k not in ("$defs", "definitions")}
+        defs = {k: self.answer_field[k] for k in ("$defs", "definitions") if k in self.answer_field}
         self.schema: dict[str, Any] = {
             "type": "object",
-            "properties": {"reason": {"type": "string"}, "answer": self.answer_field},
+            "properties": {"reason": {"type": "string"}, "answer": field},
             "required": ["reason", "answer"],
             "additionalProperties": False,
+            **defs,
         }
         self._validator = jsonschema.validators.validator_for(self.schema)(self.schema)
 

@@ -218,7 +218,7 @@ def abstention_languages(n_items: int = 40, seed: int = 0, tokenizer: str = "smo
         b["question"] = b["question"].replace("Which tool answers", "Welches Werkzeug beantwortet")
     first["items"] += second["items"]
     first["name"] = "abstention-languages"
-    first["study"] = {"strategies": ["short", "constrained"], "max_tokens": 64, "temperature": 1.0, "seeds": 3,
+    first["study"] = {"strategies": ["short", "constrained"], "max_tokens": 64,
                       "planted": {}}
     return parse_world(first)
 

@@ -233,9 +233,16 @@ def counts(outs: Sequence[RowOutput], phase_names: Sequence[dict[str, str]] | No
 
 
 def read_answer(result: Result, constraint: Constraint | None, constrained: bool) -> None:
-    """Fill parsed/parse_ok: a constrained answer must fullmatch; a free one is searched for the answer."""
+    """Fill parsed/parse_ok: a constrained answer must fullmatch; a free one is searched for the answer. A
+    constrained answer whose row ended incomplete (``result.finish_reason`` in ERROR_FINISHES) is never parsed,
+    even when its text happens to match: at a 1-token budget ``.{1,5}`` can end on half a UTF-8 character,
+    which decodes to U+FFFD, a character the pattern accepts."""
     if constraint is None:
         result.parse_error = "no answer constraint given"
+        return
+    if constrained and result.finish_reason in ERROR_FINISHES:
+        result.parse_ok, result.parsed = False, None
+        result.parse_error = f"the constrained answer is incomplete ({result.finish_reason})"
         return
     if constrained and result.answer_text is not None:
         v = constraint.validate(result.answer_text)

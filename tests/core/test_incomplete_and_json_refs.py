@@ -1,0 +1,56 @@
+"""Issue 12's leftovers: an incomplete constrained answer is never parsed; json takes inline regex flags and
+nested Pydantic models ($defs / $ref)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import BaseModel
+
+import formtax
+from formtax.backends.fake import FakeBackend, random_logits
+from formtax.constraints.spec import JsonReasonAnswer, RegexConstraint
+
+
+@given(seed=st.integers(0, 200), budget=st.integers(1, 3))
+@settings(max_examples=60, deadline=None)
+def test_an_incomplete_answer_is_never_parsed(seed, budget):
+    r = formtax.generate(FakeBackend(random_logits(seed=seed)), "q", "constrained", "regex:.{1,5}", max_tokens=budget)
+    if r.finish_reason == "length-incomplete":  # e.g. half a UTF-8 character, decoded as U+FFFD
+        assert not r.parse_ok and r.parsed is None and "incomplete" in (r.parse_error or "")
+    if r.parse_ok:
+        assert re.fullmatch(".{1,5}", r.answer_text or "", re.S)
+
+
+class Inner(BaseModel):
+    x: int
+
+
+class Outer(BaseModel):
+    inner: Inner
+    tag: str
+
+
+@pytest.mark.parametrize("answer", ["regex:(?i)yes|no", Outer])
+@pytest.mark.parametrize("seed", range(6))
+def test_json_strategy_takes_inline_flags_and_refs(answer, seed):
+    r = formtax.generate(FakeBackend(random_logits(seed=seed)), "q", "json", answer, max_tokens=240)
+    assert r.error is None or r.finish_reason == "length-incomplete", r.error
+    if r.parse_ok and answer is Outer:
+        assert isinstance(r.parsed, Outer)
+    elif r.parse_ok:
+        assert re.fullmatch("(?i)yes|no", r.parsed)
+
+
+def test_the_wrapper_schema_resolves_the_answers_refs():
+    c = JsonReasonAnswer(formtax.constraints.as_constraint(Outer), reason_tokens=8)
+    doc = {"reason": "r", "answer": {"inner": {"x": 1}, "tag": "t"}}
+    jsonschema.validate(doc, c.schema)  # raised a referencing error before
+    assert c.validate(json.dumps(doc)).ok
+    assert not c.validate(json.dumps({"reason": "r", "answer": {"inner": {"x": "a"}, "tag": "t"}})).ok
+    assert RegexConstraint("(?i)yes|no").answer_schema()["pattern"] == "(?i)^(?:yes|no)$"
