@@ -54,3 +54,27 @@ def test_the_wrapper_schema_resolves_the_answers_refs():
     assert c.validate(json.dumps(doc)).ok
     assert not c.validate(json.dumps({"reason": "r", "answer": {"inner": {"x": "a"}, "tag": "t"}})).ok
     assert RegexConstraint("(?i)yes|no").answer_schema()["pattern"] == "(?i)^(?:yes|no)$"
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "number", "exclusiveMinimum": 0, "maximum": 1e-9},  # the engine admitted 0
+    {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 0.001},
+    {"type": "integer", "minimum": 2**53 + 1, "maximum": 2**53 + 3},  # the engine admitted 2^53
+    {"type": "object", "properties": {"p": {"type": "integer", "minimum": 2**53 + 1, "maximum": 2**53 + 9}}},
+])
+def test_number_bounds_the_engine_gets_wrong_are_refused_up_front(schema):
+    from formtax.errors import ConstraintError
+
+    with pytest.raises(ConstraintError, match="grammar engine would accept"):
+        formtax.constraints.as_constraint(schema)
+
+
+@pytest.mark.parametrize("schema", [{"type": "integer", "minimum": 0, "maximum": 50},
+                                    {"type": "number", "minimum": 0, "maximum": 1e-9},
+                                    {"type": "integer", "exclusiveMinimum": 0, "maximum": 9}])
+def test_exact_bounds_stay_accepted_and_hold(schema):
+    c = formtax.constraints.as_constraint(schema)
+    for seed in range(5):
+        r = formtax.generate(FakeBackend(random_logits(seed=seed)), "q", "constrained", c, max_tokens=40)
+        if r.parse_ok:
+            jsonschema.validate(json.loads(r.answer_text), schema)

@@ -301,6 +301,56 @@ class JsonConstraint(Constraint):
     def answer_schema(self) -> dict[str, Any]:
         return self.schema
 
+    def check(self) -> None:
+        super().check()
+        _check_number_bounds(self.schema)
+
+
+_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+
+
+def _outside(key: str, bound: float, integer: bool) -> list[str]:
+    """JSON numbers just outside a bound: the ones a correct grammar must refuse."""
+    if key.startswith("exclusive"):
+        texts = [json.dumps(bound)]
+        if float(bound).is_integer():
+            texts.append(str(int(bound)))
+        return texts
+    if integer and float(bound).is_integer():
+        return [str(int(bound) + (1 if key == "maximum" else -1))]
+    return []
+
+
+def _check_number_bounds(schema: Any) -> None:
+    """Refuse numeric bounds the grammar engine gets wrong (found by the fuzz suite: ``exclusiveMinimum: 0`` with
+    a tiny maximum admits ``0``; integer bounds past 2^53 admit neighbours, float precision): each bound's
+    just-outside values are run through the engine's grammar of that sub-schema, and one it accepts is an error
+    up front instead of an answer the oracle rejects at run time."""
+    if isinstance(schema, list):
+        for v in schema:
+            _check_number_bounds(v)
+        return
+    if not isinstance(schema, dict):
+        return
+    for v in schema.values():
+        if isinstance(v, (dict, list)):
+            _check_number_bounds(v)
+    kinds = schema.get("type")
+    if kinds not in ("number", "integer") or "$ref" in schema or not any(k in schema for k in _BOUNDS):
+        return
+    from formtax.constraints.compile import validate_with_engine
+
+    sub = {k: v for k, v in schema.items() if k in (*_BOUNDS, "type", "multipleOf")}
+    grammar = llguidance.LLMatcher.grammar_from_json_schema(sub, overrides=JSON_OPTIONS)  # type: ignore[arg-type]
+    for key in _BOUNDS:
+        bound = sub.get(key)
+        if not isinstance(bound, (int, float)) or isinstance(bound, bool):
+            continue
+        for text in _outside(key, bound, kinds == "integer"):
+            if validate_with_engine(grammar, text)[0]:
+                raise ConstraintError(f"JSON schema: the grammar engine would accept {text}, outside {key} = {bound} "
+                                      "(an engine limit for such bounds); widen or drop the bound")
+
 
 class LarkConstraint(Constraint):
     kind = "lark"
@@ -530,7 +580,7 @@ class JsonReasonAnswer(Constraint):
         self.source = f"reason+answer({answer.describe()})"
         # the answer's definitions move to the wrapper's root, where its "#/$defs/..." references point
         field = {k: v for k, v in self.answer_field.items() if k not in ("$defs", "definitions")}
-        defs = {k: self.answer_field[k] for k in ("$defs", "definitions") if k in self.answer_field}
+        defs: dict[str, Any] = {k: self.answer_field[k] for k in ("$defs", "definitions") if k in self.answer_field}
         self.schema: dict[str, Any] = {
             "type": "object",
             "properties": {"reason": {"type": "string"}, "answer": field},
