@@ -78,3 +78,27 @@ def test_exact_bounds_stay_accepted_and_hold(schema):
         r = formtax.generate(FakeBackend(random_logits(seed=seed)), "q", "constrained", c, max_tokens=40)
         if r.parse_ok:
             jsonschema.validate(json.loads(r.answer_text), schema)
+
+
+@pytest.mark.parametrize(("pattern", "needle"), [("[[:alpha:]]+", "set syntax"), ("[a-z&&[^aeiou]]", "set syntax"),
+                                                 ("[a-z--[aeiou]]", "set syntax"), ("\\p{L}+", "Unicode property"),
+                                                 ("abc\\z", "\\z")])
+def test_regex_constructs_the_engine_and_oracle_read_differently_are_refused(pattern, needle):
+    from formtax.errors import ConstraintError
+
+    with pytest.raises(ConstraintError, match=re.escape(needle)):
+        RegexConstraint(pattern)
+
+
+AGREE = ["[0-9]{1,3}", "(yes|no)", "[a-c]+x?", "\\d{2}-\\w", "(?i)ab", "[^a]b*", "a.c", "\\s?[A-Z]{2}", "(ab|a)(bc|c)"]
+
+
+@given(pattern=st.sampled_from(AGREE), text=st.text("abcxyAB019- \n_é٣", max_size=6))
+@settings(max_examples=300, deadline=None)
+def test_engine_and_oracle_agree_on_formtax_regex_dialect(pattern, text):
+    """On the dialect formtax accepts, llguidance's regex and the oracle accept exactly the same texts (including
+    Unicode digits and letters, where the two engines' tables could differ)."""
+    from formtax.constraints.compile import validate_with_engine
+
+    c = RegexConstraint(pattern)
+    assert validate_with_engine(c.grammar, text)[0] == c.validate(text).ok, (pattern, text)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -145,6 +146,23 @@ class TemplateConstraint(Constraint):
         return {"type": "string", "pattern": "^" + self.template.py_regex(capture=False) + "$"}
 
 
+_DIALECT = (
+    (re.compile(r"\\[pP]\{|\\[pP][A-Za-z]"), "Unicode property classes (\\p{...}) follow different Unicode tables in the "
+     "engine and the oracle"),
+    (re.compile(r"\\z"), "\\z is Rust's end of text, unknown to Python's re; drop it (the constraint is anchored "
+     "anyway)"),
+)
+
+
+def _check_dialect(pattern: str) -> None:
+    """formtax's regex dialect is what Rust's regex (the engine) and Python's re (the oracle) read alike; constructs
+    where they differ are refused up front, naming the construct (set operations inside classes are caught by
+    Python's own FutureWarning in :class:`RegexConstraint`)."""
+    for rx, why in _DIALECT:
+        if rx.search(pattern):
+            raise ConstraintError(f"regex {pattern!r}: {why}")
+
+
 REGEX_TIMEOUT_S = 0.25
 """Time the regex oracle may take on one output before the linear-time matcher decides."""
 
@@ -174,8 +192,16 @@ class RegexConstraint(Constraint):
 
     def __init__(self, pattern: str) -> None:
         self.source = pattern
+        _check_dialect(pattern)
         try:
-            self._re = re.compile(pattern)
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", FutureWarning)
+                self._re = re.compile(pattern)
+        except FutureWarning:
+            raise ConstraintError(
+                f"regex {pattern!r} uses set syntax inside a class ([[:alpha:]], &&, --, ~~) that the grammar engine "
+                "(Rust's regex) and the oracle (Python's re) read differently; write the class out, e.g. [a-zA-Z]"
+            ) from None
         except re.error as e:
             raise ConstraintError(f"invalid regex {pattern!r}: {e}") from e
 
