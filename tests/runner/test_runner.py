@@ -278,3 +278,33 @@ def test_seeding_is_part_of_a_sampled_runs_identity_only():
     assert "seeding" not in cfg().identity()  # greedy decoding reads no seed: older greedy runs still resume
     assert cfg(temperature=1.0).identity()["seeding"] == "request"
     assert "seeding" not in cfg(temperature=1.0, seeding="index").identity()  # what runs before it recorded
+
+
+def _records_path(out):
+    return out / "records.jsonl"
+
+
+@pytest.mark.parametrize("damage", ["duplicate", "edited_id", "edited_item", "other_budget"])
+def test_resume_checks_the_records_it_adopts(tmp_path, damage):
+    from formtax.errors import DataError
+
+    out = tmp_path / "r"
+    run(cfg(strategies=["free", "constrained"], limit=2, seeds=1), out, backend=FakeBackend(random_logits(seed=0)))
+    lines = _records_path(out).read_text().splitlines(keepends=True)
+    rec = json.loads(lines[0])
+    if damage == "duplicate":
+        lines.append(lines[0])
+    elif damage == "edited_id":
+        rec["request_id"] = "0" * len(rec["request_id"])
+        lines[0] = json.dumps(rec) + "\n"
+    elif damage == "edited_item":
+        other = json.loads(lines[1])
+        rec["item_id"] = other["item_id"] if other["item_id"] != rec["item_id"] else rec["item_id"] + "x"
+        lines[0] = json.dumps(rec) + "\n"
+    _records_path(out).write_text("".join(lines))
+    config = cfg(strategies=["free", "constrained"], limit=2, seeds=1)
+    if damage == "other_budget":  # the manifest deleted, then a run with other settings over the old records
+        (out / "manifest.json").unlink()
+        config = cfg(strategies=["free", "constrained"], limit=2, seeds=1, max_tokens=64)
+    with pytest.raises(DataError, match="record"):
+        run(config, out, backend=FakeBackend(random_logits(seed=0)))

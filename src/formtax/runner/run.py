@@ -32,7 +32,7 @@ from formtax import __version__
 from formtax.backends import Backend, load_backend
 from formtax.constraints.spec import parse_spec
 from formtax.decoding.sampling import Sampling
-from formtax.errors import ConfigError, FormtaxError
+from formtax.errors import ConfigError, DataError, FormtaxError
 from formtax.parsing import ParseResult, parse_all
 from formtax.records.schema import ParseRecord, Record
 from formtax.records.store import (
@@ -312,7 +312,9 @@ def _run(config: RunConfig, out_dir: Path, progress: Callable[[int, int], None] 
         diff = sorted(k for k in set(old) | set(config.identity()) if old.get(k) != config.identity().get(k))
         raise ConfigError(f"{out_dir} holds a run with another configuration (differs in: {', '.join(diff)}); "
                           "use a new --out directory")
-    done_ids = {r.request_id for r in read_records(out_dir / RECORDS)}
+    adopted = read_records(out_dir / RECORDS)
+    check_adopted(adopted, planned, task, config, out_dir / RECORDS)
+    done_ids = {r.request_id for r in adopted}
     pending = [p for p in planned if p.request_id not in done_ids]
     files = task.data_files(data_dir if data_dir is not None else Path("."))
     file_hashes = {str(f): sha256_file(f) for f in files}
@@ -516,6 +518,34 @@ def sampler_seed(p: Planned, seeding: str = "request") -> int:
     key = "\x00".join((p.task, p.item.id, p.spec.spec, p.prompt_variant)).encode("utf-8")
     words = [int(b) for b in hashlib.sha256(key).digest()[:16]]
     return int(np.random.SeedSequence([int(p.seed), *words]).generate_state(1, np.uint64)[0] >> 1)
+
+
+def check_adopted(records: Sequence[Record], planned: Sequence[Planned], task: Task, config: RunConfig,
+                  path: Path) -> None:
+    """Resume adopts only records this run would have written: each request once, each id one this grid plans,
+    with the planned request's item, strategy, variant, seed, shots and token budget. A duplicated line, an edited
+    id or a record left by other settings (e.g. after a deleted manifest) is a DataError naming the line, instead
+    of an answer silently counted for a request it did not answer."""
+    by_id = {p.request_id: p for p in planned}
+    seen: dict[str, int] = {}
+    for n, rec in enumerate(records, start=1):
+        where = f"{path} record {n} (request {rec.request_id})"
+        if rec.request_id in seen:
+            raise DataError(f"{where}: the same request already holds record {seen[rec.request_id]}; remove the "
+                            "duplicate line before resuming")
+        seen[rec.request_id] = n
+        p = by_id.get(rec.request_id)
+        if p is None:
+            raise DataError(f"{where}: this run plans no such request (an edited id, or a record of another grid); "
+                            "use a new --out directory")
+        got = (rec.task, rec.item_id, rec.strategy, rec.prompt_variant, rec.seed, rec.shots)
+        want = (p.task, p.item.id, p.spec.spec, p.prompt_variant, p.seed, p.shots)
+        if got != want:
+            raise DataError(f"{where}: holds {got}, but the id names {want}; the record was edited")
+        budget = planned_budget(task, p, config)["max_tokens"]
+        if rec.budget.get("max_tokens", budget) != budget:
+            raise DataError(f"{where}: written with max_tokens {rec.budget['max_tokens']}, this run plans {budget}; "
+                            "use a new --out directory")
 
 
 def request_for(task: Task, p: Planned, config: RunConfig) -> Request:
