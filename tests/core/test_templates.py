@@ -121,3 +121,10 @@ def test_engine_and_oracle_agree_on_integer_slots_and_whitespace():
         assert engine == specs[k].validate(text).ok, (specs[k].source, text)
 
     check()
+    # found by this test in CI: the engine writes "-0" only where the range admits negatives
+    for spec, text, ok in [("{int:0..9}{int:10..99}", "-010", False), ("{int:0..9}", "-0", False),
+                           ("{int:-5..5}", "-0", True), ("{int}", "-0", True)]:
+        c = parse_spec(spec)
+        m = compile_grammar(c.grammar, tok.engine).matcher(tok.n_logits)
+        engine = all(m.consume(t) for t in tok.encode(text)) and m.error is None and m.accepting
+        assert engine == c.validate(text).ok == ok, (spec, text)

@@ -118,7 +118,11 @@ class Slot:
         if re.fullmatch(self.py_regex(), text) is None:
             return False
         if self.kind == "int":
-            v = int(text)  # "-0" is accepted as 0, as JSON (and the engine's integer lexeme) accept it
+            v = int(text)
+            if text == "-0" and self.lo is not None and self.lo >= 0:
+                # the engine writes "-0" (as 0) only where the range admits negatives, i.e. has a sign at all;
+                # the oracle follows it (found by the engine/oracle agreement test: "-010" for {int:0..9}{int:10..99})
+                return False
             return (self.lo is None or v >= self.lo) and (self.hi is None or v <= self.hi)
         return True
 
