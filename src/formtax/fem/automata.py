@@ -133,14 +133,14 @@ def _nonneg_range(a: int, b: int) -> Node | None:
 
 def int_range(lo: int, hi: int) -> Node:
     """Exactly the spellings of the integers in [lo, hi] that templates accept: optional ``-``, no leading zeros,
-    and ``-0`` for 0 (``Slot.accepts`` reads it as 0, as JSON and the grammar engine do)."""
+    and ``-0`` for 0 where the range admits negatives (as ``Slot.accepts`` and the grammar engine do)."""
     if lo > hi:
         raise ValueError(f"empty integer range {lo}..{hi}")
     options: list[Node] = []
     pos = _nonneg_range(max(lo, 0), hi) if hi >= 0 else None
     if pos is not None:
         options.append(pos)
-    if lo <= 0 <= hi:
+    if lo < 0 <= hi:
         options.append(lit("-0"))
     if lo < 0:
         neg = _nonneg_range(max(1, -min(hi, -1)), -lo)
