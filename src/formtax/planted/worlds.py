@@ -33,6 +33,13 @@ def _probs(rng: np.random.Generator, dominant: int, n: int, top: float) -> list[
     return out
 
 
+def _kinds(types: list[str], shares: tuple[float, ...], n_items: int) -> list[str]:
+    """Item types in blocks by share (rounded; the first type takes the remainder), in the order given."""
+    counts = [int(round(s * n_items)) for s in shares]
+    counts[0] += n_items - sum(counts)
+    return [t for t, c in zip(types, counts, strict=True) for _ in range(c)]
+
+
 def _cont(text: Any, p: float, after: list[tuple[Any, float]] | None = None) -> dict[str, Any]:
     d: dict[str, Any] = {"text": text, "p": p}
     if after:
@@ -50,10 +57,7 @@ def format_validity(n_items: int = 40, seed: int = 0, tokenizer: str = "smollm2"
     """
     rng = np.random.default_rng(seed)
     types = ["ok", "decimal", "noline", "wrong"]
-    shares = [0.4, 0.2, 0.2, 0.2]
-    counts = [int(round(s * n_items)) for s in shares]
-    counts[0] += n_items - sum(counts)
-    kinds = [t for t, c in zip(types, counts, strict=True) for _ in range(c)]
+    kinds = _kinds(types, (0.4, 0.2, 0.2, 0.2), n_items)
     items = []
     for k, kind in enumerate(kinds):
         a, b = int(rng.integers(10, 60)), int(rng.integers(10, 40))
@@ -93,9 +97,7 @@ def letters_validity(n_items: int = 40, seed: int = 0, tokenizer: str = "smollm2
     under greedy decoding."""
     rng = np.random.default_rng(seed)
     types = ["ok", "spaced", "dropped", "noline"]
-    counts = [int(round(s * n_items)) for s in (0.4, 0.2, 0.2, 0.2)]
-    counts[0] += n_items - sum(counts)
-    kinds = [t for t, c in zip(types, counts, strict=True) for _ in range(c)]
+    kinds = _kinds(types, (0.4, 0.2, 0.2, 0.2), n_items)
     items = []
     for k, kind in enumerate(kinds):
         words = [str(w) for w in rng.choice(_WORDS, size=4, replace=False)]
@@ -272,9 +274,7 @@ def decog_format(n_items: int = 30, seed: int = 0, tokenizer: str = "smollm2", t
     the HMM does not turn the dominant continuation: the exact truth says what it does."""
     rng = np.random.default_rng(seed)
     types = ["ok", "noline", "wrong"]
-    counts = [int(round(s * n_items)) for s in (0.4, 0.3, 0.3)]
-    counts[0] += n_items - sum(counts)
-    kinds = [t for t, c in zip(types, counts, strict=True) for _ in range(c)]
+    kinds = _kinds(types, (0.4, 0.3, 0.3), n_items)
     items = []
     for k, kind in enumerate(kinds):
         a, b = int(rng.integers(10, 60)), int(rng.integers(10, 40))
