@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from formtax.backends import Backend, load_backend
+from formtax.backends.base import Capability
 from formtax.constraints.native import as_constraint
 from formtax.constraints.spec import Constraint
 from formtax.decoding.sampling import Sampling
@@ -95,24 +96,45 @@ def generate_batch(
     min_p: float = 0.0,
     model_defaults: bool = False,
     raw: bool = False,
+    closing: bool | None = None,
 ) -> list[Result]:
     """Generate for several prompts in one batch with one strategy and answer constraint.
 
     Sampling: ``temperature`` (0 = greedy), ``top_p``, ``top_k``, ``min_p`` (applied to the constrained
     distribution); ``model_defaults=True`` takes all four from the model's own generation_config instead.
-    ``raw``: send string prompts without the chat template (module docstring).
+    ``raw``: send string prompts without the chat template (module docstring). ``closing``: a constrained answer always
+    finishes inside ``max_tokens`` (constraints/closing.py); a request where no completion fits is refused. It
+    applies to constrained, json, inwriting and nl2format. Default (None): on where formtax's own loop steps the
+    model (transformers, the fake backend), off where the engine enforces grammars itself (vLLM, servers);
+    True on vLLM runs the rows through formtax's logits processor; a server cannot close (refused).
     """
     backend = _backend(model)
     strat = get_strategy(strategy)
     constraint = as_constraint(answer) if answer is not None else None
     sampling = resolve_sampling(backend, Sampling(temperature, top_p, top_k, min_p), model_defaults)
+    closing = resolve_closing(backend, closing)
     reqs = [
         Request(_prompt(p, raw), constraint, max_tokens=max_tokens, seed=seed, reasoning_prefix=reasoning,
                 triggers=triggers, constrain=constrain, temperature=sampling.temperature, top_p=sampling.top_p,
-                top_k=sampling.top_k, min_p=sampling.min_p)
+                top_k=sampling.top_k, min_p=sampling.min_p, closing=closing)
         for p in prompts
     ]
-    return [typed_result(r, constraint) for r in strat.run(backend, reqs)]
+    results = [typed_result(r, constraint) for r in strat.run(backend, reqs)]
+    if constraint is not None and constrain:
+        for r in results:  # whether closing mode was in effect (its default depends on the backend)
+            r.stats.setdefault("closing", closing and strat.closing_target(backend, reqs[0]) is not None)
+    return results
+
+
+def resolve_closing(model: Backend, closing: bool | None) -> bool:
+    """Closing mode's setting for this backend (see :func:`generate_batch`)."""
+    steps = Capability.STEP_LOGITS in model.capabilities
+    if closing is None:
+        return steps and Capability.GRAMMAR_PARAM not in model.capabilities
+    if closing and not steps:
+        raise ConfigError(f"closing mode needs the logits of every step, which backend {model.name!r} does not "
+                          "expose; pass closing=False")
+    return closing
 
 
 def resolve_sampling(model: Backend, sampling: Sampling, model_defaults: bool) -> Sampling:
@@ -142,7 +164,8 @@ def generate(
     min_p: float = 0.0,
     model_defaults: bool = False,
     raw: bool = False,
+    closing: bool | None = None,
 ) -> Result:
     """Generate one output (see :func:`generate_batch` and the module docstring for prompts and answers)."""
     return generate_batch(model, [prompt], strategy, answer, max_tokens, reasoning, triggers, seed, constrain,
-                          temperature, top_p, top_k, min_p, model_defaults, raw)[0]
+                          temperature, top_p, top_k, min_p, model_defaults, raw, closing)[0]

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from formtax.api import _backend, _prompt, resolve_sampling, typed_result
+from formtax.api import _backend, _prompt, resolve_closing, resolve_sampling, typed_result
 from formtax.backends.base import Backend, Capability
 from formtax.constraints.native import as_constraint
 from formtax.constraints.spec import Constraint
@@ -88,7 +88,7 @@ _END = object()
 def stream(model: Backend, prompt: Prompt, strategy: str = "free", answer: Any = None, max_tokens: int = 256,
            reasoning: str | None = None, triggers: Sequence[str] = (), seed: int = 0, constrain: bool = True,
            temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0,
-           model_defaults: bool = False, raw: bool = False) -> Iterator[Delta | Result]:
+           model_defaults: bool = False, raw: bool = False, closing: bool | None = None) -> Iterator[Delta | Result]:
     """Deltas as they are decoded, then the Result (module docstring; arguments as :func:`formtax.generate`)."""
     backend = _backend(model)
     strat = get_strategy(strategy)
@@ -100,7 +100,8 @@ def stream(model: Backend, prompt: Prompt, strategy: str = "free", answer: Any =
     sampling = resolve_sampling(backend, Sampling(temperature, top_p, top_k, min_p), model_defaults)
     req = Request(_prompt(prompt, raw), constraint, max_tokens=max_tokens, seed=seed, reasoning_prefix=reasoning,
                   triggers=triggers, constrain=constrain, temperature=sampling.temperature, top_p=sampling.top_p,
-                  top_k=sampling.top_k, min_p=sampling.min_p)
+                  top_k=sampling.top_k, min_p=sampling.min_p,
+                  closing=resolve_closing(backend, closing))
     strat.check(backend, [req])
     q: queue.Queue[Any] = queue.Queue()
 

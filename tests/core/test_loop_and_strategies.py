@@ -83,6 +83,8 @@ def test_inwriting_budget_reserves_the_answer():
 
 def test_budget_too_small_for_the_answer_is_refused_before_running():
     with pytest.raises(ConfigError, match="cannot fit the answer"):
+        formtax.generate(fake(), Q, "constrained", "The answer is: {int}", max_tokens=5, closing=False)
+    with pytest.raises(ConfigError, match="no completion .* fits in 5 tokens"):  # closing mode's own check
         formtax.generate(fake(), Q, "constrained", "The answer is: {int}", max_tokens=5)
 
 

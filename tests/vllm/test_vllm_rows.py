@@ -104,12 +104,14 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("closing", [False, True])
 @pytest.mark.parametrize("seed", [0, 3])
 @pytest.mark.parametrize(("strategy", "spec", "kw"), CASES)
-def test_every_strategy_matches_the_decode_loop(strategy, spec, kw, seed):
+def test_every_strategy_matches_the_decode_loop(strategy, spec, kw, seed, closing):
+    """With closing mode too: vLLM then runs the rows live, the veto decided inside its logits processor."""
     fn = random_logits(seed=seed)
-    ref = formtax.generate_batch(FakeBackend(fn), Q, strategy, spec, max_tokens=60, **kw)
-    got = formtax.generate_batch(SimVLLM(fn), Q, strategy, spec, max_tokens=60, **kw)
+    ref = formtax.generate_batch(FakeBackend(fn), Q, strategy, spec, max_tokens=60, closing=closing, **kw)
+    got = formtax.generate_batch(SimVLLM(fn), Q, strategy, spec, max_tokens=60, closing=closing, **kw)
     for a, b in zip(ref, got, strict=True):
         same(a, b)
 

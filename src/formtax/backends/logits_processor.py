@@ -27,7 +27,15 @@ from typing import Any
 
 import torch
 
-from formtax.decoding.loop import Plan, RowOutput, RowRequest, Step, masked_mass, resolve_divert
+from formtax.decoding.loop import (
+    Plan,
+    RowOutput,
+    RowRequest,
+    Step,
+    choose_vetted,
+    masked_mass,
+    resolve_divert,
+)
 from formtax.decoding.sampling import Sampling, as_sampling
 
 ROW_KEY = "formtax_row"  # the SamplingParams.extra_args key naming a registered LiveRow
@@ -118,6 +126,12 @@ class LiveRow:
         if plan.forced is not None:
             self.pending = (phase, True, plan.allowed is not None, int(plan.forced))
             self._force(row, int(plan.forced))
+            return
+        if plan.veto is not None:  # the engine cannot ask the veto: choose here as the loop does, then force it
+            base = plan.scores if plan.scores is not None else view
+            token, masked, forced = choose_vetted(base, plan, self.sampling, self.gen)
+            self.pending = (phase, forced, masked, token)
+            self._force(row, token)
             return
         if plan.scores is not None:
             row.copy_(plan.scores.to(device=row.device, dtype=row.dtype))

@@ -76,6 +76,9 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reasoning", default=None, help="reasoning constraint: a forced prefix, e.g. \"Let's think step by step.\"")
     p.add_argument("--trigger", action="append", default=[], help="InWriting trigger token (repeatable)")
     p.add_argument("--no-constrain", action="store_true", help="same prompt and budget, no mask")
+    p.add_argument("--no-closing", action="store_true",
+                   help="let a constrained answer run out of budget unfinished (default on transformers: closing "
+                        "mode, the answer always finishes inside --max-tokens; vLLM and servers do not close)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tau", type=float, default=None,
                    help="suffix-last / suffix-beam: branch where the bifurcation penalty is <= TAU (default 0)")
@@ -139,7 +142,7 @@ def generate_cmd(args: argparse.Namespace) -> int:
             r = generate(model, prompt, strategy=args.strategy, answer=constraint, max_tokens=args.max_tokens,
                          reasoning=args.reasoning, triggers=args.trigger, seed=args.seed,
                          constrain=not args.no_constrain, model_defaults=args.model_defaults,
-                         **sampling.to_json())
+                         closing=False if args.no_closing else None, **sampling.to_json())
     if args.json:
         out = r.model_dump(exclude={"token_ids"})
         out["tokens_detail"] = out.pop("tokens")

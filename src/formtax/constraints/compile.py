@@ -45,7 +45,9 @@ class CompiledGrammar:
     _empty: bool | None = None
 
     def matcher(self, n_logits: int) -> Matcher:
-        return Matcher(self._pristine.deep_copy(), self.tokenizer, n_logits)
+        m = Matcher(self._pristine.deep_copy(), self.tokenizer, n_logits)
+        m.grammar = self.grammar
+        return m
 
     def matches_nothing(self, n_logits: int, eos_ids: frozenset[int]) -> bool:
         """Whether no output satisfies the grammar: at the start state nothing but EOS is allowed and the
@@ -84,6 +86,7 @@ class Matcher:
         self.n_logits = n_logits
         self._bitmask = llguidance.torch.allocate_token_bitmask(1, tokenizer.vocab_size)
         self.consumed = 0
+        self.grammar = ""  # the grammar's text (closing mode's search reads its literals)
 
     # -- the allowed set ------------------------------------------------------------------------------------
     def allowed_mask(self) -> torch.Tensor:
@@ -99,6 +102,21 @@ class Matcher:
 
     def allowed_ids(self) -> list[int]:
         return self.allowed_mask().nonzero().flatten().tolist()
+
+    @property
+    def ll(self) -> llguidance.LLMatcher:
+        """The engine's matcher (for searches that copy it, e.g. closing mode's witness)."""
+        return self._ll
+
+    @property
+    def tokenizer(self) -> EngineTokenizer:
+        return self._tok
+
+    @property
+    def hints(self) -> tuple[bytes, ...]:
+        from formtax.constraints.closing import grammar_hints
+
+        return grammar_hints(self.grammar) if self.grammar else ()
 
     # -- state ----------------------------------------------------------------------------------------------
     def consume(self, token: int) -> bool:
@@ -117,7 +135,7 @@ class Matcher:
 
     def copy(self) -> Matcher:
         m = Matcher(self._ll.deep_copy(), self._tok, self.n_logits)
-        m.consumed = self.consumed
+        m.consumed, m.grammar = self.consumed, self.grammar
         return m
 
     @property

@@ -40,6 +40,7 @@ class Plan:
     event: dict[str, Any] | None = None  # a strategy statistic to record at this step
     rewind: int | None = None  # go back to this many generated tokens (see the module docstring); no token now
     divert: Divert | None = None  # if the token chosen under this plan is in ``divert.tokens``, re-plan (below)
+    veto: Veto | None = None  # a chosen token the policy refuses is masked and the choice made again (below)
 
 
 @dataclass
@@ -51,6 +52,19 @@ class Divert:
 
     tokens: frozenset[int]
     then: Callable[[], Plan]
+
+
+@dataclass
+class Veto:
+    """Refuse a chosen token after the fact: when ``accept(token)`` is False, the token is masked out and the
+    choice is made again from the same logits, so greedy takes the best accepted token and sampling draws from
+    the distribution conditioned on an accepted token (rejection). After ``tries`` refusals ``fallback`` is
+    emitted as a forced token. For conditions too costly to evaluate over the whole vocabulary (closing mode asks
+    whether a completion still fits after the token)."""
+
+    accept: Callable[[int], bool]
+    fallback: int
+    tries: int = 8
 
 
 class Policy(ABC):
@@ -160,6 +174,24 @@ def _choose(
     return int(torch.multinomial(probs, 1, generator=gen).item()), masked
 
 
+def choose_vetted(
+    logits: torch.Tensor, plan: Plan, sampling: Sampling, gen: torch.Generator | None
+) -> tuple[int, bool, bool]:
+    """Pick a token under a plan that may carry a :class:`Veto`; returns (token, masked, forced)."""
+    token, masked = _choose(logits, plan, sampling, gen)
+    forced = plan.allowed is not None and int(plan.allowed.sum().item()) == 1
+    veto = plan.veto
+    if veto is None or veto.accept(token):
+        return token, masked, forced
+    refused = [token]
+    for _ in range(veto.tries - 1):
+        token, _m = _choose(logits, dataclasses.replace(plan, banned=[*plan.banned, *refused]), sampling, gen)
+        if veto.accept(token):
+            return token, True, False
+        refused.append(token)
+    return veto.fallback, True, True
+
+
 def _rewind(batch: Batch, pos: int, req: RowRequest, out: RowOutput, n: int) -> int:
     """Cut the row back to its first ``n`` generated tokens; return the token to feed again.
 
@@ -240,8 +272,7 @@ def decode(
                 token, masked, forced = drawn[0], True, False
             else:
                 base = plan.scores if plan.scores is not None else row_logits
-                token, masked = _choose(base, plan, sampling, gens[i])
-                forced = plan.allowed is not None and int(plan.allowed.sum().item()) == 1
+                token, masked, forced = choose_vetted(base, plan, sampling, gens[i])
             out.tokens.append(token)
             out.steps.append(Step(token, req.policy.phase, forced, masked))
             reason = req.policy.advance(token)

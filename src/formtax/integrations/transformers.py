@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from formtax.api import from_transformers, typed_result
+from formtax.api import from_transformers, resolve_closing, typed_result
 from formtax.backends.base import Backend
 from formtax.backends.logits_processor import LiveRow
 from formtax.constraints.native import as_constraint
@@ -52,7 +52,8 @@ class FormtaxLogitsProcessor(_Base):
 
     def __init__(self, model: Any, tokenizer: Any = None, strategy: str = "constrained", answer: Any = None,
                  max_tokens: int = 256, reasoning: str | None = None, triggers: Sequence[str] = (),
-                 temperature: float = 0.0, seed: int = 0, requests: Sequence[Request] | None = None) -> None:
+                 temperature: float = 0.0, seed: int = 0, requests: Sequence[Request] | None = None,
+                 closing: bool | None = None) -> None:
         self.backend: Backend = model if isinstance(model, Backend) else from_transformers(model, tokenizer)
         strat = get_strategy(strategy)
         if not isinstance(strat, SinglePass):
@@ -62,7 +63,8 @@ class FormtaxLogitsProcessor(_Base):
         self.constraint = as_constraint(answer) if answer is not None else None
         self.requests = list(requests) if requests is not None else [
             Request("", self.constraint, max_tokens=max_tokens, seed=seed, reasoning_prefix=reasoning,
-                    triggers=triggers, temperature=temperature)]
+                    triggers=triggers, temperature=temperature,
+                    closing=resolve_closing(self.backend, closing))]
         strat.check(self.backend, self.requests)
         self.max_tokens = max(r.max_tokens for r in self.requests)
         self.rows: list[LiveRow] | None = None

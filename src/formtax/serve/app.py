@@ -72,7 +72,8 @@ def create_app(backend: Backend, max_batch: int = 16, window_s: float = 0.01, ti
         opts = req.formtax
         kwargs = {"strategy": strategy, "answer": answer, "max_tokens": req.budget(default_max_tokens),
                   "temperature": req.temperature, "top_p": req.top_p, "seed": req.seed or 0, "raw": raw,
-                  "reasoning": opts.reasoning if opts else None, "triggers": tuple(opts.triggers) if opts else ()}
+                  "reasoning": opts.reasoning if opts else None, "triggers": tuple(opts.triggers) if opts else (),
+                  "closing": opts.closing if opts else None}
         key = tuple((k, v.describe() if hasattr(v, "describe") else repr(v)) for k, v in sorted(kwargs.items()))
         try:
             return await batcher.run(prompt, key, timeout_s, **kwargs)
@@ -93,7 +94,7 @@ def create_app(backend: Backend, max_batch: int = 16, window_s: float = 0.01, ti
             opts = req.formtax
             kwargs = {"max_tokens": req.budget(default_max_tokens), "temperature": req.temperature,
                       "top_p": req.top_p, "seed": req.seed or 0, "reasoning": opts.reasoning if opts else None,
-                      "triggers": tuple(opts.triggers) if opts else ()}
+                      "triggers": tuple(opts.triggers) if opts else (), "closing": opts.closing if opts else None}
             parts = astream(backend, messages, strategy, constraint, **kwargs)
             first = await anext(parts)  # a bad request fails here, as a 400, before the stream starts
             return StreamingResponse(_live_chunks(backend.model_id, first, parts), media_type="text/event-stream")

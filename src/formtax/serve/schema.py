@@ -10,8 +10,8 @@ Mapping (documented choices):
   (paper 002's tool-selection constraint); ``"auto"`` (the default when tools are given) adds ``None``, the
   abstention answer; ``"none"`` generates free text. The chosen tool comes back as a ``tool_calls`` entry with
   ``arguments`` ``"{}"``: formtax selects the tool, it does not fill its arguments.
-* ``"formtax": {"strategy": ..., "answer": SPEC, "reasoning": ..., "triggers": [...]}``: any single-call or
-  multi-call strategy with any answer SPEC; the reasoning comes back separately in ``reasoning_content``, as
+* ``"formtax": {"strategy": ..., "answer": SPEC, "reasoning": ..., "triggers": [...], "closing": ...}``: any
+  single-call or multi-call strategy with any answer SPEC; the reasoning comes back separately in ``reasoning_content``, as
   reasoning models' servers return it, and the answer in ``content``.
 """
 
@@ -47,6 +47,7 @@ class FormtaxOptions(BaseModel):
     answer: str | None = None  # an answer SPEC (formtax generate --answer)
     reasoning: str | None = None  # a forced reasoning prefix (RC)
     triggers: list[str] = Field(default_factory=list)
+    closing: bool | None = None  # closing mode (formtax.generate's default: on where formtax steps the model)
 
 
 class Function(BaseModel):

@@ -40,6 +40,20 @@ def answer_reserve(constraint: Constraint | None) -> int:
     return (bound if bound is not None else DEFAULT_RESERVE) + 1
 
 
+def request_reserve(backend: Backend, request: Request) -> int:
+    """The answer's reserve for this request. With closing mode a choice reserves its *likely* length, the
+    longest option's canonical tokenisation (``positive|negative|neutral``: 1-2 tokens, where the byte-level
+    worst case is 8): if the model starts an option in smaller pieces, closing mode steers it to finish inside
+    the reserve. Without closing, and for every other constraint, the bound of :func:`answer_reserve`."""
+    from formtax.constraints.spec import ChoiceConstraint
+
+    c = request.constraint
+    if request.closing and isinstance(c, ChoiceConstraint):
+        tok = backend.tokenizer
+        return max(len(tok.encode(o)) for o in c.options) + 1
+    return answer_reserve(c)
+
+
 @dataclass
 class Request:
     """One generation request."""
@@ -55,6 +69,7 @@ class Request:
     reasoning_prefix: str | None = None  # RC: forced at the start of the (first) generation
     triggers: Sequence[str] = ()  # InWriting: single-token strings that switch to the constraint
     constrain: bool = True  # False: same prompt and budget, no mask (the "unconstrained" level of paper 003)
+    closing: bool = False  # closing mode: the answer always finishes inside the budget (constraints/closing.py)
     conversion: Callable[[str], Prompt] | None = None  # NL-to-Format: reasoning text -> second-call prompt
     meta: dict[str, Any] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)  # strategy-specific settings (suffix-*: tau, rule)
@@ -119,15 +134,31 @@ class Strategy(ABC):
                 raise ConfigError(f"max_tokens must be positive, got {r.max_tokens}")
             if self.requires_constraint and r.constraint is not None:
                 refuse_empty_language(backend, r.constraint)
-            need = self.min_budget(r)
+            need = self.closing_min_budget(backend, r) if r.closing and r.constrain else self.min_budget(r)
             if need > r.max_tokens:
                 raise ConfigError(
                     f"strategy {self.name!r}: max_tokens={r.max_tokens} cannot fit the answer, which needs up to "
                     f"{need} tokens; raise --max-tokens"
                 )
+            target = self.closing_target(backend, r) if r.closing and r.constrain else None
+            if target is not None:
+                refuse_no_completion(self.answer_backend(backend), *target)
+
+    def closing_target(self, backend: Backend, request: Request) -> tuple[Constraint, int] | None:
+        """Closing mode: the constraint its answer call decodes and that call's token limit; None where the
+        strategy has no such call (free, short) or does not close (suffix-*, decog: their own searches)."""
+        return None
+
+    def answer_backend(self, backend: Backend) -> Backend:
+        """The backend whose tokenizer decodes the answer (NL-to-Format's extractor may be another model)."""
+        return backend
 
     def min_budget(self, request: Request) -> int:
         return 1
+
+    def closing_min_budget(self, backend: Backend, request: Request) -> int:
+        """:meth:`min_budget` under closing mode (where the answer's reserve may be its likely length)."""
+        return self.min_budget(request)
 
     def answer_overhead(self, request: Request) -> int | None:
         """Tokens of ``max_tokens`` that are not the reasoning phase's (the answer's reserve, JSON's scaffold).
@@ -174,6 +205,18 @@ def refuse_empty_language(backend: Backend, constraint: Constraint) -> None:
         raise ConstraintError(f"constraint {constraint.describe()!r} matches nothing: no output can satisfy it")
 
 
+def refuse_no_completion(backend: Backend, constraint: Constraint, limit: int) -> None:
+    """Closing mode, before any model call: the answer must have a completion within ``limit`` tokens."""
+    from formtax.constraints.closing import start_witness
+
+    tok = backend.tokenizer
+    w = start_witness(compile_grammar(constraint.grammar, tok.engine), tok.n_logits)
+    if w is None or len(w) > limit:
+        found = "none found" if w is None else f"the shortest found takes {len(w)}"
+        raise ConfigError(f"closing mode: no completion of {constraint.describe()!r} fits in {limit} tokens "
+                          f"({found}); raise --max-tokens")
+
+
 def request_sampling(request: Request) -> Sampling:
     """The request's sampling settings (refused here, before any model call, if out of range)."""
     return Sampling(request.temperature, request.top_p, request.top_k, request.min_p)
@@ -190,6 +233,11 @@ def batch_sampling(requests: Sequence[Request]) -> Sampling:
 
 def prefix_ids(backend: Backend, request: Request) -> list[int]:
     return backend.tokenizer.encode(request.reasoning_prefix) if request.reasoning_prefix else []
+
+
+def closing_limit(backend: Backend, request: Request) -> int | None:
+    """Closing mode's token limit for a single-call row (its budget after the forced prefix), or None when off."""
+    return request.max_tokens - len(prefix_ids(backend, request)) if request.closing else None
 
 
 def with_prefix(backend: Backend, request: Request, policy: Policy) -> Policy:
@@ -294,7 +342,7 @@ class SinglePass(Strategy):
         from formtax.strategies.policies import ConstrainedPolicy, ForcedPrefix
 
         inner = policy.inner if isinstance(policy, ForcedPrefix) else policy
-        if not request.constrain or type(inner) is not ConstrainedPolicy:
+        if not request.constrain or type(inner) is not ConstrainedPolicy or inner.closer is not None:
             return None
         return self.effective_constraint(request)
 

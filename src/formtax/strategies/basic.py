@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from formtax.backends.base import Backend
+from formtax.constraints.closing import start_witness
 from formtax.constraints.compile import compile_grammar
 from formtax.constraints.spec import JSON_SCAFFOLD, ChoiceConstraint, Constraint, JsonReasonAnswer
 from formtax.decoding.loop import Policy
@@ -14,6 +15,7 @@ from formtax.strategies.base import (
     Result,
     SinglePass,
     answer_reserve,
+    closing_limit,
     register,
     with_prefix,
 )
@@ -22,10 +24,16 @@ from formtax.strategies.firstmass import FirstTokenMass, allowed_first_tokens
 from formtax.strategies.policies import ConstrainedPolicy, FreePolicy
 
 
-def constrained_policy(backend: Backend, constraint: Constraint, phase: str = "answer") -> ConstrainedPolicy:
+def constrained_policy(backend: Backend, constraint: Constraint, phase: str = "answer",
+                       closing_limit: int | None = None) -> ConstrainedPolicy:
+    """The constraint's policy; ``closing_limit``: closing mode over that many tokens (the row's budget after
+    any forced prefix; constraints/closing.py)."""
     tok = backend.tokenizer
-    matcher = compile_grammar(constraint.grammar, tok.engine).matcher(tok.n_logits)
-    return ConstrainedPolicy(matcher, tok.eos_ids, phase=phase)
+    compiled = compile_grammar(constraint.grammar, tok.engine)
+    policy = ConstrainedPolicy(compiled.matcher(tok.n_logits), tok.eos_ids, phase=phase, closing_limit=closing_limit)
+    if policy.closer is not None:
+        policy.closer.start_from(start_witness(compiled, tok.n_logits))
+    return policy
 
 
 @register
@@ -73,11 +81,19 @@ class Constrained(SinglePass):
         c = request.constraint
         return answer_reserve(c) if c is not None and c.max_tokens is not None else 1
 
+    def closing_min_budget(self, backend: Backend, request: Request) -> int:
+        return 1  # closing mode's own check (a completion fits) replaces the worst-case bound
+
+    def closing_target(self, backend: Backend, request: Request) -> tuple[Constraint, int] | None:
+        limit = closing_limit(backend, request)
+        return None if request.constraint is None or limit is None else (request.constraint, limit)
+
     def policy(self, backend: Backend, request: Request) -> Policy:
         assert request.constraint is not None
         if not request.constrain:
             return with_prefix(backend, request, FreePolicy(backend.tokenizer.eos_ids, phase="answer"))
-        return with_prefix(backend, request, constrained_policy(backend, request.constraint))
+        return with_prefix(backend, request, constrained_policy(backend, request.constraint,
+                                                                closing_limit=closing_limit(backend, request)))
 
 
 
@@ -107,12 +123,17 @@ class Json(SinglePass):
         reason = request.max_tokens - (self.answer_overhead(request) or 0)
         return JsonReasonAnswer(c, reason_tokens=max(1, reason))
 
+    def closing_target(self, backend: Backend, request: Request) -> tuple[Constraint, int] | None:
+        c, limit = self.effective_constraint(request), closing_limit(backend, request)
+        return None if c is None or limit is None else (c, limit)
+
     def policy(self, backend: Backend, request: Request) -> Policy:
         c = self.effective_constraint(request)
         assert c is not None
         if not request.constrain:
             return with_prefix(backend, request, FreePolicy(backend.tokenizer.eos_ids, phase="answer"))
-        return with_prefix(backend, request, constrained_policy(backend, c))
+        return with_prefix(backend, request, constrained_policy(backend, c,
+                                                                closing_limit=closing_limit(backend, request)))
 
     def fill_answer(self, res: Result, request: Request, out: Any, phases: dict[str, str], constrained: bool) -> None:
         res.answer_text = phases.get("answer")

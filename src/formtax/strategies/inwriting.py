@@ -5,9 +5,18 @@ from __future__ import annotations
 from typing import Any
 
 from formtax.backends.base import Backend
+from formtax.constraints.spec import Constraint
 from formtax.decoding.loop import Policy
 from formtax.errors import ConfigError
-from formtax.strategies.base import Request, Result, SinglePass, answer_reserve, register, with_prefix
+from formtax.strategies.base import (
+    Request,
+    Result,
+    SinglePass,
+    answer_reserve,
+    register,
+    request_reserve,
+    with_prefix,
+)
 from formtax.strategies.basic import constrained_policy
 from formtax.strategies.policies import FreePolicy, InWritingPolicy
 
@@ -36,6 +45,13 @@ class InWriting(SinglePass):
         # the preamble is max_tokens minus this; a forced RC prefix is reasoning text, so it counts inside it
         return answer_reserve(request.constraint)
 
+    def closing_min_budget(self, backend: Backend, request: Request) -> int:
+        return request_reserve(backend, request) + 1
+
+    def closing_target(self, backend: Backend, request: Request) -> tuple[Constraint, int] | None:
+        # the answer's limit is what the preamble leaves; at the latest switch that is the reserve
+        return None if request.constraint is None else (request.constraint, request_reserve(backend, request))
+
     def policy(self, backend: Backend, request: Request) -> Policy:
         assert request.constraint is not None
         tok = backend.tokenizer
@@ -43,9 +59,10 @@ class InWriting(SinglePass):
             return with_prefix(backend, request, FreePolicy(tok.eos_ids, phase="reasoning"))
         stop_ids = frozenset(tok.eos_ids | {tok.pad_id})
         rc = len(tok.encode(request.reasoning_prefix)) if request.reasoning_prefix else 0
-        preamble = request.max_tokens - answer_reserve(request.constraint) - rc
+        preamble = request.max_tokens - request_reserve(backend, request) - rc
         inner = InWritingPolicy(
-            constrained_policy(backend, request.constraint),
+            constrained_policy(backend, request.constraint,
+                               closing_limit=request.max_tokens - rc if request.closing else None),
             stop_ids=stop_ids,
             triggers=trigger_ids(backend, list(request.triggers)),
             preamble_budget=max(0, preamble),

@@ -6,6 +6,7 @@ import time
 from collections.abc import Sequence
 
 from formtax.backends.base import Backend
+from formtax.constraints.spec import Constraint
 from formtax.decoding.loop import RowRequest
 from formtax.strategies.base import (
     Prompt,
@@ -13,7 +14,6 @@ from formtax.strategies.base import (
     Result,
     RowDecoder,
     Strategy,
-    answer_reserve,
     batch_sampling,
     call_info,
     counts,
@@ -21,6 +21,7 @@ from formtax.strategies.base import (
     phase_texts,
     read_answer,
     register,
+    request_reserve,
     with_prefix,
 )
 from formtax.strategies.basic import constrained_policy
@@ -56,6 +57,13 @@ class NL2Format(Strategy):
     def answer_overhead(self, request: Request) -> int | None:
         return 0  # call 1 is all reasoning; call 2 has its own budget, the answer's reserve
 
+    def closing_target(self, backend: Backend, request: Request) -> tuple[Constraint, int] | None:
+        return None if request.constraint is None else (request.constraint, request_reserve(self.answer_backend(
+            backend), request))
+
+    def answer_backend(self, backend: Backend) -> Backend:
+        return self.extractor or backend
+
     def run(self, backend: Backend, requests: Sequence[Request]) -> list[Result]:
         self.check(backend, requests)
         native = backend.run_strategy(self, requests)  # the dispatch hook (backends/base.py)
@@ -85,13 +93,14 @@ class NL2Format(Strategy):
             prompt = r.conversion(text) if r.conversion is not None else default_conversion(r, text)
             assert r.constraint is not None
             policy = (
-                constrained_policy(ext, r.constraint)
+                constrained_policy(ext, r.constraint,
+                                   closing_limit=request_reserve(ext, r) if r.closing else None)
                 if r.constrain
                 else FreePolicy(ext.tokenizer.eos_ids, ext.tokenizer.newline_ids, phase="answer")
             )
-            second_rows.append(RowRequest(ext.tokenizer.prompt_ids(prompt), policy, answer_reserve(r.constraint), r.seed))
+            second_rows.append(RowRequest(ext.tokenizer.prompt_ids(prompt), policy, request_reserve(ext, r), r.seed))
         second = decoder(ext, second_rows, batch_sampling(requests),
-                         [r.constraint if r.constrain else None for r in requests])
+                         [r.constraint if r.constrain and not r.closing else None for r in requests])
         wall = time.perf_counter() - t0
         results = []
         for r, o1, o2, text in zip(requests, first, second, reasonings, strict=True):

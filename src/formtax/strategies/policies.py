@@ -6,8 +6,9 @@ from collections.abc import Sequence
 
 import torch
 
+from formtax.constraints.closing import Closer
 from formtax.constraints.compile import Matcher
-from formtax.decoding.loop import Divert, Plan, Policy, relay
+from formtax.decoding.loop import Divert, Plan, Policy, Veto, relay
 
 
 class FreePolicy(Policy):
@@ -33,15 +34,18 @@ class ConstrainedPolicy(Policy):
     """Constrained greedy (section 1): mask to the grammar's allowed set; EOS only where the grammar accepts.
 
     The matcher's errors never raise here: they end the row with a finish reason that names them, and the
-    strategy turns that into an error result.
+    strategy turns that into an error result. With ``closing_limit`` (closing mode, constraints/closing.py) a
+    token after which no completion fits in what is left of those ``closing_limit`` tokens is refused.
     """
 
-    def __init__(self, matcher: Matcher, eos_ids: frozenset[int], phase: str = "answer", measure: bool = True) -> None:
+    def __init__(self, matcher: Matcher, eos_ids: frozenset[int], phase: str = "answer", measure: bool = True,
+                 closing_limit: int | None = None) -> None:
         self.matcher = matcher
         self.eos_ids = eos_ids
         self.phase = phase
         self._measure = measure
         self.first = True
+        self.closer = None if closing_limit is None else Closer(matcher, closing_limit, eos_ids)
 
     def plan(self, logits: torch.Tensor, step: int) -> Plan:
         if self.matcher.error is not None:
@@ -53,13 +57,19 @@ class ConstrainedPolicy(Policy):
             return Plan(stop="constraint-error")
         measure = self._measure and self.first
         self.first = False
-        return Plan(allowed=allowed, measure_mass=measure)
+        veto = None
+        if self.closer is not None and self.closer.current() is not None:  # no witness known: nothing to keep
+            closer, left = self.closer, self.closer.limit - step - 1  # tokens left after this one
+            veto = Veto(lambda t: closer.accept(t, left), closer.fallback())
+        return Plan(allowed=allowed, measure_mass=measure, veto=veto)
 
     def advance(self, token: int) -> str | None:
         if token in self.eos_ids:
             return "eos"
         if not self.matcher.consume(token):
             return "constraint-error"
+        if self.closer is not None:
+            self.closer.advance(token)
         return None
 
     def budget_exhausted(self) -> str:

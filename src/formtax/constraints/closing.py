@@ -1,0 +1,380 @@
+"""Closing mode: a constrained answer that always finishes inside its token budget.
+
+Without it an unbounded constraint (an open JSON object, ``regex:[a-z]+ ok``, a Lark grammar) can run out of tokens
+half-way (``length-incomplete``, an unparseable answer). With it, the decode loop only emits a token after which a
+completion of the grammar still fits in the tokens that are left; so every answer parses whenever a completion fits
+at the start, and a request where none fits is refused before any model call.
+
+How "a completion still fits" is decided (ours; llguidance exposes no shortest-completion query):
+
+* a *witness* is a token sequence that takes the matcher from its current state to an accepting one. One is kept
+  per request. After the model's token ``t``: if ``t`` is the witness's first token, the rest is a witness; else
+  the old witness is replayed after ``t`` on a copy (inside a JSON string any character keeps ``"}`` valid, so
+  this is the common case and costs microseconds); only when that fails is a new one searched.
+* the search is a beam search over tokens from ``deep_copy``'d matchers, breadth first (depth = tokens), states
+  at one depth deduplicated by their full-vocabulary allowed mask (a strong fingerprint: two states that allow
+  the same tokens next are, for closing, the same), each state expanding its allowed tokens shortest first,
+  structural characters (quotes, brackets, separators) before digits and letters. Any witness it returns is
+  real (the matcher accepted every token), so the guarantee rests on the witness, not on the search being
+  optimal: the witness is an *upper bound* on the shortest completion. On a byte-level vocabulary it is the
+  shortest completion for the grammars in ``tests/core/test_closing.py`` (checked by brute-force enumeration).
+* a token whose witness does not fit is refused (:class:`~formtax.decoding.loop.Veto`): the loop masks it and
+  chooses again from the same logits, so greedy takes the best token that keeps a completion within budget and
+  sampling draws from the model's distribution conditioned on that; after a few refusals the witness's next token
+  is emitted (forced).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import llguidance
+import numpy as np
+
+from formtax.cache import LRU
+from formtax.constraints.compile import CompiledGrammar, EngineTokenizer, Matcher
+
+# First bytes in the order the search prefers them: what closes a structure, then separators, then the shortest
+# values (digits before letters). Every other byte follows in byte order. Ours: a heuristic for which tokens a
+# short completion is likely to start with; any order gives a valid witness.
+_PREFERRED = b'"}])>' + b",:; \n." + b"0123456789" + b"abcdefghijklmnopqrstuvwxyz" + b"ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+_UNUSABLE = np.iinfo(np.int64).max
+BEAM_WIDTH = 8  # states kept per depth
+EXPAND = 8  # tokens tried per state
+MAX_DEPTH = 512  # the longest witness searched for (tokens)
+
+
+@dataclass
+class _Ranks:
+    """Per tokenizer: every token's search rank (byte length first, then the preference of its first byte);
+    special tokens are never part of a witness. ``ids``: token bytes -> id, to find the tokens that spell a hint."""
+
+    rank: np.ndarray
+    vocab: int
+    ids: dict[bytes, int]
+
+
+_RANKS: LRU[str, _Ranks] = LRU(8)
+
+
+def _ranks(tok: EngineTokenizer) -> _Ranks:
+    hit = _RANKS.get(tok.key)
+    if hit is not None:
+        return hit
+    order = {b: i for i, b in enumerate(_PREFERRED)}
+    n = tok.vocab_size
+    rank = np.full(n, _UNUSABLE, dtype=np.int64)
+    ids: dict[bytes, int] = {}
+    for i in range(n):
+        if tok.ll.is_special_token(i):
+            continue
+        b = tok.ll.decode_bytes([i])
+        if b:
+            rank[i] = len(b) * 1024 + order.get(b[0], len(_PREFERRED) + b[0])
+            ids.setdefault(b, i)
+    return _RANKS.put(tok.key, _Ranks(rank, n, ids))
+
+
+# -- hints: the grammar's own literals ---------------------------------------------------------------------------
+# A mask says which tokens may follow, not how far acceptance is: on a byte vocabulary the states after "e" and
+# after "0" in (\w+ )*end\. allow the same bytes. So the search also follows the grammar's literal strings (Lark
+# string literals, the literal runs of regexes, JSON property names and enum values): a token that starts or
+# continues one is tried first, and a state's progress along them is part of its fingerprint.
+
+_REGEX_CLASS_ESCAPES = set("wWdDsSbBAZzpPhHvVRXKGkQE0123456789")
+_REGEX_BREAK = set("()|*+?^$.")
+
+
+def _regex_literals(pattern: str) -> list[str]:
+    runs, cur, i = [], "", 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\" and i + 1 < len(pattern):
+            e = pattern[i + 1]
+            i += 2
+            if e in _REGEX_CLASS_ESCAPES:
+                runs.append(cur)
+                cur = ""
+            else:
+                cur += {"n": "\n", "t": "\t", "r": "\r"}.get(e, e)
+            continue
+        if c == "[":  # a class: skip to its end
+            j = i + 1
+            while j < len(pattern) and pattern[j] != "]":
+                j += 2 if pattern[j] == "\\" else 1
+            i = j + 1
+            runs.append(cur)
+            cur = ""
+            continue
+        if c == "{":
+            j = pattern.find("}", i)
+            if j > i and re.fullmatch(r"\d*,?\d*", pattern[i + 1:j]):
+                i = j + 1
+                runs.append(cur)
+                cur = ""
+                continue
+        if c in _REGEX_BREAK:
+            runs.append(cur)
+            cur = ""
+        else:
+            cur += c
+        i += 1
+    runs.append(cur)
+    return [r for r in runs if r]
+
+
+def _schema_literals(schema: Any, out: list[str]) -> None:
+    if isinstance(schema, dict):
+        for name in schema.get("properties") or {}:
+            out.append(json.dumps(name))
+        for v in schema.get("enum") or []:
+            out.append(json.dumps(v, ensure_ascii=False))
+        if isinstance(schema.get("pattern"), str):
+            out.extend(_regex_literals(schema["pattern"]))
+        if "const" in schema:
+            out.append(json.dumps(schema["const"], ensure_ascii=False))
+        for v in schema.values():
+            _schema_literals(v, out)
+    elif isinstance(schema, list):
+        for v in schema:
+            _schema_literals(v, out)
+
+
+def _lark_literals(text: str) -> list[str]:
+    out: list[str] = []
+    plain = []
+    for line in text.splitlines():  # a %json{...} schema is JSON, not Lark: its literals are the schema's own
+        head, sep, schema = line.partition("%json")
+        plain.append(head)
+        if sep:
+            with contextlib.suppress(ValueError):
+                _schema_literals(json.loads(schema.strip()), out)
+    for m in re.finditer(r'"((?:[^"\\]|\\.)*)"|/((?:[^/\\\n]|\\.)+)/', "\n".join(plain)):
+        if m.group(1) is not None:
+            try:
+                out.append(json.loads(f'"{m.group(1)}"'))
+            except ValueError:
+                out.append(m.group(1))
+        else:
+            out.extend(_regex_literals(m.group(2)))
+    return out
+
+
+_HINTS: LRU[str, tuple[bytes, ...]] = LRU(256)
+
+
+def grammar_hints(grammar: str) -> tuple[bytes, ...]:
+    """The literal strings of a formtax grammar (an llguidance envelope or Lark text), as UTF-8 bytes."""
+    hit = _HINTS.get(grammar)
+    if hit is not None:
+        return hit
+    found: list[str] = []
+    if grammar.lstrip().startswith("{"):
+        try:
+            top = json.loads(grammar)
+        except ValueError:
+            top = {}
+        for g in top.get("grammars") or []:
+            if g.get("lark_grammar"):
+                found.extend(_lark_literals(g["lark_grammar"]))
+            if g.get("json_schema") is not None:
+                _schema_literals(g["json_schema"], found)
+    else:
+        found.extend(_lark_literals(grammar))
+    hints = tuple(sorted({h.encode() for h in found if h and len(h) <= 64}))
+    return _HINTS.put(grammar, hints)
+
+
+def _continuations(path: bytes, hints: tuple[bytes, ...]) -> frozenset[bytes]:
+    """What the hints say may come next after ``path``: the rest of every hint the path has begun."""
+    out = set()
+    for h in hints:
+        for k in range(min(len(h) - 1, len(path)), 0, -1):
+            if path.endswith(h[:k]):
+                out.add(h[k:])
+                break
+    return frozenset(out)
+
+
+def _candidates(mask: bytes, ranks: _Ranks, k: int, path: bytes, hints: tuple[bytes, ...]) -> list[int]:
+    bits = np.unpackbits(np.frombuffer(mask, dtype=np.uint8), bitorder="little")[: ranks.vocab]
+    hinted: list[int] = []
+    for c in sorted(_continuations(path, hints) | set(hints), key=len):
+        for j in range(len(c), 0, -1):  # the longest token first: fewer tokens
+            t = ranks.ids.get(c[:j])
+            if t is not None and bits[t] and t not in hinted:
+                hinted.append(t)
+    ids = np.flatnonzero(bits)
+    ids = ids[ranks.rank[ids] != _UNUSABLE]
+    if len(ids) > k:
+        ids = ids[np.argpartition(ranks.rank[ids], k)[:k]]
+    rest = [int(i) for i in ids[np.argsort(ranks.rank[ids], kind="stable")] if int(i) not in hinted]
+    return (hinted + rest)[: max(k, len(hinted[:k]) + k // 2)]
+
+
+def completes(ll: llguidance.LLMatcher, tokens: Sequence[int]) -> bool:
+    """Whether ``tokens`` take a copy of ``ll`` to an accepting state (``ll`` itself is untouched)."""
+    if ll.validate_tokens(list(tokens)) < len(tokens):  # checked first: a refused consume logs a warning
+        return False
+    c = ll.deep_copy()
+    return all(c.consume_token(t) for t in tokens) and bool(c.is_accepting())
+
+
+def search_witness(ll: llguidance.LLMatcher, tok: EngineTokenizer, max_depth: int = MAX_DEPTH,
+                   hints: tuple[bytes, ...] = (), before: bytes = b"") -> list[int] | None:
+    """A short token sequence from ``ll``'s state to an accepting one (see the module docstring), or None when
+    the beam search finds none within ``max_depth`` tokens. ``ll`` is not modified. ``hints``: the grammar's
+    literals (:func:`grammar_hints`); ``before``: the text already generated (a hint it has begun continues)."""
+    if ll.is_accepting():
+        return []
+    if ll.is_error():
+        return None
+    ranks = _ranks(tok)
+    Node = tuple[llguidance.LLMatcher, bytes, list[int], bytes]  # matcher, its mask, token path, byte path
+    frontier: list[Node] = [(ll, ll.compute_bitmask(), [], before[-64:])]
+    found: list[int] | None = None
+    for _ in range(max_depth):
+        # every candidate of every state is tried for acceptance first (so a closing token never loses its
+        # place in the beam to a longer path), then the beam takes the others round robin, each state's best
+        # tokens first, one state per fingerprint
+        children: list[list[tuple[llguidance.LLMatcher, list[int], bytes]]] = []
+        for node, mask, path, text in frontier:
+            mine = []
+            for t in _candidates(mask, ranks, EXPAND, text, hints):
+                child = node.deep_copy()
+                if not child.consume_token(t):
+                    continue
+                if child.is_accepting():
+                    found = path + [t]
+                    break
+                mine.append((child, path + [t], text + tok.ll.decode_bytes([t])))
+            if found is not None:
+                break
+            children.append(mine)
+        if found is not None:
+            break
+        seen: set[tuple[bytes, frozenset[bytes]]] = set()
+        nxt: list[Node] = []
+        for j in range(max((len(c) for c in children), default=0)):
+            for mine in children:
+                if j >= len(mine) or len(nxt) >= BEAM_WIDTH:
+                    continue
+                child, cpath, ctext = mine[j]
+                cmask = child.compute_bitmask()
+                key = (cmask, _continuations(ctext, hints))
+                if key in seen:
+                    continue
+                seen.add(key)
+                nxt.append((child, cmask, cpath, ctext[-64:]))
+        if not nxt:
+            break
+        frontier = nxt
+    if found is None:
+        return None
+    canonical = tok.ll.tokenize_bytes(tok.ll.decode_bytes(found))  # often fewer tokens than the search's path
+    if len(canonical) < len(found) and completes(ll, canonical):
+        return list(canonical)
+    return found
+
+
+def shortest_known(matcher: Matcher, max_depth: int = MAX_DEPTH) -> list[int] | None:
+    """The witness from a per-request matcher's current state (an upper bound on the shortest completion)."""
+    return search_witness(matcher.ll, matcher.tokenizer, max_depth, matcher.hints)
+
+
+_START: LRU[tuple[str, str], tuple[list[int] | None]] = LRU(256)
+
+
+def start_witness(grammar: CompiledGrammar, n_logits: int) -> list[int] | None:
+    """The witness from a compiled grammar's start state, searched once per (grammar, tokenizer)."""
+    key = (grammar.grammar, grammar.tokenizer.key)
+    hit = _START.get(key)
+    if hit is None:
+        hit = _START.put(key, (shortest_known(grammar.matcher(n_logits)),))
+    return None if hit[0] is None else list(hit[0])
+
+
+@dataclass
+class Closer:
+    """One request's closing state, owned by its :class:`~formtax.strategies.policies.ConstrainedPolicy`.
+
+    ``limit`` is the number of tokens the policy may emit in all (its row's budget after any forced prefix);
+    ``step`` counts from the same origin, so ``limit - step`` tokens are left at a step, the current one included.
+    """
+
+    matcher: Matcher
+    limit: int
+    eos_ids: frozenset[int]
+    witness: list[int] | None = None
+    _known: bool = False
+    _after: dict[int, list[int] | None] = field(default_factory=dict)
+    searches: int = 0
+    refused: int = 0
+    text: bytes = b""  # the last bytes this policy emitted (for the hints)
+
+    def start_from(self, witness: list[int] | None) -> Closer:
+        """Begin with a witness already known for the matcher's current state (e.g. :func:`start_witness`)."""
+        self.witness, self._known = witness, witness is not None
+        return self
+
+    def current(self) -> list[int] | None:
+        if not self._known:
+            self.witness = self._search(self.matcher.ll, self.limit)
+            self._known = True
+        return self.witness
+
+    def _search(self, ll: llguidance.LLMatcher, depth: int) -> list[int] | None:
+        self.searches += 1
+        # the search counts its own (often single-byte) tokens; canonical retokenisation shortens its find, so
+        # it may look deeper than the tokens that are left
+        return search_witness(ll, self.matcher.tokenizer, max(0, min(4 * depth + 4, MAX_DEPTH)),
+                              self.matcher.hints, self.text)
+
+    def fallback(self) -> int:
+        """The token to emit when the model's choices are all refused: the witness's next one (EOS once the
+        grammar accepts)."""
+        w = self.current()
+        if w:
+            return w[0]
+        return min(self.eos_ids)
+
+    def accept(self, token: int, left: int) -> bool:
+        """Whether a completion still fits in ``left`` tokens after emitting ``token`` (the witness after it is
+        kept for :meth:`advance`)."""
+        if token in self.eos_ids:
+            return True
+        w = self.current()
+        if w and token == w[0]:
+            self._after[token] = w[1:]
+            return len(w) - 1 <= left
+        child = self.matcher.ll.deep_copy()
+        if not child.consume_token(token):
+            return False
+        if w is not None and len(w) <= left and completes(child, w):
+            self._after[token] = w
+            return True
+        self.text, before = self.text + self.matcher.tokenizer.ll.decode_bytes([token]), self.text
+        try:
+            found = self._search(child, left)
+        finally:
+            self.text = before
+        self._after[token] = found
+        ok = found is not None and len(found) <= left
+        self.refused += int(not ok)
+        return ok
+
+    def advance(self, token: int) -> None:
+        """The policy consumed ``token``: its witness (if :meth:`accept` computed one) becomes the current one."""
+        self.text = (self.text + self.matcher.tokenizer.ll.decode_bytes([token]))[-64:]
+        if token in self._after:
+            self.witness, self._known = self._after[token], True
+            if self.witness is None:
+                self._known = False
+        else:
+            self._known = False
+        self._after.clear()
