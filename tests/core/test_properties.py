@@ -70,8 +70,38 @@ def test_templates_always_parse_within_budget(seed, template, strategy):
     assert r.parse_ok, (strategy, template, r)
     assert r.error is None
     if strategy == "json":
-        assert c.validate(json.dumps(r.parsed) if not isinstance(r.parsed, str) else r.parsed).ok or True
         jsonschema.validate(json.loads(r.answer_text)["answer"], c.answer_schema())
     else:
         assert c.validate(r.answer_text).ok
     assert r.calls[0].generated <= budget
+
+
+@given(seed=st.integers(0, 10_000), spec=st.sampled_from([*TEMPLATES, "choice:red|green|blue", "regex:[a-c]{2,4}"]),
+       strategy=st.sampled_from(["suffix-last", "suffix-min", "suffix-beam", "decog"]),
+       budget=st.sampled_from([24, 48, 96]), temperature=st.sampled_from([0.0, 1.0]))
+@settings(max_examples=40)
+def test_search_strategies_accept_only_valid_answers(tmp_path_factory, seed, spec, strategy, budget, temperature):
+    """The fast profile of bench/fuzz.py for the strategies that search (suffix-*) or reweight (decog)."""
+    from formtax.errors import FormtaxError
+    from formtax.fem.artifact import save_fem
+    from formtax.fem.hmm import HMM
+    from formtax.strategies import Request, get_strategy
+
+    b = FakeBackend(random_logits(seed=seed))
+    options = {}
+    if strategy == "decog":
+        path = tmp_path_factory.getbasetemp() / "fuzz-fem.npz"
+        if not path.is_file():
+            save_fem(path, HMM.random(6, b.tokenizer.n_logits, seed=0),
+                     {"form": "instruction-aware", "tokenizer_sha256": b.tokenizer.engine.key,
+                      "model": b.model_id, "task": "fuzz"})
+        options = {"fem": str(path)}
+    req = Request(Q, parse_spec(spec), max_tokens=budget, temperature=temperature, seed=seed, options=options)
+    try:
+        (r,) = get_strategy(strategy).run(b, [req])
+    except FormtaxError as e:  # refused up front, and says why: a budget below the answer's reserve, or
+        assert "max_tokens" in str(e) or "budget" in str(e) or (  # decog given a regex (it needs a template)
+            strategy == "decog" and spec.startswith("regex:") and "answer template" in str(e)), e
+        return
+    if r.parse_ok:
+        assert parse_spec(spec).validate(r.answer_text or "").ok, (strategy, spec, r.answer_text)

@@ -284,7 +284,8 @@ def _records_path(out):
     return out / "records.jsonl"
 
 
-@pytest.mark.parametrize("damage", ["duplicate", "edited_id", "edited_item", "other_budget"])
+@pytest.mark.parametrize("damage", ["duplicate", "edited_id", "edited_item", "other_budget", "other_sampling",
+                                    "other_model"])
 def test_resume_checks_the_records_it_adopts(tmp_path, damage):
     from formtax.errors import DataError
 
@@ -306,5 +307,27 @@ def test_resume_checks_the_records_it_adopts(tmp_path, damage):
     if damage == "other_budget":  # the manifest deleted, then a run with other settings over the old records
         (out / "manifest.json").unlink()
         config = cfg(strategies=["free", "constrained"], limit=2, seeds=1, max_tokens=64)
+    if damage in ("other_sampling", "other_model"):  # the same budget: only the record's run identity differs
+        (out / "manifest.json").unlink()
+        config = (cfg(strategies=["free", "constrained"], limit=2, seeds=1, temperature=0.7)
+                  if damage == "other_sampling" else
+                  cfg(strategies=["free", "constrained"], limit=2, seeds=1, model="another-model"))
     with pytest.raises(DataError, match="record"):
         run(config, out, backend=FakeBackend(random_logits(seed=0)))
+
+
+def test_verify_checks_the_manifest_against_the_records(tmp_path):
+    from formtax.report import write_report
+    from formtax.report.verify import verify_report
+
+    out = tmp_path / "r"
+    run(cfg(strategies=["free", "constrained"], limit=2, seeds=1), out, backend=FakeBackend(random_logits(seed=0)))
+    write_report(out)
+    assert verify_report(out) == []
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["config_identity"]["max_tokens"] = 999  # a hand-edited manifest
+    manifest["items"] = manifest["items"][:1]
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    problems = verify_report(out)
+    assert any("other settings than manifest.json names" in p for p in problems)
+    assert any("is not among the manifest's items" in p for p in problems)

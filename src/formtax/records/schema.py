@@ -4,16 +4,33 @@ A record holds everything needed to recompute every reported number without the 
 prompt and the item, the prompt itself, the raw output per phase, token counts, finish reason, every parser's
 verdict, the scores, timings, errors, and the strategy's statistics.
 
-Schema history: version 1 (this one).
+Schema history: version 1 (this one). ``run_identity`` was added within it (empty in records made before).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any
 
 from pydantic import BaseModel, Field
 
 SCHEMA_VERSION = 1
+
+
+GRID_KEYS = ("task", "strategies", "limit", "seeds", "item_seed", "prompt_variants", "data_dir", "hypotheses")
+"""Run settings that choose *which* requests a run makes (or lock its pre-registration), not what a request
+outputs: left out of :func:`identity_hash`, so a record stays valid for a grid that grows or a run that
+registers its hypotheses late (which is refused for its own reason)."""
+
+
+def identity_hash(identity: dict[str, Any]) -> str:
+    """The hash of a run's output-determining settings (the manifest's ``config_identity`` without
+    :data:`GRID_KEYS`: model, backend, dtype, sampling, budgets, task options, FEM, seeding, ...), which every
+    record carries as ``run_identity``. With the request id (the grid cell: task, item, strategy, variant, seed,
+    shots) it names everything that determines the output."""
+    kept = {k: v for k, v in identity.items() if k not in GRID_KEYS}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
 class ParseRecord(BaseModel):
@@ -25,6 +42,7 @@ class ParseRecord(BaseModel):
 class Record(BaseModel):
     schema_version: int = SCHEMA_VERSION
     request_id: str  # stable hash of (task, item_id, strategy, prompt_variant, seed, shots)
+    run_identity: str = ""  # identity_hash of the run's settings ("" in records made before it existed)
     task: str
     item_id: str
     item_hash: str

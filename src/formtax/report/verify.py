@@ -118,13 +118,53 @@ def check_hypotheses(run_dir: Path) -> list[str]:
     return []
 
 
+def check_manifest(run_dir: Path) -> list[str]:
+    """``manifest.json`` against the records: each record written under the settings the manifest names (its
+    ``run_identity`` is the hash of the manifest's ``config_identity``), for an item and a seed the manifest
+    lists, under a strategy of its grid, each request once. A hand-edited manifest or a record of another run
+    shows up here."""
+    from formtax.records.schema import identity_hash
+    from formtax.records.store import read_records
+
+    try:
+        manifest = read_manifest(run_dir)
+        records = read_records(records_path(run_dir))
+    except DataError as exc:
+        return [str(exc)]
+    if manifest is None:  # records assembled without a run (synthetic studies): nothing to hold them to
+        return []
+    problems: list[str] = []
+    identity = manifest.get("config_identity")
+    want = identity_hash(identity) if isinstance(identity, dict) else None
+    items = set(manifest.get("items") or [])
+    seeds = set(manifest.get("seeds") or [])
+    listed = (manifest.get("config") or {}).get("strategies") or []
+    strategies = {str(s).strip() for s in listed} if isinstance(listed, list) else set()  # as the grid spells them
+    seen: set[str] = set()
+    for n, rec in enumerate(records, start=1):
+        where = f"records.jsonl record {n} (request {rec.request_id})"
+        if rec.request_id in seen:
+            problems.append(f"{where}: the request appears twice")
+        seen.add(rec.request_id)
+        if rec.run_identity and rec.run_identity != want:
+            problems.append(f"{where}: written under other settings than manifest.json names (run_identity "
+                            f"{rec.run_identity}, the manifest's {want})")
+        if items and rec.item_id not in items:
+            problems.append(f"{where}: item {rec.item_id!r} is not among the manifest's items")
+        if seeds and rec.seed not in seeds:
+            problems.append(f"{where}: seed {rec.seed} is not among the manifest's seeds")
+        if strategies and rec.strategy not in strategies:
+            problems.append(f"{where}: strategy {rec.strategy!r} is not in the manifest's grid")
+    return problems
+
+
 def verify_report(run_dir: Path) -> list[str]:
     """Recompute every table and compare it with the written report; an empty list means verified.
 
     Reports, as human-readable lines: a missing ``meta.json`` or table file, a ``records.jsonl`` whose sha256
     differs from the one recorded at report time, records that can no longer be read, every cell, row or
-    column that differs (naming the table, the row key and the column), and a registered hypotheses file that
-    changed (:func:`check_hypotheses`).
+    column that differs (naming the table, the row key and the column), a registered hypotheses file that
+    changed (:func:`check_hypotheses`), and records the manifest does not account for (:func:`check_manifest`).
     """
     run_dir = Path(run_dir)
     tables_dir = run_dir / TABLES_DIR
@@ -143,7 +183,7 @@ def verify_report(run_dir: Path) -> list[str]:
     path = records_path(run_dir)
     if not path.is_file():
         return [f"{path.name} is missing: cannot recompute the tables"]
-    problems: list[str] = check_hypotheses(run_dir)
+    problems: list[str] = check_hypotheses(run_dir) + check_manifest(run_dir)
     sha = sha256_of(path)
     if sha != recorded_sha:
         problems.append(

@@ -34,7 +34,7 @@ from formtax.constraints.spec import parse_spec
 from formtax.decoding.sampling import Sampling
 from formtax.errors import ConfigError, DataError, FormtaxError
 from formtax.parsing import ParseResult, parse_all
-from formtax.records.schema import ParseRecord, Record
+from formtax.records.schema import ParseRecord, Record, identity_hash
 from formtax.records.store import (
     RECORDS,
     RecordWriter,
@@ -313,7 +313,8 @@ def _run(config: RunConfig, out_dir: Path, progress: Callable[[int, int], None] 
         raise ConfigError(f"{out_dir} holds a run with another configuration (differs in: {', '.join(diff)}); "
                           "use a new --out directory")
     adopted = read_records(out_dir / RECORDS)
-    check_adopted(adopted, planned, task, config, out_dir / RECORDS)
+    run_hash = identity_hash(identity)
+    check_adopted(adopted, planned, task, config, out_dir / RECORDS, run_hash)
     done_ids = {r.request_id for r in adopted}
     pending = [p for p in planned if p.request_id not in done_ids]
     files = task.data_files(data_dir if data_dir is not None else Path("."))
@@ -386,6 +387,7 @@ def _run(config: RunConfig, out_dir: Path, progress: Callable[[int, int], None] 
                                for c in chunks)
             for chunk, records in done_chunks:  # one writer: the driver appends each finished chunk at once
                 for rec in records:
+                    rec.run_identity = run_hash
                     writer.append(rec)
                     summary.done += 1
                     summary.errors += rec.error is not None
@@ -521,9 +523,11 @@ def sampler_seed(p: Planned, seeding: str = "request") -> int:
 
 
 def check_adopted(records: Sequence[Record], planned: Sequence[Planned], task: Task, config: RunConfig,
-                  path: Path) -> None:
+                  path: Path, run_hash: str | None = None) -> None:
     """Resume adopts only records this run would have written: each request once, each id one this grid plans,
-    with the planned request's item, strategy, variant, seed, shots and token budget. A duplicated line, an edited
+    with the planned request's item, strategy, variant, seed, shots and token budget, written under this run's
+    settings (``run_hash``: a record's ``run_identity``; records made before it existed have none). A duplicated
+    line, an edited
     id or a record left by other settings (e.g. after a deleted manifest) is a DataError naming the line, instead
     of an answer silently counted for a request it did not answer."""
     by_id = {p.request_id: p for p in planned}
@@ -542,6 +546,9 @@ def check_adopted(records: Sequence[Record], planned: Sequence[Planned], task: T
         want = (p.task, p.item.id, p.spec.spec, p.prompt_variant, p.seed, p.shots)
         if got != want:
             raise DataError(f"{where}: holds {got}, but the id names {want}; the record was edited")
+        if run_hash is not None and rec.run_identity and rec.run_identity != run_hash:
+            raise DataError(f"{where}: written under other run settings (model, sampling, budgets or task options "
+                            "differ from this run's); use a new --out directory")
         budget = planned_budget(task, p, config)["max_tokens"]
         if rec.budget.get("max_tokens", budget) != budget:
             raise DataError(f"{where}: written with max_tokens {rec.budget['max_tokens']}, this run plans {budget}; "
