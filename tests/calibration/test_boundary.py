@@ -51,3 +51,53 @@ def test_coverage_holds_at_the_boundary(p):
         c = coverage(p, rule, 120)
         assert c >= 0.9, (p, rule, c)
         assert not math.isnan(c)
+
+
+def _paired_frame(rng: np.random.Generator, p_a: float, p_b: float, n_items: int = 16) -> pd.DataFrame:
+    rows = []
+    for name, p in (("a", p_a), ("b", p_b)):
+        for i in range(n_items):
+            ok = float(rng.random() < p)
+            rows.append({"task": "t", "strategy": name, "base_strategy": name, "level": "vc", "rc": False,
+                         "item_id": f"i{i}", "seed": 0, "prompt_variant": "t1f1", "scored": True,
+                         "score_strict": ok, "score_lenient": ok, "parse_ok_strict": 1.0})
+    return pd.DataFrame(rows)
+
+
+def test_a_paired_difference_with_no_discordant_item_is_not_a_point():
+    from formtax.report.comparisons import paired_table
+
+    row = paired_table(_paired_frame(np.random.default_rng(0), 0.0, 0.0), 200, 0).iloc[0]
+    assert row["diff"] == 0.0
+    assert row["diff_low"] == pytest.approx(-0.1936, abs=1e-3) and row["diff_high"] == pytest.approx(0.1936, abs=1e-3)
+    assert "Wilson boundary" in row["interval_method"]
+
+
+def test_paired_coverage_holds_near_the_boundary():
+    """True difference 0.04 (a right on 4% of items, b never): most studies of 16 items see no discordant item,
+    where the percentile bootstrap printed [0, 0] and missed the truth."""
+    from formtax.report.comparisons import paired_table
+
+    rng = np.random.default_rng(1)
+    hits = 0
+    studies = 200
+    for k in range(studies):
+        row = paired_table(_paired_frame(rng, 0.04, 0.0), 200, k).iloc[0]
+        hits += row["diff_low"] - 1e-12 <= 0.04 <= row["diff_high"] + 1e-12
+    assert hits / studies >= 0.9, hits / studies
+
+
+def test_decomposition_gains_at_the_boundary_are_not_points():
+    from formtax.report.comparisons import decomposition_table
+
+    rows = []
+    for level in ("none", "fc", "vc"):
+        for i in range(16):
+            rows.append({"task": "t", "strategy": f"inwriting@{level}", "base_strategy": "inwriting",
+                         "level": level, "rc": False, "item_id": f"i{i}", "seed": 0, "prompt_variant": "t1f1",
+                         "scored": True, "score_strict": 0.0, "score_lenient": 0.0, "parse_ok_strict": 1.0})
+    row = decomposition_table(pd.DataFrame(rows), 200, 0).iloc[0]
+    for gain in ("format_gain", "validity_gain", "total_gain"):
+        assert row[gain] == 0.0
+        assert row[f"{gain}_low"] == pytest.approx(-0.1936, abs=1e-3), gain
+        assert row[f"{gain}_high"] == pytest.approx(0.1936, abs=1e-3), gain

@@ -389,3 +389,17 @@ def test_markdown_cells_escape_what_markdown_would_interpret() -> None:
 
     assert not re.search(r"(?<!\\)<img", body) and "\\|" in body and "\\*bold\\*" in body
     assert "\\[link\\]" in body and body.rstrip().endswith("| <1e-6 |")  # p-values: never 0.0
+
+
+def test_every_table_says_why_it_dropped_an_item(tables: dict[str, pd.DataFrame]) -> None:
+    """The errored json@fc request ("CUDA out of memory") is named in each table that drops its item."""
+    task = ERRORED[0]
+    acc = tables["accuracy"].set_index(["task", "strategy"])
+    for strategy in ("json@none", "json@fc", "json@vc"):
+        assert acc.loc[(task, strategy), "drop_reasons"] == "json@fc: 1 unscored (CUDA out of memory 1)"
+    dec = row(tables["decomposition"], task=task, base_strategy="json")
+    assert dec["drop_reasons"] == "json@fc: 1 unscored (CUDA out of memory 1)"
+    pair = row(tables["paired"], task=task, strategy_a="json@fc", strategy_b="json@vc")
+    assert pair["drop_reasons"] == "json@fc: 1 unscored (CUDA out of memory 1)"
+    clean = tables["accuracy"][tables["accuracy"]["task"] != task]
+    assert (clean["drop_reasons"].fillna("") == "").all()

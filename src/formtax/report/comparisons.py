@@ -10,6 +10,11 @@ the columns ``strategy_<level>`` state the mapping. Gains come from :func:`formt
 strict accuracies over common cases, and their intervals from :func:`formtax.stats.paired_bootstrap_contrasts`
 (one set of paired replicates for all gains). Rows need at least two levels.
 
+At the boundary (every item's difference alike: both strategies all wrong, all right, or identical) every
+replicate is the point itself, and the percentile interval ``[0, 0]`` covers nothing else; there, in both tables,
+the interval is :func:`formtax.stats.paired_boundary_interval` (the Wilson bound on the share of items that could
+differ; 16 items give [-0.194, 0.194]), as the accuracy table uses Wilson at 0 and 1.
+
 ``paired``: every sorted pair (strategy_a < strategy_b) within a task: ``diff = acc_a - acc_b`` (strict)
 with a paired percentile bootstrap interval (:func:`formtax.stats.paired_bootstrap_diff`), and the per-item
 paired test (:func:`formtax.stats.paired_test.paired_item_test`: a sign-flip permutation test on per-item mean
@@ -25,16 +30,19 @@ import itertools
 import math
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
-from formtax.report.matrices import CONFIDENCE, Run, cell_items, cell_runs, frame, score_matrix
+from formtax.report.matrices import CONFIDENCE, Run, cell_items, cell_runs, drop_reasons, frame, score_matrix
 from formtax.stats import (
     DEFAULT_RESAMPLING,
+    Interval,
     Resampling,
     complete_cases,
     decomposition,
     paired_bootstrap_contrasts,
     paired_bootstrap_diff,
+    paired_boundary_interval,
 )
 from formtax.stats.paired_test import TEST_NAME, paired_item_test
 
@@ -58,7 +66,7 @@ GAINS = (
 DECOMPOSITION_COLUMNS = (
     ["task", "base_strategy", "levels"]
     + [f"strategy_{s}" for s in SUFFIXES]
-    + ["n_items", "n_runs", "n_items_dropped", "n_unscored"]
+    + ["n_items", "n_runs", "n_items_dropped", "n_unscored", "drop_reasons"]
     + [f"acc_{s}" for s in SUFFIXES]
     + [
         f"{g}{end}"
@@ -70,7 +78,7 @@ DECOMPOSITION_COLUMNS = (
 
 PAIRED_COLUMNS = [
     "task", "strategy_a", "strategy_b", "n_items", "n_runs", "n_pairs", "n_items_dropped", "n_unscored",
-    "acc_a", "acc_b", "diff", "diff_low", "diff_high", "b01", "b10",
+    "drop_reasons", "acc_a", "acc_b", "diff", "diff_low", "diff_high", "b01", "b10",
     "items_a_better", "items_b_better", "paired_p", "paired_test",
     "confidence", "interval_method", "n_resamples",
 ]  # fmt: skip
@@ -92,6 +100,25 @@ def strict_matrices(cells: list[pd.DataFrame]) -> tuple[tuple[Any, ...], int, in
         return tuple(), len(items), len(runs)
     filtered, dropped = complete_cases(*(score_matrix(c, "score_strict", items, runs) for c in cells))
     return filtered, dropped, len(runs)
+
+
+def why_dropped(cells: list[pd.DataFrame]) -> str:
+    """:func:`~formtax.report.matrices.drop_reasons` for the cells compared on common cases."""
+    items, runs = _common(cells)
+    if not items or not runs:
+        return "no run common to the compared strategies" if items else ""
+    mats = [score_matrix(c, "score_strict", items, runs) for c in cells]
+    keep = {i for k, i in enumerate(items) if not any(np.isnan(m[k]).any() for m in mats)}
+    named = {str(c["strategy"].iloc[0]): c for c in cells if len(c)}
+    return drop_reasons(named, items, runs, keep)
+
+
+BOUNDARY_NOTE = "Wilson boundary where every item differs alike"
+
+
+def boundary(a: np.ndarray, b: np.ndarray) -> Interval | None:
+    """The Wilson-boundary interval where every item differs alike (the bootstrap would print a point)."""
+    return paired_boundary_interval((a.mean(axis=1) - b.mean(axis=1)).tolist(), CONFIDENCE)
 
 
 def _decomposition_row(
@@ -122,6 +149,7 @@ def _decomposition_row(
         n_runs=n_runs,
         n_items_dropped=dropped,
         n_unscored=int((~pd.concat(cells)["scored"]).sum()),
+        drop_reasons=why_dropped(cells),
     )
     for s in SUFFIXES:
         row[f"acc_{s}"] = NAN
@@ -143,9 +171,11 @@ def _decomposition_row(
         )
         for name, interval in intervals.items():
             row[name] = gains["total" if name == "total_gain" else name]
+            upper, lower = contrasts[name]
+            interval = boundary(mats[upper], mats[lower]) or interval
             row[f"{name}_low"], row[f"{name}_high"] = interval.low, interval.high
-    row.update(confidence=CONFIDENCE, interval_method=f"paired percentile-bootstrap ({Resampling(resampling).value})",
-               n_resamples=n_resamples)
+    row.update(confidence=CONFIDENCE, interval_method=f"paired percentile-bootstrap ({Resampling(resampling).value}); "
+               f"{BOUNDARY_NOTE}", n_resamples=n_resamples)
     row["notes"] = "; ".join(notes)
     return row
 
@@ -171,10 +201,11 @@ def _paired_row(
         "task": task, "strategy_a": a, "strategy_b": b, "n_items": n_items, "n_runs": n_runs,
         "n_pairs": n_items * n_runs, "n_items_dropped": dropped,
         "n_unscored": int((~cell_a["scored"]).sum() + (~cell_b["scored"]).sum()),
+        "drop_reasons": why_dropped([cell_a, cell_b]),
     }  # fmt: skip
     if n_items:
         mat_a, mat_b = matrices
-        interval = paired_bootstrap_diff(
+        interval = boundary(mat_a, mat_b) or paired_bootstrap_diff(
             mat_a, mat_b, n_resamples=n_resamples, confidence=CONFIDENCE, seed=seed, resampling=resampling
         )
         test = paired_item_test(mat_a, mat_b, seed=seed)
@@ -193,7 +224,7 @@ def _paired_row(
         )
     row.update(
         paired_test=PAIRED_TEST, confidence=CONFIDENCE,
-        interval_method=f"paired percentile-bootstrap ({Resampling(resampling).value})",
+        interval_method=f"paired percentile-bootstrap ({Resampling(resampling).value}); {BOUNDARY_NOTE}",
         n_resamples=n_resamples,
     )  # fmt: skip
     return row

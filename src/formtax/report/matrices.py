@@ -87,3 +87,44 @@ def round_table(table: pd.DataFrame) -> pd.DataFrame:
 def frame(rows: list[dict[str, object]], columns: list[str]) -> pd.DataFrame:
     """A table from row dicts with a fixed column order (so empty tables still have their columns)."""
     return round_table(pd.DataFrame(rows, columns=columns))
+
+
+def _error_kind(error: object) -> str:
+    text = str(error or "").strip()
+    return (text.split(":", 1)[0].strip() or "error")[:40]
+
+
+def drop_reasons(cells: dict[str, pd.DataFrame], items: list[str], runs: list[Run], kept: set[str]) -> str:
+    """Why the items outside ``kept`` were dropped, per strategy: absent from one of the compared runs, or
+    unscored there (by the kind of error the record holds, e.g. ``RuntimeError``). Empty when nothing was
+    dropped. For example ``inwriting@vc: 2 unscored (RuntimeError 2); constrained: 1 absent``."""
+    dropped = [i for i in items if i not in kept]
+    if not dropped:
+        return ""
+    want = set(dropped)
+    parts = []
+    for name, cell in sorted(cells.items()):
+        present: dict[str, set[Run]] = {}
+        errors: dict[str, list[str]] = {}
+        for item, seed, variant, scored, error in zip(cell["item_id"], cell["seed"], cell["prompt_variant"],
+                                                      cell["scored"], cell["error"], strict=True):
+            item = str(item)
+            if item not in want:
+                continue
+            present.setdefault(item, set()).add((int(seed), str(variant)))
+            if not bool(scored):
+                errors.setdefault(item, []).append(_error_kind(error))
+        absent = sum(1 for i in dropped if not set(runs) <= present.get(i, set()))
+        kinds: dict[str, int] = {}
+        for i in dropped:
+            for kind in sorted(set(errors.get(i, []))):
+                kinds[kind] = kinds.get(kind, 0) + 1
+        said = []
+        if errors:
+            detail = ", ".join(f"{k} {n}" for k, n in sorted(kinds.items()))
+            said.append(f"{len(errors)} unscored ({detail})")
+        if absent:
+            said.append(f"{absent} absent")
+        if said:
+            parts.append(f"{name}: {', '.join(said)}")
+    return "; ".join(parts) or f"{len(dropped)} incomplete in another strategy of the task"

@@ -31,8 +31,10 @@ from formtax.report.load import phases_of
 from formtax.report.matrices import (
     CONFIDENCE,
     TABLE_KEYS,
+    Run,
     cell_items,
     cell_runs,
+    drop_reasons,
     frame,
     run_label,
     score_matrix,
@@ -51,7 +53,7 @@ NAN = math.nan
 
 ACCURACY_COLUMNS = [
     "task", "strategy", "n_items", "n_runs", "n_records", "n_scored", "n_unscored", "n_missing",
-    "n_items_used", "n_items_dropped",
+    "n_items_used", "n_items_dropped", "drop_reasons",
     "acc_strict", "acc_strict_low", "acc_strict_high",
     "acc_lenient", "acc_lenient_low", "acc_lenient_high",
     "parse_rate_strict", "parse_rate_strict_low", "parse_rate_strict_high",
@@ -125,6 +127,12 @@ def task_basis(df: pd.DataFrame) -> dict[str, set[str]]:
     return basis
 
 
+def _why(df: pd.DataFrame, task: str, present: list[str], runs: list[Run], kept: set[str]) -> str:
+    """Why this cell's items outside the task's basis were dropped, naming the strategies that lack them."""
+    cells = {strategy: cell for t, strategy, cell in _cells(df) if t == task}
+    return drop_reasons(cells, present, runs, kept & set(present))
+
+
 def accuracy_table(
     df: pd.DataFrame, n_resamples: int, seed: int, resampling: Resampling = DEFAULT_RESAMPLING
 ) -> pd.DataFrame:
@@ -156,6 +164,7 @@ def accuracy_table(
             "n_missing": len(present) * len(runs) - len(cell),
             "n_items_used": int(strict.shape[0]),
             "n_items_dropped": n_dropped,
+            "drop_reasons": _why(df, task, present, runs, basis[task]) if n_dropped else "",
         }
         for name, matrix in (
             ("acc_strict", strict),

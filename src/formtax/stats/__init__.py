@@ -14,7 +14,7 @@ from formtax.stats.bootstrap import (
     paired_bootstrap_diff,
     percentile_bootstrap_mean,
 )
-from formtax.stats.interval import Interval, wilson_interval
+from formtax.stats.interval import Interval, paired_boundary_interval, wilson_interval
 from formtax.stats.mcnemar import McNemarResult, mcnemar_exact
 from formtax.stats.summary import LEVELS, LogisticFit, decomposition, logistic_fit, mean_std_over_runs
 
@@ -33,6 +33,7 @@ __all__ = [
     "mean_std_over_runs",
     "paired_bootstrap_contrasts",
     "paired_bootstrap_diff",
+    "paired_boundary_interval",
     "percentile_bootstrap_mean",
     "wilson_interval",
 ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numbers
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from formtax.stats._checks import check_confidence
@@ -92,3 +93,22 @@ def wilson_interval(k: int, n: int, confidence: float = 0.95) -> Interval:
         method="wilson",
         confidence=confidence,
     )
+
+
+def paired_boundary_interval(item_differences: Sequence[float], confidence: float = 0.95) -> Interval | None:
+    """The interval of a paired difference where the percentile bootstrap degenerates, or None elsewhere.
+
+    When every item's difference is the same value ``e`` (no item differs: both strategies all 0, all 1 or
+    identical; or every item differs alike), every bootstrap replicate is ``e`` and the bootstrap prints
+    ``[e, e]``, which cannot cover a true difference that a few untested items would show. Then (ours, as for a
+    single proportion at 0 or 1) the interval is ``e`` plus or minus ``u``, clipped to [-1, 1], where ``u`` is the
+    Wilson upper bound on the share of items that differ from that pattern when 0 of the ``n`` observed do: the
+    true difference can move from ``e`` by at most that share. 0 discordant of 16 gives [-0.194, 0.194].
+    """
+    diffs = [float(d) for d in item_differences]
+    if not diffs or any(abs(d - diffs[0]) > 1e-12 for d in diffs):
+        return None
+    n, e = len(diffs), diffs[0]
+    u = wilson_interval(0, n, confidence).high
+    return Interval(estimate=e, low=max(-1.0, e - u), high=min(1.0, e + u), n_items=n, n_seeds=1, n_resamples=0,
+                    method="wilson-boundary", confidence=confidence)
