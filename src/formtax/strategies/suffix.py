@@ -285,6 +285,8 @@ class BeamState:
 class BeamFreePolicy(Policy):
     """Row 1 of a beam request: the free hypothesis; it stops at the end of the free run."""
 
+    coupled = True  # its constrained row reads this row's token and branch decision of the same step
+
     def __init__(self, state: BeamState) -> None:
         self.state = state
         self.phase = state.free.phase_at(0)
@@ -319,6 +321,8 @@ class BeamConstrainedPolicy(Policy):
     tokens, same logits); at the branch point it completes T; when replaced it crops back to its branch point and
     replays the free tokens up to the new one; once complete it waits for the free row to end.
     """
+
+    coupled = True  # it follows its free row's token of the same step
 
     def __init__(self, state: BeamState, answer: SuffixAnswer, tok: TokenizerInfo) -> None:
         self.state = state
