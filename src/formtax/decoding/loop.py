@@ -204,31 +204,39 @@ def _vetted(logits: torch.Tensor, plan: Plan, sampling: Sampling, gen: torch.Gen
 
 
 def _greedy_batch(logits: torch.Tensor, chosen: list[tuple[int, Plan]]) -> list[tuple[int, bool, bool]]:
-    """The greedy choice of several rows at once: one masked fill over their stacked logits, one argmax, one
-    transfer to the host (``tolist``), one count of the allowed sets. Token for token what :func:`_choose` gives
-    row by row (the same values masked, ties broken alike by argmax), without a clone, an argmax and a host sync
-    per row."""
-    positions = [pos for pos, _ in chosen]
-    if any(plan.scores is not None for _, plan in chosen):
-        base = torch.stack([plan.scores if plan.scores is not None else logits[pos] for pos, plan in chosen])
-    else:
-        base = logits[torch.tensor(positions)]  # advanced indexing copies: the batch's logits stay untouched
-    allowed_rows = [k for k, (_, plan) in enumerate(chosen) if plan.allowed is not None]
+    """The greedy choice of several rows at once: rows without a mask take one argmax over the batch's logits
+    (no copy); masked rows one masked fill over their stacked logits and one argmax; one transfer to the host
+    (``tolist``) each, one count of the allowed sets. Token for token what :func:`_choose` gives row by row (the
+    same values masked, ties broken alike by argmax), without a clone, an argmax and a host sync per row."""
+    out: list[tuple[int, bool, bool]] = [(0, False, False)] * len(chosen)
+    plain = [k for k, (_, plan) in enumerate(chosen)
+             if plan.allowed is None and not plan.banned and plan.scores is None]
+    if plain:
+        top = logits.argmax(dim=-1).tolist()
+        for k in plain:
+            out[k] = (int(top[chosen[k][0]]), False, False)
+    masked = [k for k in range(len(chosen)) if k not in set(plain)]
+    if not masked:
+        return out
+    rows = [chosen[k] for k in masked]
+    base = torch.stack([plan.scores if plan.scores is not None else logits[pos] for pos, plan in rows])
+    with_allowed = [j for j, (_, plan) in enumerate(rows) if plan.allowed is not None]
     counts: dict[int, int] = {}
-    if allowed_rows:
-        allowed = torch.ones(base.shape, dtype=torch.bool)  # built on the host, where the policies' masks are
-        for k in allowed_rows:
-            a = chosen[k][1].allowed
-            assert a is not None
-            allowed[k] = a
-        counts = dict(zip(allowed_rows, allowed[allowed_rows].sum(dim=1).tolist(), strict=True))
-        base.masked_fill_(~allowed.to(base.device, non_blocking=True), float("-inf"))
-    for k, (_, plan) in enumerate(chosen):
+    if with_allowed:
+        allowed = torch.stack([rows[j][1].allowed for j in with_allowed])  # type: ignore[misc]
+        counts = dict(zip(with_allowed, allowed.sum(dim=1).tolist(), strict=True))
+        sub = base[with_allowed] if len(with_allowed) != len(rows) else base
+        sub.masked_fill_(~allowed.to(base.device, non_blocking=True), float("-inf"))
+        if sub is not base:
+            base[with_allowed] = sub
+    for j, (_, plan) in enumerate(rows):
         if plan.banned:
-            base[k, list(plan.banned)] = float("-inf")
+            base[j, list(plan.banned)] = float("-inf")
     tokens = base.argmax(dim=-1).tolist()
-    return [(int(tokens[k]), plan.allowed is not None or bool(plan.banned), counts.get(k, 0) == 1)
-            for k, (_, plan) in enumerate(chosen)]
+    for j, k in enumerate(masked):
+        plan = rows[j][1]
+        out[k] = (int(tokens[j]), plan.allowed is not None or bool(plan.banned), counts.get(j, 0) == 1)
+    return out
 
 
 def _rewind(batch: Batch, pos: int, req: RowRequest, out: RowOutput, n: int) -> int:
