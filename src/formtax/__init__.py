@@ -1,10 +1,45 @@
-"""formtax: let a language model reason freely and still answer in a strict, machine-readable format."""
+"""formtax: let a language model reason freely and still answer in a strict, machine-readable format.
+
+The public API is imported lazily (PEP 562): ``import formtax`` and ``formtax --help`` do not load torch,
+transformers or llguidance; the first use of ``formtax.generate`` (or any name below) does.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-from formtax.api import from_transformers, generate, generate_batch, load_model  # noqa: E402
-from formtax.constraints.native import from_pydantic  # noqa: E402
-from formtax.streaming import Delta, astream, stream  # noqa: E402
+_LAZY: dict[str, str] = {
+    "Delta": "formtax.streaming",
+    "astream": "formtax.streaming",
+    "stream": "formtax.streaming",
+    "from_pydantic": "formtax.constraints.native",
+    "from_transformers": "formtax.api",
+    "generate": "formtax.api",
+    "generate_batch": "formtax.api",
+    "load_model": "formtax.api",
+}
+
+if TYPE_CHECKING:
+    from formtax.api import from_transformers, generate, generate_batch, load_model
+    from formtax.constraints.native import from_pydantic
+    from formtax.streaming import Delta, astream, stream
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'formtax' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])
+
 
 __all__ = ["Delta", "__version__", "astream", "from_pydantic", "from_transformers", "generate", "generate_batch",
            "load_model", "stream"]

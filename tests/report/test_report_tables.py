@@ -269,7 +269,7 @@ def test_compute_tables_deterministic(
 
 
 def test_write_report_files(report_dir: Path) -> None:
-    names = ("accuracy", "runs", "decomposition", "paired", "tokens", "timing")
+    names = ("summary", "accuracy", "runs", "decomposition", "paired", "tokens", "timing")
     for name in names:
         assert (report_dir / "tables" / f"{name}.csv").is_file()
     figures = sorted(p.name for p in (report_dir / "figures").glob("*.png"))
@@ -278,7 +278,14 @@ def test_write_report_files(report_dir: Path) -> None:
     assert html.count("data:image/png;base64,") == 3
     md = (report_dir / "report.md").read_text(encoding="utf-8")
     assert "abc123def" in md and "fake-model" in md
-    assert md.count("\nn = ") == len(names)  # a footer line under every table
+    rows = {n: len(pd.read_csv(report_dir / "tables" / f"{n}.csv")) for n in names}
+    assert md.count("\nn = ") == sum(1 for n in names if rows[n])  # a footer line under every table with rows
+    empty = [n for n in names if not rows[n]]
+    if empty:  # an empty table is named, not rendered as a blank row
+        assert f"not shown; their CSV files hold the header): {', '.join(empty)}." in md
+    assert md.index("## Summary") < md.index("## Figures") < md.index("## Detailed tables")
+    assert 'id="items"' in html and html.count('class="item"') == len(pd.read_json(
+        report_dir / "records.jsonl", lines=True).groupby(["task", "item_id"]))
     assert "unscored = 1, replicates = 500" in md
     meta = json.loads((report_dir / "tables" / "meta.json").read_text(encoding="utf-8"))
     assert meta["n_resamples"] == N_RESAMPLES and meta["seed"] == 0 and len(meta["records_sha256"]) == 64

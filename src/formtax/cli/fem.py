@@ -28,12 +28,12 @@ def _args(p: argparse.ArgumentParser) -> None:
                    help="initial labelling: k-means of LM hidden states (auto when available) or bigram statistics")
     b.add_argument("--temperature", type=float, default=None,
                    help="sampling temperature (default: 0 = greedy for instruction-aware, 1 for unconditional)")
-    b.add_argument("--seed", type=int, default=0)
-    b.add_argument("--batch-size", type=int, default=8)
+    b.add_argument("--seed", type=int, default=0, help="sampling and EM seed")
+    b.add_argument("--batch-size", type=int, default=8, help="sampled sequences per model batch")
     b.add_argument("--data-dir", default=None, help="benchmark data folder (default: $FORMTAX_DATA or ../shared/data)")
     b.add_argument("--out", required=True, type=Path, help="artifact path (.npz; a .json twin is written next to it)")
     i = sub.add_parser("info", help="print an artifact's metadata", description="Print an FEM artifact's metadata.")
-    i.add_argument("path", type=Path)
+    i.add_argument("path", type=Path, help="a FEM artifact file")
 
 
 @command("fem", _args, "format estimation modules (Deco-G / Ctrl-G HMMs): build, info")

@@ -20,7 +20,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="model folder, .gguf file or hub id (default: embedded SmolLM2-135M)")
     p.add_argument("--backend", default="hf", help="model engine (default: hf = transformers in-process)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="weights dtype")
     p.add_argument("--server", default=None, help="--backend openai: the server's URL, e.g. http://127.0.0.1:8000/v1")
     p.add_argument("--served-model", default=None, help="--backend openai: the served model's name (default: its only one)")
     p.add_argument("--tensor-parallel-size", type=int, default=None, help="--backend vllm: passed to the engine")
@@ -72,14 +72,14 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strategy", "-s", default="free", help="see `formtax ls strategies`")
     p.add_argument("--answer", "-a", default=None,
                    help="answer SPEC: a template ('The answer is: {int}') or regex:..., json:..., choice:a|b, lark:...")
-    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--max-tokens", type=int, default=256, help="the whole token budget")
     p.add_argument("--reasoning", default=None, help="reasoning constraint: a forced prefix, e.g. \"Let's think step by step.\"")
     p.add_argument("--trigger", action="append", default=[], help="InWriting trigger token (repeatable)")
     p.add_argument("--no-constrain", action="store_true", help="same prompt and budget, no mask")
     p.add_argument("--no-closing", action="store_true",
                    help="let a constrained answer run out of budget unfinished (default on transformers: closing "
                         "mode, the answer always finishes inside --max-tokens; vLLM and servers do not close)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="sampler seed (only matters when sampling)")
     p.add_argument("--tau", type=float, default=None,
                    help="suffix-last / suffix-beam: branch where the bifurcation penalty is <= TAU (default 0)")
     p.add_argument("--beam-rule", choices=["last", "min"], default=None,
@@ -93,7 +93,7 @@ def _args(p: argparse.ArgumentParser) -> None:
     add_sampling_args(p)
     p.add_argument("--raw", action="store_true", help="send PROMPT as plain text, without the chat template")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("prompt")
+    p.add_argument("prompt", help="the user message (or, with --raw, the whole prompt text)")
 
 
 @command("generate", _args, "generate one answer with a strategy and an answer constraint")
@@ -113,6 +113,14 @@ def generate_cmd(args: argparse.Namespace) -> int:
     options = {k: v for k, v in (("tau", args.tau), ("rule", args.beam_rule), ("fem", args.fem),
                                  ("gamma", args.gamma), ("top_k", args.state_top_k)) if v is not None}
     sampling = sampling_from_args(args)
+    if args.max_tokens < 1:
+        from formtax.errors import ConfigError
+
+        raise ConfigError(f"--max-tokens must be at least 1, got {args.max_tokens}")
+    if args.backend in ("hf", "vllm"):
+        from formtax.backends.model_files import check_model_name
+
+        check_model_name(args.model)
     prompt = args.prompt if args.raw else [{"role": "user", "content": args.prompt}]
     if options or args.strategy in FEM_STRATEGIES:  # decog / ctrlg without --fem fail here, before the model loads
         request = Request(prompt, constraint, max_tokens=args.max_tokens, seed=args.seed,

@@ -26,7 +26,7 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt-variants", default="t1f1",
                    help="'all' (3 task x 3 format), 'paper' (paper 003's plan: 3 x 3 for InWriting and NL-to-Format, "
                         "3 x 1 for JSON, 1 x 3 on AIME) or e.g. t1f1,t2f3")
-    p.add_argument("--shots", type=int, default=0)
+    p.add_argument("--shots", type=int, default=0, help="few-shot examples from the task's train split")
     p.add_argument("--max-tokens", type=int, default=256,
                    help="the whole budget of a strategy without a reasoning phase; for InWriting, JSON and "
                         "NL-to-Format, unless --reasoning-tokens is given, the reasoning budget is this minus the "
@@ -34,7 +34,7 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reasoning-tokens", type=int, default=None,
                    help="the reasoning budget of InWriting, JSON and NL-to-Format at every constraint level "
                         "(paper 003's max_preamble_tokens: 600); each level's answer reserve is added on top")
-    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--batch-size", type=int, default=8, help="requests decoded together")
     p.add_argument("--extractor-model", default=None,
                    help="nl2format: the model of the second (extraction) call, e.g. a larger one as in paper 003 "
                         "(default: the main model); records name it in stats.extractor")
@@ -101,6 +101,13 @@ def run_cmd(args: argparse.Namespace) -> int:
         warnings.simplefilter("ignore")
         try:
             s = run(cfg, args.out, progress)
+        except KeyboardInterrupt:
+            if bar is not None:
+                bar.close()
+                bar = None
+            print(f"formtax: interrupted; every finished request is kept in {args.out / 'records.jsonl'}. "
+                  "Run the same command again to resume.", file=sys.stderr)
+            return 130
         finally:
             if bar is not None:
                 bar.close()
@@ -110,9 +117,11 @@ def run_cmd(args: argparse.Namespace) -> int:
 
 
 def _report_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_dir", type=Path)
+    p.add_argument("run_dir", type=Path, help="a run directory (formtax run --out)")
     p.add_argument("--replicates", type=int, default=10_000, help="bootstrap replicates")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    p.add_argument("--drill-items", type=int, default=500,
+                   help="items shown with every output in report.html's Items section (0: none)")
     p.add_argument("--resample", choices=["items+seeds", "items"], default="items+seeds",
                    help="what a bootstrap replicate resamples: items and seeds crossed (paper 002's rule, "
                         "conservative when seeds act independently per item) or items keeping their seeds "
@@ -121,23 +130,34 @@ def _report_args(p: argparse.ArgumentParser) -> None:
 
 @command("report", _report_args, "write report.md/.html, tables/*.csv and figures/*.png from records.jsonl")
 def report_cmd(args: argparse.Namespace) -> int:
+    from formtax.errors import ConfigError
     from formtax.report import write_report
     from formtax.stats import Resampling
 
+    if args.replicates < 1:
+        raise ConfigError(f"--replicates must be at least 1, got {args.replicates}")
+
     path = write_report(args.run_dir, n_resamples=args.replicates, seed=args.seed,
-                        resampling=Resampling(args.resample))
+                        resampling=Resampling(args.resample), drill_items=args.drill_items)
     print(f"report: {path}")
     return 0
 
 
 def _verify_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_dir", type=Path)
+    p.add_argument("run_dir", type=Path, help="a run directory (formtax run --out)")
 
 
 @command("verify", _verify_args, "recompute every table from records.jsonl; non-zero exit naming any differing cell")
 def verify_cmd(args: argparse.Namespace) -> int:
+    from formtax.errors import DataError
     from formtax.report import verify_report
+    from formtax.report.load import records_path
+    from formtax.report.write import META_FILE, TABLES_DIR
 
+    if not records_path(args.run_dir).is_file():
+        raise DataError(f"{args.run_dir}: no records.jsonl (not a run directory; `formtax run --out` makes one)")
+    if not (args.run_dir / TABLES_DIR / META_FILE).is_file():
+        raise DataError(f"{args.run_dir}: no report to verify; run `formtax report {args.run_dir}` first")
     problems = verify_report(args.run_dir)
     if problems:
         for p in problems:

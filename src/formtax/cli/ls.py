@@ -8,15 +8,15 @@ from formtax.cli.main import command
 
 
 def _args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("what", choices=["strategies", "tasks"])
+    p.add_argument("what", choices=["strategies", "tasks"], help="what to list")
 
 
 @command("ls", _args, "list strategies or tasks")
 def ls(args: argparse.Namespace) -> int:
     if args.what == "strategies":
-        from formtax.strategies import list_strategies
+        from formtax.strategies.catalog import list_catalog
 
-        rows = list_strategies()
+        rows = list_catalog()  # the catalog, not the registry: importing the strategies loads torch
     else:
         from formtax.tasks.registry import get_task, list_tasks
 

@@ -1,25 +1,86 @@
-"""Constraints: specs (what users write), the compile cache, and per-request matchers."""
+"""Constraints: specs (what users write), the compile cache, and per-request matchers.
 
-from formtax.constraints.compile import CompiledGrammar, EngineTokenizer, Matcher, compile_grammar
-from formtax.constraints.native import as_constraint, from_pydantic
-from formtax.constraints.spec import (
-    ChoiceConstraint,
-    Constraint,
-    JsonConstraint,
-    JsonReasonAnswer,
-    LarkConstraint,
-    RecordConstraint,
-    RegexConstraint,
-    TemplateConstraint,
-    Validation,
-    parse_spec,
-    record_spec,
-)
-from formtax.constraints.template import Slot, Template, choice_slot, parse_template
+Names are imported lazily (PEP 562) so that a light submodule (``template``, ``spec``) does not load torch and
+llguidance's torch bindings through this package: ``formtax ls`` and ``--help`` stay fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_LAZY: dict[str, str] = {
+    "CompiledGrammar": "formtax.constraints.compile",
+    "EngineTokenizer": "formtax.constraints.compile",
+    "Matcher": "formtax.constraints.compile",
+    "compile_grammar": "formtax.constraints.compile",
+    "as_constraint": "formtax.constraints.native",
+    "from_pydantic": "formtax.constraints.native",
+    "ChoiceConstraint": "formtax.constraints.spec",
+    "Constraint": "formtax.constraints.spec",
+    "JsonConstraint": "formtax.constraints.spec",
+    "JsonReasonAnswer": "formtax.constraints.spec",
+    "LarkConstraint": "formtax.constraints.spec",
+    "RecordConstraint": "formtax.constraints.spec",
+    "RegexConstraint": "formtax.constraints.spec",
+    "TemplateConstraint": "formtax.constraints.spec",
+    "Validation": "formtax.constraints.spec",
+    "parse_spec": "formtax.constraints.spec",
+    "record_spec": "formtax.constraints.spec",
+    "Slot": "formtax.constraints.template",
+    "Template": "formtax.constraints.template",
+    "choice_slot": "formtax.constraints.template",
+    "parse_template": "formtax.constraints.template",
+}
+
+if TYPE_CHECKING:
+    from formtax.constraints.compile import CompiledGrammar, EngineTokenizer, Matcher, compile_grammar
+    from formtax.constraints.native import as_constraint, from_pydantic
+    from formtax.constraints.spec import (
+        ChoiceConstraint,
+        Constraint,
+        JsonConstraint,
+        JsonReasonAnswer,
+        LarkConstraint,
+        RecordConstraint,
+        RegexConstraint,
+        TemplateConstraint,
+        Validation,
+        parse_spec,
+        record_spec,
+    )
+    from formtax.constraints.template import Slot, Template, choice_slot, parse_template
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'formtax.constraints' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
-    "ChoiceConstraint", "CompiledGrammar", "Constraint", "EngineTokenizer", "JsonConstraint", "JsonReasonAnswer",
-    "LarkConstraint", "Matcher", "RecordConstraint", "RegexConstraint", "Slot", "Template", "TemplateConstraint",
-    "Validation", "as_constraint", "choice_slot", "compile_grammar", "from_pydantic", "parse_spec", "parse_template",
+    "ChoiceConstraint",
+    "CompiledGrammar",
+    "Constraint",
+    "EngineTokenizer",
+    "JsonConstraint",
+    "JsonReasonAnswer",
+    "LarkConstraint",
+    "Matcher",
+    "RecordConstraint",
+    "RegexConstraint",
+    "Slot",
+    "Template",
+    "TemplateConstraint",
+    "Validation",
+    "as_constraint",
+    "choice_slot",
+    "compile_grammar",
+    "from_pydantic",
+    "parse_spec",
+    "parse_template",
     "record_spec",
 ]

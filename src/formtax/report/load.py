@@ -10,7 +10,8 @@ Columns (see :data:`BASE_COLUMNS`): the record's identifying fields, ``scored`` 
 ``parse_status_lenient``, ``parse_ok_strict`` / ``parse_ok_lenient`` (1.0 when the parser's status is
 ``"ok"``, 0.0 otherwise, NaN when unscored), ``tokens_prompt``, ``tokens_total``, ``tokens_forced``, one
 ``tokens_<phase>`` column per phase seen in any record (0 where a record has token counts but not that
-phase; NaN where a record has no token counts at all), ``wall_s`` and ``batch_wall_s``.
+phase; NaN where a record has no token counts at all), ``wall_s``, ``batch_wall_s``, ``batch_cpu_s`` (the process CPU time of the record's batch; NaN in records
+written before it was recorded) and ``batch_size`` (the requests in that batch).
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ BASE_COLUMNS = (
     "tokens_forced",
     "wall_s",
     "batch_wall_s",
+    "batch_cpu_s",
+    "batch_size",
     "record",  # the whole Record, for study analyses that need text, stats or parses
 )
 
@@ -150,6 +153,10 @@ def _flatten(rec: Record, where: str, line: int) -> dict[str, Any]:
         if "batch_wall_s" in rec.timings
         else nan
     )
+    row["batch_cpu_s"] = (
+        _number(rec.timings["batch_cpu_s"], "timings.batch_cpu_s", where) if "batch_cpu_s" in rec.timings else nan
+    )
+    row["batch_size"] = rec.batch_size
     return row
 
 

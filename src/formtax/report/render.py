@@ -13,11 +13,18 @@ from typing import Any
 
 import pandas as pd
 
+from formtax.report.drilldown import DEFAULT_DRILL_ITEMS, drilldown_html
+from formtax.report.drilldown import STYLE as DRILL_STYLE
 from formtax.report.figures import FIGURES
 from formtax.report.matrices import CONFIDENCE, DECIMALS, is_p_column
 from formtax.stats.paired_test import format_p
 
 DESCRIPTIONS: dict[str, str] = {
+    "summary": (
+        "The headline per task x strategy: strict accuracy with its interval and the strict parse rate (from "
+        "the accuracy table), mean generated tokens (tokens table), throughput in generated tokens per second "
+        "of machine time and the seconds of wall and CPU time each request cost (timing table)."
+    ),
     "accuracy": (
         "Accuracy per task x strategy under the strict and lenient parsers, and the strict parse rate: "
         "the mean of the items x runs score matrix (run = seed x prompt variant) after dropping items "
@@ -40,10 +47,16 @@ DESCRIPTIONS: dict[str, str] = {
         "runs, McNemar's exact test at one run); items_a_better / items_b_better are the discordant items."
     ),
     "tokens": "Mean tokens per scored request: prompt, generated total, forced, and generated per phase.",
-    "timing": "Wall-clock seconds per scored request: mean, median, and the total over the cell.",
+    "timing": (
+        "Seconds per scored request: wall clock (mean, median, total over the cell), its share of the batch's "
+        "wall time (share_s), throughput (generated tokens per second of that share), its share of the batch's "
+        "process CPU time (cpu_s) and CPU per wall second (about the cores in use); the manifest records the "
+        "machine's load average when the run started and stopped."
+    ),
 }
 
-_WITH_BOOTSTRAP = {"accuracy", "decomposition", "paired"}
+_WITH_BOOTSTRAP = {"summary", "accuracy", "decomposition", "paired"}
+HEADLINE = "summary"
 
 
 @dataclass
@@ -103,6 +116,7 @@ def footer(name: str, table: pd.DataFrame, ctx: ReportContext) -> str:
             f"interval = {ANALYSES[name].method}{seed}."
         )
     method = {
+        "summary": f"{confidence} percentile bootstrap resampling {resampling} (the accuracy table's)",
         "accuracy": f"{confidence} percentile bootstrap resampling {resampling}",
         "decomposition": f"{confidence} paired percentile bootstrap over common items x runs ({resampling}; "
         "gains jointly)",
@@ -148,6 +162,14 @@ def manifest_lines(ctx: ReportContext) -> list[tuple[str, str]]:
         lines += [("model", str(model)), ("git commit", str(commit))]
         if manifest.get("status"):
             lines.append(("run status", str(manifest["status"])))
+        for k, part in enumerate(r for r in manifest.get("resumptions") or [] if isinstance(r, dict)):
+            machine, end = part.get("machine"), part.get("machine_at_end")
+            if isinstance(machine, dict):
+                load = f"load average (1, 5, 15 min) {machine.get('loadavg_1_5_15')} at start"
+                if isinstance(end, dict):
+                    load += f", {end.get('loadavg_1_5_15')} at end"
+                lines.append((f"machine (session {k + 1}, {part.get('at')})",
+                              f"{machine.get('cpus')} CPUs, {load}"))
         for key, value in config.items():
             shown = json.dumps(value, sort_keys=True, default=str)
             lines.append((f"config.{key}", shown if len(shown) <= 120 else shown[:117] + "..."))
@@ -185,6 +207,22 @@ def markdown_table(table: pd.DataFrame) -> str:
     return "\n".join([header, rule, *body])
 
 
+def split_tables(tables: dict[str, pd.DataFrame]) -> tuple[dict[str, pd.DataFrame], list[str]]:
+    """The detailed tables with rows (report order, the headline left out) and the names of the empty ones, which
+    the report lists instead of rendering a blank table (their CSV files are still written)."""
+    shown = {n: t for n, t in tables.items() if n != HEADLINE and len(t)}
+    empty = [n for n, t in tables.items() if n != HEADLINE and not len(t)]
+    return shown, empty
+
+
+def headline_parts(tables: dict[str, pd.DataFrame]) -> list[tuple[str, pd.DataFrame]]:
+    """The summary table split per task: ``(task, rows)``."""
+    summary = tables.get(HEADLINE)
+    if summary is None or summary.empty:
+        return []
+    return [(str(task), rows.drop(columns=["task"])) for task, rows in summary.groupby("task", sort=True)]
+
+
 def render_markdown(tables: dict[str, pd.DataFrame], ctx: ReportContext) -> str:
     out = ["# formtax report", ""]
     out += [f"- **{label}**: {_md_cell(value)}" for label, value in manifest_lines(ctx)]
@@ -193,10 +231,26 @@ def render_markdown(tables: dict[str, pd.DataFrame], ctx: ReportContext) -> str:
         "Numbers below show 4 significant digits; `tables/*.csv` hold every value rounded to "
         f"{DECIMALS} decimals, and `formtax.report.verify_report` recomputes them from `records.jsonl`.",
         "",
+        "## Summary",
+        "",
+        _description(HEADLINE),
+        "",
     ]
-    for name, table in tables.items():
+    for task, rows in headline_parts(tables):
+        out += [f"### {_md_cell(task)}", "", markdown_table(rows), ""]
+    if HEADLINE in tables:
+        out += [footer(HEADLINE, tables[HEADLINE], ctx), ""]
+    out += ["## Figures", ""]
+    for stem, caption in _captions().items():
+        if stem in ctx.figures:
+            out += [f"![{stem}](figures/{ctx.figures[stem].name})", "", caption, ""]
+    shown, empty = split_tables(tables)
+    out += ["## Detailed tables", ""]
+    if empty:
+        out += [f"Empty for this run (not shown; their CSV files hold the header): {', '.join(empty)}.", ""]
+    for name, table in shown.items():
         out += [
-            f"## {name}",
+            f"### {name}",
             "",
             _description(name),
             "",
@@ -205,10 +259,7 @@ def render_markdown(tables: dict[str, pd.DataFrame], ctx: ReportContext) -> str:
             footer(name, table, ctx),
             "",
         ]
-    out += ["## Figures", ""]
-    for stem, caption in _captions().items():
-        if stem in ctx.figures:
-            out += [f"![{stem}](figures/{ctx.figures[stem].name})", "", caption, ""]
+    out += ["Per-item outputs (prompt, text by phase, parses, gold) are in `report.html`, section Items.", ""]
     return "\n".join(out)
 
 
@@ -226,31 +277,42 @@ _STYLE = (
     "table{border-collapse:collapse;font-size:0.85em;margin:0.5em 0;}"
     "th,td{border:1px solid #bbb;padding:2px 6px;text-align:right;} th{background:#eee;}"
     ".footer{color:#444;font-size:0.9em;} .table-wrap{overflow-x:auto;} img{max-width:100%;}"
+    "details.table{margin:0.6em 0;} details.table>summary{font-size:1.15em;font-weight:bold;cursor:pointer;}"
 )
 
 
-def render_html(tables: dict[str, pd.DataFrame], ctx: ReportContext) -> str:
+def _html_section(name: str, table: pd.DataFrame, ctx: ReportContext) -> str:
+    return (
+        f'<details class="table" id="table-{html.escape(name)}"><summary>{html.escape(name)} '
+        f"({len(table)} rows, {len(table.columns)} columns; tables/{html.escape(name)}.csv)</summary>"
+        f"<p>{html.escape(_description(name))}</p>"
+        f'<div class="table-wrap">{html_table(table)}</div>'
+        f'<p class="footer">{html.escape(footer(name, table, ctx))}</p></details>'
+    )
+
+
+def render_html(tables: dict[str, pd.DataFrame], ctx: ReportContext, drill_items: int = DEFAULT_DRILL_ITEMS) -> str:
     parts = [
         "<!DOCTYPE html>",
         '<html><head><meta charset="utf-8"><title>formtax report</title>',
-        f"<style>{_STYLE}</style></head><body>",
-        "<h1>formtax report</h1><ul>",
+        f"<style>{_STYLE}{DRILL_STYLE}</style></head><body>",
+        "<h1>formtax report</h1>",
+        '<p><a href="#summary">Summary</a> · <a href="#figures">Figures</a> · <a href="#tables">Detailed tables</a>'
+        ' · <a href="#items">Items</a></p><details><summary>run</summary><ul>',
     ]
     parts += [
         f"<li><b>{html.escape(label)}</b>: {html.escape(value)}</li>" for label, value in manifest_lines(ctx)
     ]
     parts.append(
-        "</ul><p>Numbers show 4 significant digits; tables/*.csv hold every value rounded to "
+        "</ul></details><p>Numbers show 4 significant digits; tables/*.csv hold every value rounded to "
         f"{DECIMALS} decimals.</p>"
     )
-    for name, table in tables.items():
-        parts += [
-            f"<h2>{html.escape(name)}</h2>",
-            f"<p>{html.escape(_description(name))}</p>",
-            f'<div class="table-wrap">{html_table(table)}</div>',
-            f'<p class="footer">{html.escape(footer(name, table, ctx))}</p>',
-        ]
-    parts.append("<h2>Figures</h2>")
+    parts += ['<h2 id="summary">Summary</h2>', f"<p>{html.escape(_description(HEADLINE))}</p>"]
+    for task, rows in headline_parts(tables):
+        parts += [f"<h3>{html.escape(task)}</h3>", f'<div class="table-wrap">{html_table(rows)}</div>']
+    if HEADLINE in tables:
+        parts.append(f'<p class="footer">{html.escape(footer(HEADLINE, tables[HEADLINE], ctx))}</p>')
+    parts.append('<h2 id="figures">Figures</h2>')
     for stem, caption in _captions().items():
         if stem in ctx.figures:
             data = base64.b64encode(ctx.figures[stem].read_bytes()).decode("ascii")
@@ -258,5 +320,11 @@ def render_html(tables: dict[str, pd.DataFrame], ctx: ReportContext) -> str:
                 f'<figure><img alt="{html.escape(stem)}" src="data:image/png;base64,{data}">',
                 f"<figcaption>{html.escape(caption)}</figcaption></figure>",
             ]
+    shown, empty = split_tables(tables)
+    parts.append('<h2 id="tables">Detailed tables</h2>')
+    if empty:
+        parts.append(f"<p>Empty for this run (not shown): {html.escape(', '.join(empty))}.</p>")
+    parts += [_html_section(name, table, ctx) for name, table in shown.items()]
+    parts.append(drilldown_html(ctx.df, drill_items))
     parts.append("</body></html>")
     return "\n".join(parts)

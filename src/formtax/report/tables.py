@@ -69,7 +69,12 @@ RUNS_COLUMNS = [
 TIMING_COLUMNS = [
     "task", "strategy", "n_scored", "n_unscored", "n_timed",
     "wall_s_mean", "wall_s_median", "wall_s_total", "batch_wall_s_mean",
+    "share_s_mean", "tokens_per_s", "cpu_s_mean", "cpu_per_wall",
 ]  # fmt: skip
+"""``share_s``: a request's share of its batch's wall time (batch wall / batch size), the machine time it cost;
+``tokens_per_s``: generated tokens over the summed shares (the cell's throughput); ``cpu_s``: its share of the
+batch's process CPU time; ``cpu_per_wall``: CPU over wall seconds (about the cores in use: far below the core count
+on a machine busy with other work, or while waiting on a server)."""
 
 
 def _cells(df: pd.DataFrame) -> list[tuple[str, str, pd.DataFrame]]:
@@ -240,6 +245,11 @@ def timing_table(df: pd.DataFrame) -> pd.DataFrame:
         scored = cell[cell["scored"]]
         wall = scored["wall_s"].dropna()
         batch = scored["batch_wall_s"].dropna()
+        share = (scored["batch_wall_s"] / scored["batch_size"]).dropna()
+        cpu = (scored["batch_cpu_s"] / scored["batch_size"]).dropna()
+        tokens = scored.loc[share.index, "tokens_total"].dropna()
+        share_sum = float(share.loc[tokens.index].sum())
+        cpu_wall = float((scored["batch_wall_s"] / scored["batch_size"]).loc[cpu.index].sum())
         rows.append(
             {
                 "task": task,
@@ -251,9 +261,42 @@ def timing_table(df: pd.DataFrame) -> pd.DataFrame:
                 "wall_s_median": float(wall.median()) if len(wall) else NAN,
                 "wall_s_total": float(wall.sum()),
                 "batch_wall_s_mean": float(batch.mean()) if len(batch) else NAN,
+                "share_s_mean": float(share.mean()) if len(share) else NAN,
+                "tokens_per_s": float(tokens.sum()) / share_sum if share_sum > 0 else NAN,
+                "cpu_s_mean": float(cpu.mean()) if len(cpu) else NAN,
+                "cpu_per_wall": float(cpu.sum()) / cpu_wall if len(cpu) and cpu_wall > 0 else NAN,
             }
         )
     return frame(rows, TIMING_COLUMNS)
+
+
+SUMMARY_COLUMNS = [
+    "task", "strategy", "base_strategy", "level", "rc", "n_items_used", "n_runs",
+    "acc_strict", "acc_strict_low", "acc_strict_high", "parse_rate_strict",
+    "tokens_total_mean", "tokens_per_s", "share_s_mean", "cpu_s_mean",
+]  # fmt: skip
+
+
+def summary_table(df: pd.DataFrame, accuracy: pd.DataFrame, tokens: pd.DataFrame,
+                  timing: pd.DataFrame) -> pd.DataFrame:
+    """The report's headline, one row per task x strategy: strict accuracy with its interval, parse rate, mean
+    tokens and throughput, read from the accuracy, tokens and timing tables (no number of its own)."""
+    keyed = {name: t.set_index(["task", "strategy"]) for name, t in
+             (("accuracy", accuracy), ("tokens", tokens), ("timing", timing))}
+    rows: list[dict[str, Any]] = []
+    for task, strategy, cell in _cells(df):
+        first = cell.iloc[0]
+        row: dict[str, Any] = {"task": task, "strategy": strategy, "base_strategy": str(first["base_strategy"]),
+                               "level": str(first["level"]), "rc": bool(first["rc"])}
+        for name, columns in (("accuracy", ["n_items_used", "n_runs", "acc_strict", "acc_strict_low",
+                                            "acc_strict_high", "parse_rate_strict"]),
+                              ("tokens", ["tokens_total_mean"]),
+                              ("timing", ["tokens_per_s", "share_s_mean", "cpu_s_mean"])):
+            source = keyed[name]
+            for column in columns:
+                row[column] = source.at[(task, strategy), column] if (task, strategy) in source.index else NAN
+        rows.append(row)
+    return frame(rows, SUMMARY_COLUMNS)
 
 
 def compute_tables(
@@ -265,13 +308,15 @@ def compute_tables(
     applies to the accuracy, decomposition and paired intervals; the paper-specific analyses (abstention,
     EAE) keep their paper's rule (:data:`formtax.stats.DEFAULT_RESAMPLING`).
     """
+    accuracy, tokens, timing = accuracy_table(df, n_resamples, seed, resampling), tokens_table(df), timing_table(df)
     tables = {
-        "accuracy": accuracy_table(df, n_resamples, seed, resampling),
+        "summary": summary_table(df, accuracy, tokens, timing),
+        "accuracy": accuracy,
         "runs": runs_table(df),
         "decomposition": decomposition_table(df, n_resamples, seed, resampling),
         "paired": paired_table(df, n_resamples, seed, resampling),
-        "tokens": tokens_table(df),
-        "timing": timing_table(df),
+        "tokens": tokens,
+        "timing": timing,
     }
     assert list(tables) == list(TABLE_KEYS)
     from formtax.report.analyses import extra_tables

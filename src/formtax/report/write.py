@@ -12,6 +12,7 @@ import pandas as pd
 
 from formtax.errors import DataError
 from formtax.report.analyses import table_keys
+from formtax.report.drilldown import DEFAULT_DRILL_ITEMS
 from formtax.report.figures import write_figures
 from formtax.report.load import MANIFEST_FILE, load_records, records_path, sha256_of
 from formtax.report.matrices import CONFIDENCE, DECIMALS
@@ -50,9 +51,12 @@ def read_manifest(run_dir: Path) -> dict[str, Any] | None:
 
 
 def write_report(
-    run_dir: Path, n_resamples: int = 10_000, seed: int = 0, resampling: Resampling = DEFAULT_RESAMPLING
+    run_dir: Path, n_resamples: int = 10_000, seed: int = 0, resampling: Resampling = DEFAULT_RESAMPLING,
+    drill_items: int = DEFAULT_DRILL_ITEMS,
 ) -> Path:
     """Compute every table from ``run_dir/records.jsonl`` and write the report files; returns ``report.md``.
+
+    ``drill_items``: items shown in report.html's per-item section (0: none).
 
     Raises:
         DataError: records.jsonl is missing or malformed, or manifest.json is not a JSON object.
@@ -92,5 +96,5 @@ def write_report(
     ctx = ReportContext(df=df, meta=meta, manifest=manifest, figures=figures)
     report_md = run_dir / "report.md"
     report_md.write_text(render_markdown(tables, ctx), encoding="utf-8")
-    (run_dir / "report.html").write_text(render_html(tables, ctx), encoding="utf-8")
+    (run_dir / "report.html").write_text(render_html(tables, ctx, drill_items), encoding="utf-8")
     return report_md

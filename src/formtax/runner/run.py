@@ -30,6 +30,7 @@ import numpy as np
 
 from formtax import __version__
 from formtax.backends import Backend, load_backend
+from formtax.backends.model_files import check_model_name
 from formtax.constraints.spec import parse_spec
 from formtax.decoding.sampling import Sampling
 from formtax.errors import ConfigError, DataError, FormtaxError
@@ -167,6 +168,17 @@ class RunSummary:
     by_strategy: dict[str, int] = field(default_factory=dict)
 
 
+def machine_load() -> dict[str, Any]:
+    """The machine's load when a run starts or stops (recorded in the manifest): a slow cell on a loaded machine
+    then reads as the machine's state, not the strategy's cost."""
+    out: dict[str, Any] = {"cpus": os.cpu_count()}
+    try:
+        out["loadavg_1_5_15"] = [round(x, 2) for x in os.getloadavg()]
+    except OSError:  # not every platform has a load average
+        out["loadavg_1_5_15"] = None
+    return out
+
+
 def _sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -259,6 +271,12 @@ def run(config: RunConfig, out_dir: Path, progress: Callable[[int, int], None] |
         raise ConfigError(f"--batch-size must be at least 1, got {config.batch_size}")
     if config.limit is not None and config.limit < 1:
         raise ConfigError(f"--limit must be at least 1, got {config.limit}")
+    if config.max_tokens < 1:
+        raise ConfigError(f"--max-tokens must be at least 1, got {config.max_tokens}")
+    if config.workers < 1:
+        raise ConfigError(f"--workers must be at least 1, got {config.workers}")
+    if config.backend in ("hf", "vllm"):
+        check_model_name(config.model)
     if out_dir.exists() and not out_dir.is_dir():
         raise ConfigError(f"--out {out_dir} is a file, not a run directory")
     try:
@@ -368,7 +386,8 @@ def _run(config: RunConfig, out_dir: Path, progress: Callable[[int, int], None] 
     }
     manifest["status"] = "running"
     manifest["resumptions"].append({"at": time.strftime("%Y-%m-%dT%H:%M:%S"), "pending": len(pending),
-                                    "batch_size": config.batch_size, "device": config.device})
+                                    "batch_size": config.batch_size, "device": config.device,
+                                    "machine": machine_load()})
     write_manifest(out_dir, manifest)
 
     n_done = summary.skipped
@@ -410,6 +429,7 @@ def _run(config: RunConfig, out_dir: Path, progress: Callable[[int, int], None] 
         if pool is not None:
             pool.close()
         manifest["ended"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+        manifest["resumptions"][-1]["machine_at_end"] = machine_load()
         write_manifest(out_dir, manifest)
     summary.wall_s = time.perf_counter() - t_start
     return summary
@@ -587,8 +607,16 @@ def chunk_records(backend: Backend, task: Task, chunk: Sequence[Planned], config
                   extractor: Backend | None = None) -> list[tuple[Planned, Record, str | None]]:
     """Run one chunk and make its records (the same in one process and in a parallel worker)."""
     render = backend.tokenizer.chat_prompt
-    return [(p, make_record(task, p, res, render(p.messages), len(chunk), backend.model_id, err), err)
-            for p, res, err in _run_chunk(backend, task, chunk, config, extractor)]
+    cpu0 = time.process_time()
+    done = _run_chunk(backend, task, chunk, config, extractor)
+    cpu = time.process_time() - cpu0  # this process's CPU seconds (all threads) for the batch, beside wall time
+    out = []
+    for p, res, err in done:
+        rec = make_record(task, p, res, render(p.messages), len(chunk), backend.model_id, err)
+        if res is not None:
+            rec.timings = {**rec.timings, "batch_cpu_s": cpu}
+        out.append((p, rec, err))
+    return out
 
 
 def _run_chunk(backend: Backend, task: Task, chunk: Sequence[Planned], config: RunConfig,

@@ -183,7 +183,19 @@ def register(cls: type[Strategy]) -> type[Strategy]:
     return cls
 
 
+def _ensure_builtin() -> None:
+    """Import the built-in strategy modules (they register themselves); lazily, so that this module and the
+    catalog have no import cycle with them."""
+    import importlib
+
+    from formtax.strategies.catalog import CATALOG
+
+    for module in sorted({m for m, _ in CATALOG.values()}):
+        importlib.import_module(module)
+
+
 def get_strategy(name: str) -> Strategy:
+    _ensure_builtin()
     try:
         return _REGISTRY[name]()
     except KeyError:
@@ -191,6 +203,7 @@ def get_strategy(name: str) -> Strategy:
 
 
 def list_strategies() -> dict[str, str]:
+    _ensure_builtin()
     return {n: c.summary for n, c in sorted(_REGISTRY.items())}
 
 

@@ -245,19 +245,37 @@ def sample_items(items: Sequence[Item], limit: int | None, seed: int) -> list[It
     return [items[int(i)] for i in order]
 
 
+def project_root() -> Path | None:
+    """The formtax checkout this module runs from (the folder whose ``pyproject.toml`` names formtax), or None for
+    an installed wheel."""
+    for folder in Path(__file__).resolve().parents:
+        pyproject = folder / "pyproject.toml"
+        if pyproject.is_file():
+            try:
+                text = pyproject.read_text(encoding="utf-8")
+            except OSError:
+                return None
+            return folder if 'name = "formtax"' in text else None
+    return None
+
+
 def resolve_data_dir(explicit: Path | None) -> Path:
     """The benchmark data folder.
 
-    An explicit path is used alone; otherwise ``$FORMTAX_DATA`` alone when it is set; otherwise
-    ``../shared/data`` then ``./shared/data`` relative to the current directory. An explicit or environment
-    path that does not exist is an error rather than a silent fallback, so a typo never evaluates other data.
+    An explicit path (``--data-dir``) is used alone; otherwise ``$FORMTAX_DATA`` alone when it is set; otherwise
+    ``shared/data`` beside the formtax checkout (``<checkout>/../shared/data``, then ``<checkout>/shared/data``),
+    then the same two relative to the current directory: running from another folder finds the project's data.
+    An explicit or environment path that does not exist is an error rather than a silent fallback, so a typo never
+    evaluates other data.
     """
     if explicit is not None:
         candidates = [Path(explicit)]
     elif os.environ.get(DATA_ENV_VAR):
         candidates = [Path(os.environ[DATA_ENV_VAR])]
     else:
-        candidates = [Path("..") / "shared" / "data", Path(".") / "shared" / "data"]
+        root = project_root()
+        bases = ([root / "..", root] if root is not None else []) + [Path(".."), Path(".")]
+        candidates = [base / "shared" / "data" for base in bases]
     for candidate in candidates:
         if candidate.is_dir():
             return candidate.resolve()
