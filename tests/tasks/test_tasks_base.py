@@ -25,6 +25,7 @@ ALL_TASKS = [
     "gsm8k",
     "imdb",
     "imdb-alt",
+    "jsonl",
     "lastletter",
     "lastletter-ext",
     "metatool",
@@ -73,6 +74,14 @@ def test_resolve_data_dir_explicit_env_and_defaults(tmp_path: Path, monkeypatch:
     monkeypatch.setenv("FORMTAX_DATA", str(tmp_path))
     assert resolve_data_dir(None) == tmp_path.resolve()
     monkeypatch.delenv("FORMTAX_DATA")
+    import formtax.tasks.base as base
+
+    checkout = tmp_path / "checkout" / "formtax"
+    (checkout.parent / "shared" / "data").mkdir(parents=True)
+    checkout.mkdir()
+    monkeypatch.setattr(base, "project_root", lambda: checkout)
+    assert resolve_data_dir(None) == (checkout.parent / "shared" / "data").resolve()  # beside the checkout first
+    monkeypatch.setattr(base, "project_root", lambda: None)  # an installed wheel: the current directory's
     work = tmp_path / "project"
     work.mkdir()
     monkeypatch.chdir(work)

@@ -13,7 +13,24 @@ from formtax.cli.main import command
 
 def _run_args(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
-    p.add_argument("--task", default=None, help="see `formtax ls tasks` (required, except with --world)")
+    p.add_argument("--task", default=None,
+                   help="see `formtax ls tasks`, or jsonl:PATH for your own items (required, except with --world)")
+    p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                   help="import this Python module first (its @register_task classes become tasks; repeatable)")
+    j = p.add_argument_group("your own task (--task jsonl:PATH)")
+    j.add_argument("--answer-spec", default=None,
+                   help="the answer's VC slot for every row, e.g. '{int:0..}', '{choice:yes|no}', '{letters:4}', "
+                        "'{str}'; a row's own answer_spec field narrows it")
+    j.add_argument("--answer-kind", default=None, choices=["integer", "choice", "letters", "text"],
+                   help="the answer kind when there is no --answer-spec (choice: from each row's choices)")
+    for flag, default, what in (("--question-field", "question", "the question"),
+                                ("--gold-field", "answer", "the gold answer"),
+                                ("--id-field", "id", "the item id (the line number when absent)"),
+                                ("--choices-field", "choices", "the choices: a list of texts or label -> text")):
+        j.add_argument(flag, default=None, help=f"the row field holding {what} (default: {default})")
+    j.add_argument("--shots-file", type=Path, default=None,
+                   help="few-shot examples in the same layout (optional 'solution' field); default: the file itself")
+    j.add_argument("--instruction", default=None, help="the task description (default: 'Answer the question.')")
     p.add_argument("--world", type=Path, default=None,
                    help="a planted world file: sets --backend planted and --task planted (calibration)")
     p.add_argument("--strategies", required=True,
@@ -73,6 +90,27 @@ def run_cmd(args: argparse.Namespace) -> int:
         task_options["world"] = world
     elif args.task is None:
         raise ConfigError("--task is required (see `formtax ls tasks`), or --world for a planted world")
+    import importlib
+
+    for module in args.imports:
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            raise ConfigError(f"--import {module}: {e}") from None
+    jsonl = {"answer_spec": args.answer_spec, "answer_kind": args.answer_kind, "question_field": args.question_field,
+             "gold_field": args.gold_field, "id_field": args.id_field, "choices_field": args.choices_field,
+             "shots_file": str(args.shots_file.resolve()) if args.shots_file else None,
+             "instruction": args.instruction}
+    given = {k: v for k, v in jsonl.items() if v is not None}
+    if args.task.startswith("jsonl:"):
+        path = Path(args.task[len("jsonl:"):]).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"--task jsonl:{path}: no such file")
+        args.task = "jsonl"
+        task_options.update(path=str(path.resolve()), **given)
+    elif given:
+        flags = ", ".join("--" + k.replace("_", "-") for k in given)
+        raise ConfigError(f"{flags}: only for --task jsonl:PATH (not --task {args.task})")
     if args.pairs is not None:
         task_options["pairs"] = args.pairs
     if args.translations is not None:

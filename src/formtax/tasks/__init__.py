@@ -11,6 +11,7 @@ from formtax.tasks import (  # noqa: F401  (registration)
     eae,
     gsm8k,
     imdb,
+    jsonl,
     lastletter,
     metatool,
     summeval,
