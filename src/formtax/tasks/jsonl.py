@@ -108,14 +108,17 @@ class JsonlTask(Task):
                               f"({', '.join(KINDS)})")
         if kind not in KINDS:
             raise ConfigError(f"--answer-kind must be one of {', '.join(KINDS)}, got {kind!r}")
-        task.kind = kind
-        task.answer_kind = {"integer": AnswerKind.INTEGER, "choice": AnswerKind.CHOICE,
-                            "letters": AnswerKind.LETTERS, "text": AnswerKind.SPANS}[kind]
-        # text: SPANS gives the lenient parser no kind-specific fallback; it reads the answer line only
         instruction = task.options.get("instruction")
-        if instruction:
-            task.instructions = (instruction, instruction, instruction)
-        return task
+        # The answer kind and instructions are class-level on every task (the parsers read them there): a
+        # configured file gets its own subclass. text: SPANS gives the lenient parser no kind-specific
+        # fallback, so it reads the answer line only.
+        configured = type("ConfiguredJsonlTask", (JsonlTask,), {
+            "answer_kind": {"integer": AnswerKind.INTEGER, "choice": AnswerKind.CHOICE,
+                            "letters": AnswerKind.LETTERS, "text": AnswerKind.SPANS}[kind],
+            "instructions": (instruction,) * 3 if instruction else JsonlTask.instructions,
+        })()
+        configured.options, configured.default_slot, configured.kind = task.options, task.default_slot, kind
+        return configured
 
     def _needs_data(self) -> bool:
         return False  # the file is named by its own path, not found in the data folder
