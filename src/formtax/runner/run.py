@@ -168,6 +168,27 @@ class RunSummary:
     by_strategy: dict[str, int] = field(default_factory=dict)
 
 
+def grid_extension(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any] | None:
+    """What a re-run adds to an existing run (new strategies, more seeds), or None when it changes anything else
+    (then it is refused): every earlier request stays planned with the same settings, so its records stay valid.
+    Each record's own ``run_identity`` and budget are still checked on resume (:func:`check_adopted`)."""
+    diff = {k for k in set(old) | set(new) if old.get(k) != new.get(k)}
+    if not diff or not diff <= {"strategies", "seeds"}:
+        return None
+    out: dict[str, Any] = {}
+    if "strategies" in diff:
+        before, after = list(old.get("strategies") or []), list(new.get("strategies") or [])
+        if not set(before) <= set(after):
+            return None
+        out["added_strategies"] = [s for s in after if s not in before]
+    if "seeds" in diff:
+        before_n, after_n = int(old.get("seeds", 1)), int(new.get("seeds", 1))
+        if after_n < before_n:
+            return None
+        out["seeds"] = [before_n, after_n]
+    return out
+
+
 def machine_load() -> dict[str, Any]:
     """The machine's load when a run starts or stops (recorded in the manifest): a slow cell on a loaded machine
     then reads as the machine's state, not the strategy's cost."""
@@ -325,14 +346,24 @@ def _run(config: RunConfig, out_dir: Path, progress: Callable[[int, int], None] 
     out_dir.mkdir(parents=True, exist_ok=True)
     manifest = read_manifest(out_dir)
     identity = config.identity()  # before --model-defaults is resolved: a resumed run names the same request
+    extension: dict[str, Any] | None = None
     if manifest is not None and manifest.get("config_identity") != identity:
         old = manifest.get("config_identity") or {}
-        diff = sorted(k for k in set(old) | set(config.identity()) if old.get(k) != config.identity().get(k))
-        raise ConfigError(f"{out_dir} holds a run with another configuration (differs in: {', '.join(diff)}); "
-                          "use a new --out directory")
+        extension = grid_extension(old, identity)
+        if extension is None:
+            diff = sorted(k for k in set(old) | set(identity) if old.get(k) != identity.get(k))
+            raise ConfigError(f"{out_dir} holds a run with another configuration (differs in: {', '.join(diff)}); "
+                              "only adding strategies or seeds extends a run; use a new --out directory")
     adopted = read_records(out_dir / RECORDS)
     run_hash = identity_hash(identity)
-    check_adopted(adopted, planned, task, config, out_dir / RECORDS, run_hash)
+    try:
+        check_adopted(adopted, planned, task, config, out_dir / RECORDS, run_hash)
+    except DataError as e:
+        if extension is None or "max_tokens" not in str(e):
+            raise
+        raise ConfigError(f"extending {out_dir} with {extension} would change the token budget of requests it "
+                          f"already ran ({e}); with --reasoning-tokens the budget does not depend on the grid"
+                          ) from None
     done_ids = {r.request_id for r in adopted}
     pending = [p for p in planned if p.request_id not in done_ids]
     files = task.data_files(data_dir if data_dir is not None else Path("."))
@@ -384,6 +415,10 @@ def _run(config: RunConfig, out_dir: Path, progress: Callable[[int, int], None] 
         "seeds": list(range(config.seeds)), "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "resumptions": [],
         **({"hypotheses": hypotheses} if hypotheses else {}),
     }
+    if extension is not None:  # the grid grows: the manifest now describes the larger grid and says when it grew
+        manifest.setdefault("extensions", []).append({"at": time.strftime("%Y-%m-%dT%H:%M:%S"), **extension})
+        manifest["config"], manifest["config_identity"] = asdict(config), identity
+        manifest["seeds"] = list(range(config.seeds))
     manifest["status"] = "running"
     manifest["resumptions"].append({"at": time.strftime("%Y-%m-%dT%H:%M:%S"), "pending": len(pending),
                                     "batch_size": config.batch_size, "device": config.device,
