@@ -155,7 +155,11 @@ def run_cmd(args: argparse.Namespace) -> int:
 
 
 def _report_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_dir", type=Path, help="a run directory (formtax run --out)")
+    p.add_argument("run_dirs", type=Path, nargs="+", metavar="RUN_DIR",
+                   help="a run directory (formtax run --out); several are pooled into one report (--out)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="with several runs: the folder of the pooled report (refused when runs differ in data, "
+                        "prompts or scoring; see formtax.report.combine)")
     p.add_argument("--replicates", type=int, default=10_000, help="bootstrap replicates")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     p.add_argument("--drill-items", type=int, default=500,
@@ -166,17 +170,44 @@ def _report_args(p: argparse.ArgumentParser) -> None:
                         "(the cluster bootstrap; see README, Calibration)")
 
 
-@command("report", _report_args, "write report.md/.html, tables/*.csv and figures/*.png from records.jsonl")
-def report_cmd(args: argparse.Namespace) -> int:
+def _report(args: argparse.Namespace) -> Path:
     from formtax.errors import ConfigError
     from formtax.report import write_report
+    from formtax.report.combine import write_pooled
     from formtax.stats import Resampling
 
     if args.replicates < 1:
         raise ConfigError(f"--replicates must be at least 1, got {args.replicates}")
-
-    path = write_report(args.run_dir, n_resamples=args.replicates, seed=args.seed,
+    if args.drill_items < 0:
+        raise ConfigError(f"--drill-items must be 0 or more, got {args.drill_items}")
+    if len(args.run_dirs) > 1:
+        if args.out is None:
+            raise ConfigError("several run directories make one pooled report: give --out FOLDER")
+        target = write_pooled(args.run_dirs, args.out)
+    elif args.out is not None:
+        raise ConfigError("--out pools several runs; one run's report is written into its own directory")
+    else:
+        target = args.run_dirs[0]
+    return write_report(target, n_resamples=args.replicates, seed=args.seed,
                         resampling=Resampling(args.resample), drill_items=args.drill_items)
+
+
+@command("report", _report_args, "write report.md/.html, tables/*.csv and figures/*.png from records.jsonl "
+         "(one run, or several pooled with --out)")
+def report_cmd(args: argparse.Namespace) -> int:
+    print(f"report: {_report(args)}")
+    return 0
+
+
+@command("compare", _report_args, "pool several runs into one report (--out) and print its summary table")
+def compare_cmd(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    path = _report(args)
+    summary = pd.read_csv(path.parent / "tables" / "summary.csv")
+    columns = ["task", "strategy", "n_items_used", "acc_strict", "acc_strict_low", "acc_strict_high",
+               "parse_rate_strict", "tokens_total_mean"]
+    print(summary[columns].to_string(index=False))
     print(f"report: {path}")
     return 0
 

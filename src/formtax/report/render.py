@@ -160,6 +160,8 @@ def manifest_lines(ctx: ReportContext) -> list[tuple[str, str]]:
         if git.get("dirty"):
             commit = f"{commit} (uncommitted changes)"
         lines += [("model", str(model)), ("git commit", str(commit))]
+        for k, source in enumerate(manifest.get("pooled_from") or []):
+            lines.append((f"pooled run {k + 1}", str(source)))
         if manifest.get("status"):
             lines.append(("run status", str(manifest["status"])))
         for k, part in enumerate(r for r in manifest.get("resumptions") or [] if isinstance(r, dict)):

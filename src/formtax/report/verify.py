@@ -183,7 +183,9 @@ def verify_report(run_dir: Path) -> list[str]:
     path = records_path(run_dir)
     if not path.is_file():
         return [f"{path.name} is missing: cannot recompute the tables"]
-    problems: list[str] = check_hypotheses(run_dir) + check_manifest(run_dir)
+    from formtax.report.combine import check_sources
+
+    problems: list[str] = check_hypotheses(run_dir) + check_manifest(run_dir) + check_sources(run_dir)
     sha = sha256_of(path)
     if sha != recorded_sha:
         problems.append(

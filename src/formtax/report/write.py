@@ -70,6 +70,9 @@ def write_report(
     if sha256_of(path) != sha:
         raise DataError(f"{path} changed while the report was being computed; run write_report again")
     manifest = read_manifest(run_dir)
+    sources = run_dir / "sources.json"  # a pooled report (report/combine.py): its header names the runs
+    if manifest is None and sources.is_file():
+        manifest = {"pooled_from": [s["run_dir"] for s in json.loads(sources.read_text(encoding="utf-8"))["sources"]]}
     tables = compute_tables(df, n_resamples=n_resamples, seed=seed, resampling=resampling)
 
     tables_dir = run_dir / TABLES_DIR
