@@ -15,6 +15,10 @@ several models keep each model apart: the task of every record is relabelled ``T
 paired comparison and decomposition is per model and the summary lists the models side by side. The pooled
 ``records.jsonl`` and ``sources.json`` (each source's path and records sha256) are written to the output folder,
 ``formtax verify`` re-derives the pooled records from the sources (:func:`check_sources`) and recomputes the tables.
+
+Not yet: the study analyses that select one task by name (metatool abstention, EAE, SummEval) do not see relabelled
+tasks, so a pooled report of several models holds the generic tables only (its header says so); each run's own
+report has its study tables.
 """
 
 from __future__ import annotations
