@@ -221,14 +221,24 @@ def test_real_tokenizer_dfa_equals_oracle(default_model) -> None:
     """SmolLM2's 49k vocabulary: canonical and random tokenisations of hits and near-misses, plus random tokens.
     The DFA is byte-level and accepts any bytes in free text; llguidance only valid UTF-8, so the engine is
     consulted on valid UTF-8 outputs."""
-    tok = default_model.tokenizer
+    _real_tokenizer_dfa_equals_oracle(default_model.tokenizer, first_ordinary=17)
+
+
+@pytest.mark.model
+@pytest.mark.gemma
+def test_gemma_tokenizer_dfa_equals_oracle(gemma_model) -> None:
+    """The same on Gemma 3's 262k SentencePiece vocabulary (``▁`` spaces, byte-fallback tokens)."""
+    _real_tokenizer_dfa_equals_oracle(gemma_model.tokenizer, first_ordinary=300, specs=1)
+
+
+def _real_tokenizer_dfa_equals_oracle(tok, first_ordinary: int, specs: int = 3) -> None:
     vocab = vocab_for(tok)
     rng = random.Random(0)
     import llguidance
 
     from formtax.constraints.compile import compile_grammar
 
-    for spec in SPECS[:3]:
+    for spec in SPECS[:specs]:
         dfa = build_token_dfa(spec, vocab)
         grammar = compile_grammar(llguidance.grammar_from("regex", engine_regex(
             FormatSpec(spec.template, spec.prefix, spec.suffix, spec.leading_space, ((1, 64),) * len(
@@ -242,7 +252,7 @@ def test_real_tokenizer_dfa_equals_oracle(default_model) -> None:
             else:
                 ids = tok.encode(text)
             if ids and rng.random() < 0.2:
-                ids[rng.randrange(len(ids))] = rng.randrange(17, 49152)
+                ids[rng.randrange(len(ids))] = rng.randrange(first_ordinary, tok.n_logits)
             got = dfa.accepts(ids)
             assert got == oracle(spec, vocab, ids), (text, ids)
             n_acc += got

@@ -285,3 +285,30 @@ def test_lazy_and_beam_equal_the_reference_on_the_default_model(default_model):
     assert 0 < s[1]["t_star"] < s[1]["free_end"]
     assert s[2]["t_star"] == s[2]["free_end"] and s[2]["free_end_reason"] == "eos" and s[2]["answer_lead"] == " "
     assert s[3]["free_end_reason"] == "budget"
+
+
+GEMMA_CASES = [
+    ("Question: A box holds 6 pens. How many pens are in 5 boxes?\nAnswer:", "last", 0.0),
+    ("Question: Tom has 3 apples and buys 4 more. How many apples does he have?\nAnswer:", "min", 0.0),
+    ("Question: What is 12 + 30?\nAnswer: Let's think.", "last", 0.05),
+]
+
+
+@pytest.mark.model
+@pytest.mark.gemma
+def test_lazy_and_beam_equal_the_reference_on_gemma(gemma_model):
+    """Gemma 3 270M (SentencePiece, 262k): S holds the ``▁``-prefixed spelling, and the lazy and beam forms equal
+    the from-scratch reference on plain-text (base-model) prompts."""
+    m = gemma_model
+    tok = m.tokenizer
+    start = reference_start_set(m, MODEL_SPEC)
+    pieces = {tok.hf.convert_ids_to_tokens(i) for i in start.nonzero().flatten().tolist()}
+    assert {"The", "▁The"} <= pieces
+    fn = _full_forward(m)
+    want = [reference(m, fn, tok.prompt_ids(p), MODEL_SPEC, MODEL_BUDGET, rule, tau) for p, rule, tau in GEMMA_CASES]
+    for k, (p, rule, tau) in enumerate(GEMMA_CASES):
+        (lazy,) = _run(m, "suffix-" + rule, [(p, rule, tau)])  # type: ignore[list-item]
+        (beam,) = _run(m, "suffix-beam", [(p, rule, tau)])  # type: ignore[list-item]
+        tokens, t_star = want[k]
+        assert lazy.token_ids == tokens and beam.token_ids == tokens, (k, lazy.text, tok.decode(tokens))
+        assert lazy.stats["t_star"] == t_star and lazy.parse_ok

