@@ -5,8 +5,9 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/env.sh
 OUT=${OUT:-runs/arith-default}
+START=$(date +%s)
 formtax run --task arith --strategies free,short,constrained,json,inwriting,nl2format,inwriting+rc \
   --limit "${LIMIT:-16}" --max-tokens 192 --batch-size 8 --out "$OUT"
 formtax report "$OUT"
 formtax verify "$OUT"
-echo "report: $OUT/report.md (and report.html)"
+echo "report: $OUT/report.md (and report.html); $(( $(date +%s) - START )) s in all (per-cell timing: tables/timing.csv)"
