@@ -6,8 +6,9 @@ transformers or llguidance; the first use of ``formtax.generate`` (or any name b
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from formtax._lazy import lazy_getattr
 
 __version__ = "0.1.0"
 
@@ -28,13 +29,7 @@ if TYPE_CHECKING:
     from formtax.streaming import Delta, astream, stream
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'formtax' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr("formtax", _LAZY, globals())
 
 
 def __dir__() -> list[str]:

@@ -6,8 +6,9 @@ llguidance's torch bindings through this package: ``formtax ls`` and ``--help`` 
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from formtax._lazy import lazy_getattr
 
 _LAZY: dict[str, str] = {
     "CompiledGrammar": "formtax.constraints.compile",
@@ -52,13 +53,7 @@ if TYPE_CHECKING:
     from formtax.constraints.template import Slot, Template, choice_slot, parse_template
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'formtax.constraints' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr("formtax.constraints", _LAZY, globals())
 
 
 __all__ = [

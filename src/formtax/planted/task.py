@@ -14,7 +14,7 @@ from formtax.constraints.template import choice_slot
 from formtax.errors import ConfigError
 from formtax.planted.world import World, WorldError, load_world
 from formtax.tasks.base import Item, Task
-from formtax.tasks.kinds import ChoiceTask, IntegerTask, LettersTask
+from formtax.tasks.kinds import ChoiceTask, IntegerTask, LettersTask, integer_description
 from formtax.tasks.registry import register_task
 
 _INSTRUCTIONS = (
@@ -80,14 +80,7 @@ class PlantedTask(_PlantedBase, IntegerTask):
         return f"{{int:{'' if low is None else low}..{'' if high is None else high}}}"
 
     def answer_description(self, item: Item) -> str:
-        low, high = self._range()
-        if low == 0 and high is None:
-            kind = "a non-negative integer"
-        elif low is not None and high is not None:
-            kind = f"an integer from {low} to {high}"
-        else:
-            kind = "an integer"
-        return f"{kind}, written with digits only (no units)"
+        return integer_description(*self._range())
 
 
 class PlantedLettersTask(_PlantedBase, LettersTask):

@@ -6,8 +6,9 @@ load torch; :func:`get_strategy` imports the built-in strategy modules, which re
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from formtax._lazy import lazy_getattr
 
 _LAZY = ("Request", "Result", "Strategy", "get_strategy", "list_strategies", "register")
 
@@ -15,12 +16,7 @@ if TYPE_CHECKING:
     from formtax.strategies.base import Request, Result, Strategy, get_strategy, list_strategies, register
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module 'formtax.strategies' has no attribute {name!r}")
-    value = getattr(importlib.import_module("formtax.strategies.base"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr("formtax.strategies", dict.fromkeys(_LAZY, "formtax.strategies.base"), globals())
 
 
 __all__ = ["Request", "Result", "Strategy", "get_strategy", "list_strategies", "register"]

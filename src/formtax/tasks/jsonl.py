@@ -30,6 +30,7 @@ from formtax.tasks.kinds import (
     canonical_integer,
     canonical_letters,
     choice_question,
+    integer_description,
     normalize_integer,
     normalize_letters,
 )
@@ -214,13 +215,7 @@ class JsonlTask(Task):
     def answer_description(self, item: Item) -> str:
         slot = self._item_slot(item)
         if slot.kind == "int":
-            if slot.lo == 0 and slot.hi is None:
-                kind = "a non-negative integer"
-            elif slot.lo is not None and slot.hi is not None:
-                kind = f"an integer from {slot.lo} to {slot.hi}"
-            else:
-                kind = "an integer"
-            return f"{kind}, written with digits only (no units)"
+            return integer_description(slot.lo, slot.hi)
         if slot.kind == "choice":
             return "one of " + ", ".join(slot.options)
         if slot.kind == "letters":

@@ -61,6 +61,17 @@ def normalize_letters(value: str) -> str | None:
     return cleaned
 
 
+def integer_description(low: int | None, high: int | None) -> str:
+    """How a prompt describes an integer answer in ``[low, high]`` (either bound optional); matches the slot."""
+    if low == 0 and high is None:
+        kind = "a non-negative integer"
+    elif low is not None and high is not None:
+        kind = f"an integer from {low} to {high}"
+    else:
+        kind = "an integer"
+    return f"{kind}, written with digits only (no units)"
+
+
 class IntegerTask(Task):
     """A task whose answer is an integer; the VC range is ``[vc_min, vc_max]`` (either bound optional)."""
 
@@ -76,13 +87,7 @@ class IntegerTask(Task):
         return f"{{int:{low}..{high}}}"
 
     def answer_description(self, item: Item) -> str:
-        if self.vc_min == 0 and self.vc_max is None:
-            kind = "a non-negative integer"
-        elif self.vc_min is not None and self.vc_max is not None:
-            kind = f"an integer from {self.vc_min} to {self.vc_max}"
-        else:
-            kind = "an integer"
-        return f"{kind}, written with digits only (no units)"
+        return integer_description(self.vc_min, self.vc_max)
 
     def normalize(self, value: str) -> str | None:
         return normalize_integer(value)
