@@ -474,3 +474,32 @@ def test_tables_one_and_three_share_one_basis_under_missing_data(scripted_run, t
         assert acc.loc[(lang, "constrained"), "tool_n_items_dropped"] == con.loc[
             (lang, "tool", "delta_mask"), "n_items_dropped"]
     assert dropped >= 2  # the two items missing under short, dropped from constrained's accuracy as well
+
+
+def test_a_two_model_report_holds_each_models_abstention_tables(scripted_run, tmp_path):
+    """Paper 002's per-model tables: two models' metatool runs pooled into one report, each study table computed
+    on each model alone (rows labelled ``metatool | MODEL``), equal to that model's own report; it verifies."""
+    first, _, _ = scripted_run
+
+    def other(kind: str, names: list[str], query: str) -> str:  # a second model: abstains on everything
+        return "None."
+
+    second = tmp_path / "second"
+    run(config(tmp_path), second, backend=scripted_model(other, model_id="fake-abstainer"))
+    write_report(second, n_resamples=REPLICATES, seed=0)
+    pooled = tmp_path / "pooled"
+    assert main(["report", str(first), str(second), "--out", str(pooled), "--replicates", str(REPLICATES)]) == 0
+    assert verify_report(pooled) == []
+    tables = _tables(pooled)
+    labels = {"metatool | fake-scripted": first, "metatool | fake-abstainer": second}
+    for name in ("abstention_accuracy", "abstention_contrasts", "abstention_transitions", "abstention_language"):
+        assert set(tables[name]["task"]) <= set(labels), name
+        for label, own_dir in labels.items():
+            own = pd.read_csv(own_dir / "tables" / f"{name}.csv")
+            mine = tables[name][tables[name]["task"] == label].assign(task="metatool").reset_index(drop=True)
+            pd.testing.assert_frame_equal(mine, own, check_dtype=False, obj=f"{name} {label}")
+    acc = tables["abstention_accuracy"]
+    assert set(acc["task"]) == set(labels)
+    abstainer = acc[(acc["task"] == "metatool | fake-abstainer") & (acc["strategy"] == "free")]
+    assert (abstainer["abstain_acc"] == 1.0).all() and (abstainer["tool_acc"] == 0.0).all()
+    assert "computed per model" in (pooled / "report.md").read_text(encoding="utf-8")

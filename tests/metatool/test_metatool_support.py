@@ -26,7 +26,7 @@ def prompt_facts(prompt: str) -> tuple[str, list[str], str]:
     return kind, names, m.group(1) if m else ""
 
 
-def scripted_model(choose: Callable[[str, list[str], str], str]) -> FakeBackend:
+def scripted_model(choose: Callable[[str, list[str], str], str], model_id: str = "fake-scripted") -> FakeBackend:
     """A fake backend whose "model" writes ``choose(kind, candidates, query)`` after the prompt, then EOS.
 
     Under a mask it takes the allowed token with the highest logit (the script's token when allowed, else the
@@ -46,7 +46,7 @@ def scripted_model(choose: Callable[[str, list[str], str], str]) -> FakeBackend:
         logits[target[k] if k < len(target) and gen == target[:k] else EOS] = 10.0
         return logits
 
-    return FakeBackend(fn, model_id="fake-scripted")
+    return FakeBackend(fn, model_id=model_id)
 
 
 def copy_metatool_data(src: Path, dst: Path) -> Path:

@@ -31,6 +31,11 @@ def test_the_model_is_the_pretrained_gemma_with_its_vocabulary(gemma_model) -> N
     assert "Gemma-3-270M (pre-trained" in gemma_model.model_id
     pieces = tok.hf.tokenize(" The answer is: 42")
     assert pieces[0] == "▁The"  # SentencePiece's space marker, the tokenizer issue's point
+    # a plain prompt and concatenated messages both start with Gemma's BOS (no chat template to write it)
+    bos = tok.hf.bos_token_id
+    assert tok.prompt_ids(QUESTION)[0] == bos
+    assert tok.prompt_ids([{"role": "user", "content": "What is 7 + 5?"}])[:2] == [bos, *tok.hf.encode(
+        "What", add_special_tokens=False)[:1]]
 
 
 def test_free_greedy_is_token_identical_to_transformers_generate(gemma_model) -> None:
@@ -98,3 +103,22 @@ def test_suffix_start_set_holds_the_space_prefixed_tokens(gemma_model) -> None:
     for i in ids:
         text = tok.hf.convert_tokens_to_string([tok.hf.convert_ids_to_tokens(i)]).replace("▁", " ")
         assert any(v.startswith(text) for v in ("The answer is: ", " The answer is: ", "\nThe answer is: ")), text
+
+
+def test_paper_000s_grid_runs_with_the_base_prompt(gemma_model, tmp_path) -> None:
+    """`formtax run --model gemma3-270m --task gsm8k --shots 4` takes the plain few-shot prompt (no chat template),
+    the same text for every strategy; the suffix strategies and the constrained baseline always parse."""
+    from formtax.records import read_records
+    from formtax.report import verify_report, write_report
+    from formtax.runner import RunConfig, run
+
+    cfg = RunConfig(task="gsm8k", model="gemma3-270m", strategies=["free", "suffix-last", "constrained"],
+                    limit=2, shots=4, max_tokens=40, batch_size=2)
+    assert run(cfg, tmp_path, backend=gemma_model).errors == 0
+    records = read_records(tmp_path / "records.jsonl")
+    assert {r.prompt_style for r in records} == {"base"}
+    assert all(r.prompt.count("Question: ") == 5 and r.prompt.endswith("\nAnswer:") for r in records)
+    assert len({(r.item_id, r.prompt) for r in records}) == 2
+    assert all(r.parses["strict"].status == "ok" for r in records if r.strategy != "free")
+    write_report(tmp_path, n_resamples=100)
+    assert verify_report(tmp_path) == []

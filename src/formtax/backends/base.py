@@ -115,12 +115,20 @@ class TokenizerInfo:
             raise ConfigError("--thinking: this model's chat template has no thinking switch (enable_thinking)")
         self.chat_options["enable_thinking"] = bool(on)
 
+    def prompt_text(self, prompt: str | list[dict[str, str]]) -> str:
+        """The text a prompt is encoded from (what records keep): a plain string as is, messages through
+        :meth:`chat_prompt`."""
+        return prompt if isinstance(prompt, str) else self.chat_prompt(prompt)
+
     def prompt_ids(self, prompt: str | list[dict[str, str]]) -> list[int]:
         """Token ids of a prompt: chat messages through the chat template, a plain string as the tokenizer
-        encodes it by its own convention (special tokens included, as ``model.generate`` users would)."""
+        encodes it by its own convention (special tokens included, as ``model.generate`` users would). Messages
+        concatenated for a model without a chat template are plain text too, so they get the tokenizer's own
+        special tokens (Gemma's BOS, without which the pre-trained model is far off its training distribution);
+        a chat template writes its own."""
         if isinstance(prompt, str):
             return list(self.hf.encode(prompt, add_special_tokens=True))
-        return list(self.hf.encode(self.chat_prompt(prompt), add_special_tokens=False))
+        return list(self.hf.encode(self.chat_prompt(prompt), add_special_tokens=not self.has_chat_template))
 
     @property
     def engine(self) -> EngineTokenizer:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import logging
 import os
 import shutil
@@ -136,6 +137,28 @@ def check_model_name(name: str | None) -> None:
         return
     if not Path(name).expanduser().exists():
         raise ConfigError(f"--model {name}: no such file or folder")
+
+
+def has_chat_template(name: str | None) -> bool | None:
+    """Whether ``--model`` names a model with a chat template, known before it loads: the embedded default has
+    one, Gemma 3 270M (pre-trained) has none, a local folder says so in its tokenizer files; None when it cannot
+    be told without loading (a GGUF file, a hub id)."""
+    if name is None or name in DEFAULT_ALIASES:
+        return True
+    if name in GEMMA_ALIASES:
+        return False
+    folder = Path(name).expanduser()
+    if not folder.is_dir():
+        return None
+    if (folder / "chat_template.jinja").is_file() or (folder / "chat_template.json").is_file():
+        return True
+    config = folder / "tokenizer_config.json"
+    if not config.is_file():
+        return None
+    try:
+        return bool(json.loads(config.read_text(encoding="utf-8")).get("chat_template"))
+    except (OSError, ValueError):
+        return None
 
 
 def resolve_model(name: str | None) -> ModelSource:

@@ -44,6 +44,11 @@ def _run_args(p: argparse.ArgumentParser) -> None:
                    help="'all' (3 task x 3 format), 'paper' (paper 003's plan: 3 x 3 for InWriting and NL-to-Format, "
                         "3 x 1 for JSON, 1 x 3 on AIME) or e.g. t1f1,t2f3")
     p.add_argument("--shots", type=int, default=0, help="few-shot examples from the task's train split")
+    p.add_argument("--prompt-style", choices=["chat", "base"], default=None,
+                   help="chat: instruction, format description and question as chat messages; base: a plain "
+                        "'Question: ... Answer: ...' few-shot prompt, the same for every strategy (paper 000's "
+                        "pre-trained setting). Default: base for a model known to have no chat template "
+                        "(gemma3-270m), chat otherwise")
     p.add_argument("--max-tokens", type=int, default=256,
                    help="the whole budget of a strategy without a reasoning phase; for InWriting, JSON and "
                         "NL-to-Format, unless --reasoning-tokens is given, the reasoning budget is this minus the "
@@ -118,6 +123,7 @@ def run_cmd(args: argparse.Namespace) -> int:
     cfg = RunConfig(task=args.task, strategies=[s for s in args.strategies.split(",") if s.strip()],
                     model=args.model, backend=args.backend, device=args.device, dtype=args.dtype, limit=args.limit,
                     seeds=args.seeds, seeding=args.seeding, prompt_variants=args.prompt_variants, shots=args.shots,
+                    prompt_style=args.prompt_style,
                     max_tokens=args.max_tokens, reasoning_tokens=args.reasoning_tokens,
                     batch_size=args.batch_size, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                     min_p=args.min_p, model_defaults=args.model_defaults, thinking=args.thinking,

@@ -186,7 +186,7 @@ def request_truth(backend: PlantedBackend, task: Task, p: Planned, config: RunCo
     if req.top_p < 1.0 or req.top_k > 0 or req.min_p > 0.0:
         raise ConfigError("no exact truth with top_p / top_k / min_p: the enumerator follows temperature sampling "
                           "only")
-    prompt_text = backend.tokenizer.chat_prompt(p.messages)
+    prompt_text = backend.tokenizer.prompt_text(p.messages)
     scored: list[Scored] = []
     unresolved = total = 0.0
     if backend.world.item(p.item.id).meta.get("fail"):  # the backend raises for this item: an error record

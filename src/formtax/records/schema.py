@@ -54,6 +54,7 @@ class Record(BaseModel):
     prompt_variant: str  # e.g. "t1f1"
     seed: int
     shots: int
+    prompt_style: str = "chat"  # chat | base (a plain few-shot prompt for a pre-trained model, paper 000)
     model: str
     batch_size: int
     prompt_hash: str

@@ -45,10 +45,42 @@ def table_keys(name: str) -> tuple[str, ...]:
     return ANALYSES[name].keys
 
 
+MODEL_SEP = " | "  # a pooled report of several models labels each record's task TASK | MODEL (report/combine.py)
+
+
+def per_model_frames(df: pd.DataFrame) -> list[tuple[pd.DataFrame, dict[str, str]]]:
+    """The frame as the study analyses read it: one frame when no task is relabelled, else one frame per model
+    with the task names restored (a study selects its task by name) and the map back to the relabelled names."""
+    if df.empty or "task" not in df.columns:
+        return [(df, {})]
+    tasks = df["task"].astype(str)
+    if not tasks.str.contains(MODEL_SEP, regex=False).any():
+        return [(df, {})]
+    models = tasks.str.partition(MODEL_SEP)[2]
+    out = []
+    for model in sorted(set(models)):
+        sub = df[models == model]
+        names = tasks[models == model]
+        base = names.str.partition(MODEL_SEP)[0]
+        out.append((sub.assign(task=base.to_numpy()), dict(zip(base, names, strict=True))))
+    return out
+
+
 def extra_tables(df: pd.DataFrame, n_resamples: int, seed: int) -> dict[str, pd.DataFrame]:
+    """Every registered analysis that applies. In a pooled report of several models each analysis runs on each
+    model's records alone (its resampling and its guards are per model, as paper 002's per-model tables are) and
+    the rows carry the relabelled task, ``TASK | MODEL``, so the models stand side by side in one table."""
     out: dict[str, pd.DataFrame] = {}
+    frames = per_model_frames(df)
     for name, a in ANALYSES.items():
-        t = a.compute(df, n_resamples, seed)
-        if t is not None:
-            out[name] = t
+        parts = []
+        for sub, relabel in frames:
+            t = a.compute(sub, n_resamples, seed)
+            if t is None:
+                continue
+            if relabel:
+                t = t.assign(task=t["task"].astype(str).map(lambda task, r=relabel: r.get(task, task)))
+            parts.append(t)
+        if parts:
+            out[name] = parts[0] if len(parts) == 1 else pd.concat(parts, ignore_index=True)
     return out

@@ -16,9 +16,9 @@ paired comparison and decomposition is per model and the summary lists the model
 ``records.jsonl`` and ``sources.json`` (each source's path and records sha256) are written to the output folder,
 ``formtax verify`` re-derives the pooled records from the sources (:func:`check_sources`) and recomputes the tables.
 
-Not yet: the study analyses that select one task by name (metatool abstention, EAE, SummEval) do not see relabelled
-tasks, so a pooled report of several models holds the generic tables only (its header says so); each run's own
-report has its study tables.
+The study analyses (metatool abstention, EAE, SummEval, FEM) select their task by name; they run on each model's
+records with the name restored and their rows keep the relabelled task (:func:`formtax.report.analyses.extra_tables`),
+so paper 002's per-model tables sit side by side in one report.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from typing import Any
 from formtax.errors import ConfigError, DataError
 from formtax.records.schema import Record
 from formtax.records.store import read_records
+from formtax.report.analyses import MODEL_SEP
 from formtax.report.load import records_path, sha256_of
 from formtax.report.write import read_manifest
 
@@ -38,7 +39,7 @@ SOURCES_FILE = "sources.json"
 
 
 def _label(task: str, model: str) -> str:
-    return f"{task} | {model}"
+    return f"{task}{MODEL_SEP}{model}"
 
 
 def _load(run_dir: Path) -> tuple[list[Record], dict[str, Any]]:

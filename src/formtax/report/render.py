@@ -163,8 +163,8 @@ def manifest_lines(ctx: ReportContext) -> list[tuple[str, str]]:
         for k, source in enumerate(manifest.get("pooled_from") or []):
             lines.append((f"pooled run {k + 1}", str(source)))
         if len({str(m) for m in ctx.df["model"]}) > 1 and manifest.get("pooled_from"):
-            lines.append(("pooled models", "each task is relabelled TASK | MODEL; the study analyses that read one "
-                          "task by name (metatool abstention, EAE, SummEval) are in each run's own report"))
+            lines.append(("pooled models", "each task is relabelled TASK | MODEL; every table, the study analyses "
+                          "(metatool abstention, EAE, SummEval) included, is computed per model"))
         if manifest.get("status"):
             lines.append(("run status", str(manifest["status"])))
         for k, part in enumerate(r for r in manifest.get("resumptions") or [] if isinstance(r, dict)):

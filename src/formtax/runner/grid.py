@@ -18,10 +18,11 @@ from typing import Any
 from formtax.constraints.spec import Constraint, parse_spec
 from formtax.errors import ConfigError
 from formtax.strategies import get_strategy
-from formtax.strategies.base import Strategy
+from formtax.strategies.base import Prompt, Strategy
 from formtax.tasks import (
     Item,
     OutputFormat,
+    PromptStyle,
     Task,
     variant_id,
 )
@@ -74,11 +75,12 @@ class Planned:
     prompt_variant: str
     seed: int
     shots: int
-    messages: list[dict[str, str]]
+    messages: Prompt  # chat messages, or the plain text of a base-model prompt (PromptStyle.BASE)
     answer: str | None
     output_format: str
     format_variant: int
     meta: dict[str, Any] = field(default_factory=dict)
+    prompt_style: PromptStyle = PromptStyle.CHAT
     budget: dict[str, int] | None = None  # set once by runner.run.planned_budget (deterministic in the config)
 
     def constraint(self) -> Constraint | None:
@@ -101,8 +103,10 @@ def plan_grid(
     seeds: list[int],
     shots: int,
     shot_seed: int = 0,
+    style: PromptStyle = PromptStyle.CHAT,
 ) -> list[Planned]:
-    """Every request of the grid, in a stable order (strategy, variant, seed, item)."""
+    """Every request of the grid, in a stable order (strategy, variant, seed, item). ``style`` BASE: every
+    strategy gets the item's plain few-shot prompt (:meth:`Task.base_prompt`)."""
     shot_items = task.shots(shots, shot_seed, {it.id for it in items}) if shots else []
     out: list[Planned] = []
     for s in specs:
@@ -111,10 +115,11 @@ def plan_grid(
             vid = variant_id(tv, fv)
             for seed in seeds:
                 for it in items:
-                    msgs = task.messages(it, fmt, tv, fv, shot_items)
+                    msgs: Prompt = (task.base_prompt(it, shot_items) if style is PromptStyle.BASE
+                                    else task.messages(it, fmt, tv, fv, shot_items))
                     ans = answer_spec(task, it, s)
                     out.append(Planned(request_id(task.name, it.id, s.spec, vid, seed, shots), task.name, it, s, vid,
-                                       seed, shots, msgs, ans, fmt.value, fv))
+                                       seed, shots, msgs, ans, fmt.value, fv, prompt_style=style))
     return out
 
 

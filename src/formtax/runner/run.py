@@ -30,7 +30,7 @@ import numpy as np
 
 from formtax import __version__
 from formtax.backends import Backend, load_backend
-from formtax.backends.model_files import check_model_name
+from formtax.backends.model_files import check_model_name, has_chat_template
 from formtax.constraints.spec import parse_spec
 from formtax.decoding.sampling import Sampling
 from formtax.errors import ConfigError, DataError, FormtaxError
@@ -50,7 +50,16 @@ from formtax.runner.grid import RC_PREFIX, Planned, check_prompt_identity, parse
 from formtax.scoring import score_all
 from formtax.strategies.base import Request, Result, Strategy
 from formtax.strategies.decog import FEM_STRATEGIES
-from formtax.tasks import Item, OutputFormat, Task, get_task, parse_variant_id, resolve_data_dir, sample_items
+from formtax.tasks import (
+    Item,
+    OutputFormat,
+    PromptStyle,
+    Task,
+    get_task,
+    parse_variant_id,
+    resolve_data_dir,
+    sample_items,
+)
 from formtax.tasks.base import ConstraintLevel
 
 log = logging.getLogger(__name__)
@@ -88,6 +97,9 @@ class RunConfig:
     seeds: int = 1
     prompt_variants: str = "t1f1"  # "all" or a comma list like "t1f1,t2f3"
     shots: int = 0
+    # "chat" | "base" (a plain few-shot prompt, paper 000's pre-trained setting); None: base for a model known to
+    # have no chat template (resolve_prompt_style), else chat. The resolved style is what the run records.
+    prompt_style: str | None = None
     max_tokens: int = 256
     # paper 003's equal reasoning budget: the reasoning phase of every level of a strategy gets this many tokens,
     # the answer's reserve on top; None: max_tokens minus the largest reserve of the strategy's levels (FC, VC)
@@ -124,6 +136,8 @@ class RunConfig:
             d.pop("fem")
         if d["reasoning_tokens"] is None:
             d.pop("reasoning_tokens")
+        if d["prompt_style"] in (None, PromptStyle.CHAT):
+            d.pop("prompt_style")  # chat: the only style before base-model prompting existed
         if d["seeding"] == "index" or (self.temperature <= 0.0 and not self.model_defaults):
             d.pop("seeding")  # the rule before it existed; and greedy decoding reads no seed
         for key, default in (("top_p", 1.0), ("top_k", 0), ("min_p", 0.0), ("model_defaults", False),
@@ -189,6 +203,28 @@ def grid_extension(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, 
     return out
 
 
+def resolve_prompt_style(config: RunConfig, task: Task) -> PromptStyle:
+    """The run's prompt style, before anything loads: as given, or (unset) BASE for a model known to have no chat
+    template (the pre-trained Gemma 3 270M; :func:`has_chat_template`) when the task can be put as a few-shot
+    prompt, else CHAT. A base prompt has no instruction, so prompt variants do not apply to it."""
+    if config.prompt_style is None:
+        known = has_chat_template(config.model) if config.backend in ("hf", "vllm") else True
+        style = PromptStyle.BASE if known is False and task.has_base_prompt else PromptStyle.CHAT
+    else:
+        try:
+            style = PromptStyle(config.prompt_style)
+        except ValueError:
+            raise ConfigError(f"--prompt-style must be one of {', '.join(PromptStyle)}, got {config.prompt_style!r}"
+                              ) from None
+    if style is PromptStyle.BASE:
+        if not task.has_base_prompt:
+            raise ConfigError(f"--prompt-style base: task {task.name!r} has its benchmark's own prompt; use chat")
+        if len(config.variants()) != 1:
+            raise ConfigError("--prompt-style base: a few-shot prompt has no instruction, so it has one variant; "
+                              "drop --prompt-variants")
+    return style
+
+
 def machine_load() -> dict[str, Any]:
     """The machine's load when a run starts or stops (recorded in the manifest): a slow cell on a loaded machine
     then reads as the machine's state, not the strategy's cost."""
@@ -226,7 +262,8 @@ def make_record(task: Task, p: Planned, res: Result | None, prompt_text: str, ba
     rec = Record(
         request_id=p.request_id, task=p.task, item_id=p.item.id, item_hash=_item_hash(p), strategy=p.spec.spec,
         base_strategy=p.spec.name, level=p.spec.level, rc=p.spec.rc, output_format=p.output_format,
-        prompt_variant=p.prompt_variant, seed=p.seed, shots=p.shots, model=model, batch_size=batch_size,
+        prompt_variant=p.prompt_variant, seed=p.seed, shots=p.shots, prompt_style=p.prompt_style.value, model=model,
+        batch_size=batch_size,
         prompt_hash=_sha(prompt_text), prompt=prompt_text, gold=p.item.gold, answer_spec=p.answer, error=error,
         budget=dict(p.budget or {}),
         finished_at=time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -334,13 +371,15 @@ def _run(config: RunConfig, out_dir: Path, progress: Callable[[int, int], None] 
         raise ConfigError(f"task {task.name!r} takes no task options (got {sorted(config.task_options)})")
     needs_data = (task._needs_data() and bool(task.data_files(Path(".")))) or config.data_dir is not None
     data_dir = resolve_data_dir(Path(config.data_dir) if config.data_dir else None) if needs_data else None
+    style = resolve_prompt_style(config, task)
+    config = replace(config, prompt_style=style.value)
     items = sample_items(task.load(data_dir), config.limit, config.item_seed)
     planned = plan_grid(task, items, specs, lambda s: config.variants(s.name), list(range(config.seeds)),
-                        config.shots)
+                        config.shots, style=style)
     if config.reasoning_tokens is not None and config.reasoning_tokens < 1:
         raise ConfigError(f"--reasoning-tokens must be at least 1, got {config.reasoning_tokens}")
     check_equal_reasoning(task, planned, config)
-    one_prompt = bool(getattr(task, "same_prompt_all_formats", False))
+    one_prompt = bool(getattr(task, "same_prompt_all_formats", False)) or style is PromptStyle.BASE
     check_prompt_identity(planned, lambda m: repr(m), across_formats=one_prompt)
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -641,7 +680,7 @@ def strategy_for(p: Planned, extractor: Backend | None) -> Strategy:
 def chunk_records(backend: Backend, task: Task, chunk: Sequence[Planned], config: RunConfig,
                   extractor: Backend | None = None) -> list[tuple[Planned, Record, str | None]]:
     """Run one chunk and make its records (the same in one process and in a parallel worker)."""
-    render = backend.tokenizer.chat_prompt
+    render = backend.tokenizer.prompt_text
     cpu0 = time.process_time()
     done = _run_chunk(backend, task, chunk, config, extractor)
     cpu = time.process_time() - cpu0  # this process's CPU seconds (all threads) for the batch, beside wall time

@@ -40,6 +40,14 @@ class AnswerKind(StrEnum):
     outputs (``parse_output``)."""
 
 
+class PromptStyle(StrEnum):
+    """How an item becomes a prompt: chat messages (instruction, format description, question) for a model with
+    a chat template, or a plain-text few-shot completion prompt for a pre-trained one (paper 000)."""
+
+    CHAT = "chat"
+    BASE = "base"
+
+
 class OutputFormat(StrEnum):
     """The output format the prompt asks for, and that the strict parser accepts."""
 
@@ -152,6 +160,18 @@ class Task(ABC):
         from formtax.tasks.prompts import build_messages
 
         return build_messages(self, item, output_format, task_variant, format_variant, shots)
+
+    @property
+    def has_base_prompt(self) -> bool:
+        """Whether the task can be put as a plain few-shot prompt: tasks with a benchmark's own prompt template
+        (those that override :meth:`messages`) keep it, whatever the model."""
+        return type(self).messages is Task.messages
+
+    def base_prompt(self, item: Item, shots: Sequence[Item]) -> str:
+        """The plain-text few-shot prompt for a pre-trained model (:func:`formtax.tasks.prompts.base_prompt`)."""
+        from formtax.tasks.prompts import base_prompt
+
+        return base_prompt(self, item, shots)
 
     def conversion_messages(self, item: Item, reasoning_text: str, format_variant: int) -> list[dict[str, str]]:
         """NL-to-Format's second call (a hook: a task with its own answer lines overrides it)."""

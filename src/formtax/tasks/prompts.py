@@ -141,6 +141,22 @@ def build_messages(
     return [{"role": "user", "content": "\n\n".join(parts)}]
 
 
+def base_prompt(task: Task, item: Item, shots: Sequence[Item] = ()) -> str:
+    """The plain-text few-shot prompt for a pre-trained model (paper 000's setting): one block per shot,
+    ``Question: <question>`` then ``Answer: <reasoning>`` and the answer line, then the item's question and a
+    bare ``Answer:`` for the model to continue.
+
+    The same text for every strategy and output format (the paper's constrained baseline answers from the same
+    prompt as greedy), so there is no instruction and no format description: the shots are the format. Ours:
+    the reasoning and the answer line are separated by a newline, the layout the strict parser reads (the answer
+    on the last line), and the prompt ends without a space after ``Answer:`` (a SentencePiece tokenizer would
+    otherwise end the prompt on a lone ``▁`` piece the model rarely saw there)."""
+    blocks = [f"Question: {shot.question}\nAnswer: {render_answer(task, shot, OutputFormat.REASON_ANSWER)}"
+              for shot in shots]
+    blocks.append(f"Question: {item.question}\nAnswer:")
+    return "\n\n".join(blocks)
+
+
 def conversion_messages(
     task: Task, item: Item, reasoning_text: str, format_variant: int
 ) -> list[dict[str, str]]:
