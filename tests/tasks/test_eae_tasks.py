@@ -200,3 +200,17 @@ def test_strict_and_lenient_readers(wiki) -> None:
     assert not task.score(item, p["lenient"].value)
     value = json.loads(p["lenient"].value)
     assert value["in_passage"] == {"Killer": True}
+
+
+def test_items_carry_their_attachment_and_mentions_of_one_sentence_share_it(wiki) -> None:
+    from collections import Counter
+
+    from formtax.scoring.eae import decode_attachment
+
+    attachments = [decode_attachment(it.gold) for it in wiki]
+    assert all(at is not None for at in attachments)
+    for it, at in zip(wiki, attachments, strict=True):
+        m = EaeTask.mention(it)
+        assert at is not None and (at.event_type, at.trigger) == (m.event_type, m.trigger[:2])
+    per_sentence = Counter(at.sentence for at in attachments if at is not None)
+    assert max(per_sentence.values()) > 1  # some sentences hold several mentions: the attached metrics tell them apart

@@ -14,16 +14,18 @@ Choices, and why:
 * A record whose parse is not ``ok`` extracts nothing: its gold still counts (recall pays for a format
   failure), as a reader of the output would get no arguments from it. An errored record (``error`` set) is
   a failed request, not an output: it is left out and counted in ``n_unscored``.
-* Micro P/R/F1: the counts of every scored record of the cell are summed (all runs pooled), the usual EAE
-  convention (gen-arg, OneIE), so mentions with many arguments weigh more.
-* Intervals: 95% percentile bootstrap over *mentions* (items): each replicate draws the task's mentions with
-  replacement and sums the drawn mentions' counts over all their runs (the runs of a mention move
-  together, as they share its gold). F1 is recomputed from the resampled sums (F1 = 2c / (n_pred + n_gold),
-  exactly the micro F1, 0 when both are 0). The draw depends only on ``seed`` and the task's mention list
-  (the mentions scored in any cell of the task), and is the same for every strategy and parser of the
-  task, so intervals are paired across strategies and one task's intervals do not change when another
-  task is added to the run. A mention a cell never scored contributes zero counts. ``n_resamples`` 0 gives
-  NaN bounds.
+* Micro P/R/F1: the counts of every sentence of the cell are summed (all runs pooled), the usual EAE
+  convention (TextEE, OneIE), so sentences with many arguments weigh more. AI / AC / AI+ / AC+ count key sets
+  per sentence and run (:func:`~formtax.scoring.eae.score_sentence`), each with its own predicted and gold
+  totals; the head-word metrics count per mention (``n_pred`` / ``n_gold`` are their totals).
+* Intervals: 95% percentile bootstrap over *sentences* (the unit the attached metrics count in; a sentence of
+  one mention is that mention): each replicate draws the task's sentences with replacement and sums the drawn
+  sentences' counts over all their runs (the runs of a sentence move together, as they share its gold). F1 is
+  recomputed from the resampled sums (F1 = 2c / (n_pred + n_gold), exactly the micro F1, 0 when both are 0).
+  The draw depends only on ``seed`` and the task's sentence list (the sentences scored in any cell of the
+  task), and is the same for every strategy and parser of the task, so intervals are paired across strategies
+  and one task's intervals do not change when another task is added to the run. A sentence a cell never scored
+  contributes zero counts. ``n_resamples`` 0 gives NaN bounds.
 * ``span_in_passage_rate``: the share of filled roles (of parsed outputs) whose value the task found in the
   passage; NaN when nothing was filled.
 """
@@ -31,7 +33,7 @@ Choices, and why:
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Any
 
 import matplotlib
@@ -49,23 +51,28 @@ from formtax.records.schema import Record  # noqa: E402
 from formtax.report.analyses import Analysis, register_analysis  # noqa: E402
 from formtax.report.matrices import CONFIDENCE, frame  # noqa: E402
 from formtax.scoring.eae import (  # noqa: E402
+    ATTACHED,
     Arg,
-    Counts,
+    Attachment,
+    decode_attachment,
     decode_gold,
     decode_prediction,
     prediction_in_passage,
     prf,
     score_mention,
+    score_sentence,
 )
 from formtax.stats import bootstrap_replicates  # noqa: E402
 
 TASK_PREFIX = "eae-"
 PARSERS = ("strict", "lenient")
-METRICS = ("ai", "ac", "ai_head", "ac_head")
-LABELS = {"ai": "AI", "ac": "AC", "ai_head": "AI+", "ac_head": "AC+"}
-COUNT_FIELDS = ("n_pred", "n_gold", *METRICS)
+HEAD_WORD = ("ai_head", "ac_head")  # formtax's extra head-word metrics, per mention (scoring.eae.score_mention)
+METRICS = (*ATTACHED, *HEAD_WORD)
+LABELS = {"ai": "AI", "ac": "AC", "ai_plus": "AI+", "ac_plus": "AC+", "ai_head": "AI (head word)",
+          "ac_head": "AC (head word)"}
+FIELDS = tuple(f for m in ATTACHED for f in (m, f"{m}_pred", f"{m}_gold")) + ("n_pred", "n_gold", *HEAD_WORD)
 COLUMNS = [
-    "task", "strategy", "parser", "head_method", "n_records", "n_unscored", "n_runs", "n_mentions",
+    "task", "strategy", "parser", "head_method", "n_records", "n_unscored", "n_runs", "n_mentions", "n_sentences",
     "parse_rate", "n_pred", "n_gold", "span_in_passage_rate",
     *[f"{m}_{s}" for m in METRICS for s in ("p", "r", "f1", "f1_lo", "f1_hi")],
 ]  # fmt: skip
@@ -117,14 +124,29 @@ class _Methods:
             )
 
 
-def _cell(cell: pd.DataFrame, parser: str, methods: _Methods) -> tuple[dict[str, Any], dict[str, Counts]]:
-    """The row's count columns of one (strategy, parser) cell and the summed counts per mention."""
-    per_item: dict[str, Counts] = defaultdict(Counts)
+def _attachment(rec: Record, where: str) -> Attachment:
+    """The record's attachment; a record written before attachments existed is its own sentence."""
+    try:
+        at = decode_attachment(rec.gold)
+    except DataError as exc:
+        raise DataError(f"{where}: gold: {exc}") from exc
+    return at if at is not None else Attachment(f"mention:{rec.item_id}", "", (0, 0))
+
+
+Tally = Counter[str]  # the FIELDS of one sentence, summed over the runs of a cell
+
+
+def _cell(cell: pd.DataFrame, parser: str, methods: _Methods) -> tuple[dict[str, Any], dict[str, Tally]]:
+    """The row's count columns of one (strategy, parser) cell and the summed counts per sentence."""
+    per_sentence: dict[str, Tally] = defaultdict(Counter)
+    runs: dict[tuple[str, Any, Any], list[tuple[Attachment, list[Arg], list[Arg]]]] = defaultdict(list)
+    mentions: set[str] = set()
     n_unscored = n_ok = n_filled = n_in = 0
     for line, rec in zip(cell["line"], cell["record"], strict=True):
         where = _where(line)
         gold, gold_method = _gold(rec, where)
         methods.add(gold_method, where)
+        at = _attachment(rec, where)
         if rec.error is not None:
             n_unscored += 1
             continue
@@ -133,22 +155,35 @@ def _cell(cell: pd.DataFrame, parser: str, methods: _Methods) -> tuple[dict[str,
         n_ok += ok
         n_filled += len(flags)
         n_in += sum(flags)
-        per_item[str(rec.item_id)] += score_mention(pred, gold)
+        mentions.add(str(rec.item_id))
+        runs[(at.sentence, rec.seed, rec.prompt_variant)].append((at, pred, gold))
+        c = score_mention(pred, gold)
+        per_sentence[at.sentence].update({"n_pred": c.n_pred, "n_gold": c.n_gold, "ai_head": c.ai_head,
+                                          "ac_head": c.ac_head})
+    for (sentence, _, _), group in runs.items():
+        per_sentence[sentence].update(score_sentence(group))
     n_scored = len(cell) - n_unscored
     row: dict[str, Any] = {
         "n_records": len(cell),
         "n_unscored": n_unscored,
         "n_runs": len({(rec.seed, rec.prompt_variant) for rec in cell["record"]}),
-        "n_mentions": len(per_item),
+        "n_mentions": len(mentions),
+        "n_sentences": len(per_sentence),
         "parse_rate": n_ok / n_scored if n_scored else NAN,
         "span_in_passage_rate": n_in / n_filled if n_filled else NAN,
     }
-    return row, dict(per_item)
+    return row, dict(per_sentence)
 
 
-def _count_matrix(per_item: dict[str, Counts], items: list[str], field: str) -> Vector:
-    """``items x 1`` matrix of one count field (zero for a mention the cell did not score)."""
-    return np.array([[float(getattr(per_item.get(i, Counts()), field))] for i in items], dtype=np.float64)
+def _count_matrix(per_sentence: dict[str, Tally], sentences: list[str], field: str) -> Vector:
+    """``sentences x 1`` matrix of one count field (zero for a sentence the cell did not score)."""
+    return np.array([[float(per_sentence[i][field]) if i in per_sentence else 0.0] for i in sentences],
+                    dtype=np.float64)
+
+
+def _denominators(m: str) -> tuple[str, str]:
+    """The predicted and gold total fields of a metric."""
+    return (f"{m}_pred", f"{m}_gold") if m in ATTACHED else ("n_pred", "n_gold")
 
 
 def _f1(correct: Vector, n_pred: Vector, n_gold: Vector) -> Vector:
@@ -164,30 +199,32 @@ def _bounds(replicates: Vector) -> tuple[float, float]:
 
 
 def _intervals(
-    cells: dict[tuple[str, str], dict[str, Counts]], items: list[str], n_resamples: int, seed: int
+    cells: dict[tuple[str, str], dict[str, Tally]], sentences: list[str], n_resamples: int, seed: int
 ) -> dict[tuple[str, str], dict[str, tuple[float, float]]]:
-    """Per cell and metric, the F1 interval from one paired bootstrap over the task's mentions."""
-    if n_resamples <= 0 or not items:
+    """Per cell and metric, the F1 interval from one paired bootstrap over the task's sentences."""
+    if n_resamples <= 0 or not sentences:
         return {key: {m: (NAN, NAN) for m in METRICS} for key in cells}
     matrices = {
-        f"{s}\x00{p}\x00{field}": _count_matrix(per_item, items, field)
-        for (s, p), per_item in cells.items()
-        for field in COUNT_FIELDS
+        f"{s}\x00{p}\x00{field}": _count_matrix(per_sentence, sentences, field)
+        for (s, p), per_sentence in cells.items()
+        for field in FIELDS
     }
-    reps = bootstrap_replicates(matrices, n_resamples, seed)  # the same mention draw for every matrix
+    reps = bootstrap_replicates(matrices, n_resamples, seed)  # the same sentence draw for every matrix
     out: dict[tuple[str, str], dict[str, tuple[float, float]]] = {}
     for s, p in cells:
         base = f"{s}\x00{p}\x00"
-        out[(s, p)] = {
-            m: _bounds(_f1(reps[base + m], reps[base + "n_pred"], reps[base + "n_gold"])) for m in METRICS
-        }
+        out[(s, p)] = {}
+        for m in METRICS:
+            n_pred, n_gold = _denominators(m)
+            out[(s, p)][m] = _bounds(_f1(reps[base + m], reps[base + n_pred], reps[base + n_gold]))
     return out
 
 
-def _metric_columns(total: Counts, bounds: dict[str, tuple[float, float]]) -> dict[str, Any]:
-    row: dict[str, Any] = {"n_pred": total.n_pred, "n_gold": total.n_gold}
+def _metric_columns(total: Tally, bounds: dict[str, tuple[float, float]]) -> dict[str, Any]:
+    row: dict[str, Any] = {"n_pred": total["n_pred"], "n_gold": total["n_gold"]}
     for m in METRICS:
-        p, r, f1 = prf(getattr(total, m), total.n_pred, total.n_gold)
+        n_pred, n_gold = _denominators(m)
+        p, r, f1 = prf(total[m], total[n_pred], total[n_gold])
         row.update({f"{m}_p": p, f"{m}_r": r, f"{m}_f1": f1})
         row[f"{m}_f1_lo"], row[f"{m}_f1_hi"] = bounds[m]
     return row
@@ -196,15 +233,15 @@ def _metric_columns(total: Counts, bounds: dict[str, tuple[float, float]]) -> di
 def _task_rows(task: str, sub: pd.DataFrame, n_resamples: int, seed: int) -> list[dict[str, Any]]:
     methods = _Methods(task)
     described: dict[tuple[str, str], dict[str, Any]] = {}
-    cells: dict[tuple[str, str], dict[str, Counts]] = {}
+    cells: dict[tuple[str, str], dict[str, Tally]] = {}
     for strategy, cell in sub.groupby("strategy", sort=True):
         for parser in PARSERS:
             described[(str(strategy), parser)], cells[(str(strategy), parser)] = _cell(cell, parser, methods)
-    items = sorted({item for per_item in cells.values() for item in per_item})
-    bounds = _intervals(cells, items, n_resamples, seed)
+    sentences = sorted({sentence for per_sentence in cells.values() for sentence in per_sentence})
+    bounds = _intervals(cells, sentences, n_resamples, seed)
     rows: list[dict[str, Any]] = []
-    for (strategy, parser), per_item in cells.items():
-        total = sum(per_item.values(), Counts())
+    for (strategy, parser), per_sentence in cells.items():
+        total: Tally = sum(per_sentence.values(), Counter())
         row: dict[str, Any] = {
             "task": task,
             "strategy": strategy,
@@ -259,14 +296,15 @@ register_analysis(
         name="eae",
         keys=("task", "strategy", "parser"),
         description=(
-            "Event argument extraction (Deco-G section 4.2): micro precision, recall and F1 of the predicted "
-            "(role, argument) pairs against the gold, summed over every scored mention and run of the cell. "
-            "AI = the argument string matches a gold argument's, whatever the role; AC = string and role "
-            "match; AI+ / AC+ (columns ai_head / ac_head) = the same on head words. Strings match after "
+            "Event argument extraction (Deco-G section 4.2): micro precision, recall and F1, summed over every "
+            "scored sentence and run of the cell, with TextEE's definitions: per sentence, the predicted and "
+            "gold argument keys are sets (a span counts once); AI = (event type, span), AC = (event type, "
+            "span, role), AI+ / AC+ (ai_plus / ac_plus) = the same attached to the trigger (its offsets), so "
+            "an argument given to the wrong one of two mentions of a type is an AI hit and an AI+ miss. "
+            "Extra, formtax's: AI / AC on head words (ai_head / ac_head), per mention, matched one-to-one "
+            "after de-duplicating (role, string); n_pred / n_gold are their totals. Strings match after "
             "casefolding, removing all whitespace and stripping end punctuation and quotes; roles match "
-            "case-insensitively. Matching is one-to-one (a gold argument is credited once, unlike gen-arg's "
-            "scorer, which credits every prediction matching any gold), so P and R stay within [0, 1]; "
-            "predictions and gold are de-duplicated on (role, string). Heads were computed when the records "
+            "case-insensitively. Heads were computed when the records "
             "were written (head_method: a spaCy pipeline's dependency root, the object of a root "
             "preposition, or the fallback rule: the last word of the first noun chunk after leading "
             "prepositions and determiners). An output whose parse failed extracts nothing (its gold still "
@@ -274,15 +312,15 @@ register_analysis(
             "span_in_passage_rate = share of filled roles whose value occurs in the passage."
         ),
         method=(
-            "95% percentile bootstrap of F1 over mentions (all runs of a mention together), the same draws "
-            "for every strategy and parser of a task"
+            "95% percentile bootstrap of F1 over sentences (all runs and mentions of a sentence together), the "
+            "same draws for every strategy and parser of a task"
         ),
         bootstrap=True,
         compute=eae_table,
         figure=eae_figure,
         figure_caption=(
-            "Event argument extraction: strict-parser F1 of AI, AC, AI+ and AC+ per strategy, with 95% "
-            "bootstrap intervals over mentions."
+            "Event argument extraction: strict-parser F1 of AI, AC, AI+, AC+ and the head-word AI / AC per "
+            "strategy, with 95% bootstrap intervals over sentences."
         ),
     )
 )

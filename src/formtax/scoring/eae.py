@@ -1,12 +1,18 @@
 """Scoring for generative event argument extraction (EAE; paper 001 section 4.2): AI, AC, AI+ and AC+.
 
 A model is given a passage, a trigger and the event type's roles, and fills each role with an argument string
-(or nothing). We score the predicted (role, string) pairs of one event mention against its gold arguments:
+(or nothing). The metrics are those of the EAE literature paper 001 builds on (TextEE's scorer, Huang et al. 2024,
+from the same group, after OneIE / DEGREE): an argument is a key, and precision and recall are over the *sets* of
+predicted and gold keys of a sentence, so a span is counted once, however many roles or mentions name it.
 
-- **AI** (argument identification): a predicted string matches a gold argument's string, whatever the role.
-- **AC** (argument classification): it matches a gold argument's string *and* role.
-- **AI+ / AC+** (head variants): the same, comparing the *head words* of the strings instead of the whole
-  strings, so a prediction that finds the right entity but draws its boundary differently still counts.
+- **AI** (argument identification): (event type, span) — the span is an argument of an event of that type in the
+  sentence, whatever the role and whichever trigger.
+- **AC** (argument classification): (event type, span, role).
+- **AI+ / AC+** (attached): the same keys with the trigger's offsets: the argument must also be attached to the
+  right event mention (two mentions of one type in one sentence are told apart).
+- **AI (head word) / AC (head word)**: formtax's extra metrics, per mention, comparing the *head words* of the
+  strings instead of the whole strings (the right entity with another boundary still counts); they were named
+  AI+ / AC+ here before the attached definitions (:func:`score_mention`).
 
 Choices (the paper leaves them open), and why:
 
@@ -22,7 +28,11 @@ Choices (the paper leaves them open), and why:
   punctuation) never matches anything.
 * **Roles are compared case-insensitively**: "victim" and "Victim" name the same slot (checked: no event
   type of the KAIROS or GENEVA ontology has two roles differing only in case).
-* **One-to-one matching.** gen-arg's scorer counts a prediction correct if it matches *any* gold argument,
+* **Sentences from the records.** A record keeps its mention's :class:`Attachment` (a key of the document and
+  sentence, the event type, the trigger's token offsets) in its gold, so the attached metrics need nothing but
+  the records. A record without one (written before it existed) is its own sentence with an unnamed type, where
+  AI+ / AC+ equal AI / AC.
+* **One-to-one matching** (the head-word metrics). gen-arg's scorer counts a prediction correct if it matches *any* gold argument,
   and divides that count by the gold count for recall. Two predictions of one gold span are then both
   correct, so a model that repeats a span across roles gains recall it did not earn, and recall can even
   exceed 1. Here the number correct is the size of a one-to-one matching between predicted and gold keys,
@@ -51,6 +61,7 @@ Choices (the paper leaves them open), and why:
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import re
 import unicodedata
@@ -264,10 +275,40 @@ def is_no_value(value: str | None) -> bool:
     return value is None or value.strip().casefold() in _NO_VALUE
 
 
-def encode_gold(args: Sequence[tuple[str, str]], heads: HeadFinder) -> str:
-    """The gold arguments of one mention as the JSON stored in ``Record.gold`` (order kept)."""
+@dataclass(frozen=True)
+class Attachment:
+    """Where a mention's arguments attach: its sentence (a key of document and passage), event type, trigger."""
+
+    sentence: str
+    event_type: str
+    trigger: tuple[int, int]  # the trigger's token offsets in the sentence, end-exclusive
+
+
+def sentence_key(doc_id: str, passage: str) -> str:
+    """A short stable key of one sentence of one document (mentions of one sentence share it)."""
+    return hashlib.sha256(f"{doc_id}\x00{passage}".encode()).hexdigest()[:16]
+
+
+def encode_gold(args: Sequence[tuple[str, str]], heads: HeadFinder, attach: Attachment | None = None) -> str:
+    """The gold arguments of one mention as the JSON stored in ``Record.gold`` (order kept), with its attachment."""
     out = [{"role": role, "text": text, "head": heads(text)} for role, text in args]
-    return json.dumps({"args": out, "head_method": heads.method}, ensure_ascii=False)
+    data: dict[str, Any] = {"args": out, "head_method": heads.method}
+    if attach is not None:
+        data["attach"] = {"sentence": attach.sentence, "event_type": attach.event_type,
+                          "trigger": list(attach.trigger)}
+    return json.dumps(data, ensure_ascii=False)
+
+
+def decode_attachment(s: str) -> Attachment | None:
+    """The attachment stored by :func:`encode_gold`; None in records written before it; DataError when malformed."""
+    raw = _load(s, "gold").get("attach")
+    if raw is None:
+        return None
+    trigger = raw.get("trigger") if isinstance(raw, dict) else None
+    if not (isinstance(trigger, list) and len(trigger) == 2 and all(isinstance(t, int) for t in trigger)):
+        raise DataError(f"EAE gold 'attach' needs sentence, event_type and a trigger [start, end]: {s!r:.200}")
+    return Attachment(_str(raw.get("sentence"), "attach.sentence"), _str(raw.get("event_type"), "attach.event_type"),
+                      (trigger[0], trigger[1]))
 
 
 def _load(s: str, what: str) -> dict[str, Any]:
@@ -415,6 +456,38 @@ def score_mention(pred: Sequence[Arg], gold: Sequence[Arg]) -> Counts:
         ai_head=_matched(_keys(p, "head", False), _keys(g, "head", False)),
         ac_head=_matched(_keys(p, "head", True), _keys(g, "head", True)),
     )
+
+
+ATTACHED = ("ai", "ac", "ai_plus", "ac_plus")
+
+
+def _attached_keys(args: Sequence[Arg], at: Attachment) -> dict[str, set[tuple[Any, ...]]]:
+    keys: dict[str, set[tuple[Any, ...]]] = {m: set() for m in ATTACHED}
+    for a in args:
+        span, role = normalize_span(a.text), a.role.casefold()
+        keys["ai"].add((span, at.event_type))  # the span first: an empty one never matches
+        keys["ac"].add((span, at.event_type, role))
+        keys["ai_plus"].add((span, at.event_type, at.trigger))
+        keys["ac_plus"].add((span, at.event_type, at.trigger, role))
+    return keys
+
+
+def score_sentence(mentions: Sequence[tuple[Attachment, Sequence[Arg], Sequence[Arg]]]) -> Counter[str]:
+    """AI, AC, AI+ and AC+ of one sentence in one run: ``mentions`` are (attachment, predicted, gold) of its event
+    mentions. For each metric ``m``: ``m`` the correct keys, ``m_pred`` / ``m_gold`` the predicted / gold key
+    sets' sizes (sets: a span counts once per key). A key with an empty span never matches."""
+    pred: dict[str, set[tuple[Any, ...]]] = {m: set() for m in ATTACHED}
+    gold: dict[str, set[tuple[Any, ...]]] = {m: set() for m in ATTACHED}
+    for at, p, g in mentions:
+        for m, keys in _attached_keys(p, at).items():
+            pred[m] |= keys
+        for m, keys in _attached_keys(g, at).items():
+            gold[m] |= keys
+    out: Counter[str] = Counter()
+    for m in ATTACHED:
+        out[m] = sum(1 for k in pred[m] & gold[m] if k[0] != "")
+        out[f"{m}_pred"], out[f"{m}_gold"] = len(pred[m]), len(gold[m])
+    return out
 
 
 def prf(correct: int, n_pred: int, n_gold: int) -> tuple[float, float, float]:

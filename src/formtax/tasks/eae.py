@@ -47,12 +47,14 @@ from formtax.constraints.template import choice_slot
 from formtax.errors import DataError
 from formtax.parsing.result import NO_ANSWER, ParseResult
 from formtax.scoring.eae import (
+    Attachment,
     decode_gold,
     decode_prediction,
     encode_gold,
     encode_prediction,
     get_head_finder,
     normalize_span,
+    sentence_key,
 )
 from formtax.tasks.base import AnswerKind, ConstraintLevel, Item, OutputFormat, Task
 from formtax.tasks.eae_data import (
@@ -158,7 +160,9 @@ class EaeTask(Task):
         question = (f"Passage: {m.passage}\nTrigger: \"{m.trigger[2]}\" (event type: {m.event_type})\n"
                     f"Roles: {'; '.join(phrases)}")
         return Item(
-            id=m.id, question=question, gold=encode_gold([(a.role, a.text) for a in m.args], heads),
+            id=m.id, question=question,
+            gold=encode_gold([(a.role, a.text) for a in m.args], heads,
+                             Attachment(sentence_key(m.doc_id, m.passage), m.event_type, (m.trigger[0], m.trigger[1]))),
             meta={"mention": m, "roles": m.roles, "phrases": phrases, "event_type": m.event_type,
                   "passage_source": m.passage_source},
         )
