@@ -20,6 +20,7 @@ from formtax.tasks.metatool import (
     Template,
     build_prompt,
     parse_item_id,
+    read_exclusions,
     read_translations,
     sample_positions,
     translate_prompt,
@@ -92,6 +93,29 @@ def test_translation_replaces_both_query_occurrences_and_nothing_else(data_dir, 
         assert prompt.count(it.question) == 2 and english.question not in prompt
         assert prompt.split(it.question) == original.split(english.question)  # every other byte unchanged
         assert it.choices == english.choices and it.gold == english.gold
+
+
+def test_a_translation_may_exclude_positions_with_a_reason(data_dir, tmp_path):
+    positions = sample_positions(N_ROWS, 3, 0)
+    path = tmp_path / "ex.json"
+    path.write_text(json.dumps({"language": "ko", "queries": {str(p): f"질문 {p}" for p in positions[:2]},
+                                "excluded": {str(positions[2]): "idiom without a Korean equivalent"}},
+                               ensure_ascii=False))
+    assert read_exclusions(path) == {positions[2]: "idiom without a Korean equivalent"}
+    task, items = _task(data_dir, translations=str(path))
+    assert len(items) == 6 + 4  # every pair in English, two in Korean
+    assert {parse_item_id(it.id).position for it in items if parse_item_id(it.id).language == "ko"} == set(
+        positions[:2])
+    assert task.notes() == {"translation_exclusions": {f"{positions[2]:03d}": "idiom without a Korean equivalent"}}
+    for content, message in [
+        ({"language": "ko", "queries": {"1": "x"}, "excluded": {"1": "why"}}, "both translated and excluded"),
+        ({"language": "ko", "queries": {"1": "x"}, "excluded": {"2": " "}}, "needs a reason"),
+        ({"language": "ko", "queries": {"1": "x"}, "excluded": ["2"]}, "'excluded' must be an object"),
+    ]:
+        bad = tmp_path / "bad-ex.json"
+        bad.write_text(json.dumps(content))
+        with pytest.raises(DataError, match=message):
+            read_exclusions(bad)
 
 
 def test_a_bare_mapping_is_a_translations_file_too(tmp_path):

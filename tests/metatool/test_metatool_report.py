@@ -196,6 +196,35 @@ def test_language_table_is_d_paired_over_both_languages(scripted_run):
             assert row["d_paired"] == pytest.approx((b - c) / s)
 
 
+def test_an_excluded_translation_is_recorded_and_the_languages_pair_on_common_positions(scripted_run, tmp_path):
+    """A translation that leaves a position out (with a reason): that pair runs in English only, the manifest
+    names the exclusion, and the language table is the full run's restricted to the positions both cover."""
+    full, _, _ = scripted_run
+    positions = sample_positions(N_ROWS, PAIRS, 0)
+    path = tmp_path / "ko-excluded.json"
+    path.write_text(json.dumps({"language": "ko", "queries": {str(p): f"번역 질문 {p}" for p in positions[1:]},
+                                "excluded": {str(positions[0]): "no faithful translation"}}, ensure_ascii=False))
+    out = tmp_path / "run"
+    run(config(tmp_path, task_options={"pairs": PAIRS, "translations": str(path)}), out,
+        backend=scripted_model(choose))
+    manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+    assert manifest["task_notes"] == {"translation_exclusions": {f"{positions[0]:03d}": "no faithful translation"}}
+    write_report(out, n_resamples=REPLICATES, seed=0)
+    assert verify_report(out) == []
+    lang = _tables(out)["abstention_language"].set_index("item_type")
+    assert (lang["n_positions_only_1"] == 1).all() and (lang["n_positions_only_2"] == 0).all()
+    assert (lang["n_items"] == PAIRS - 1).all()
+    # the same counts as the full run's records without the excluded position
+    sf = study_frame(load_records(full))
+    assert sf is not None
+    sf = sf[sf["position"] != positions[0]]
+    for kind in ("abstain", "tool"):
+        part = sf[sf["item_type"] == kind].set_index(["language", "condition", "position", "seed"])["correct"]
+        s = sum(int(v == 1 and part[("ko", "short", q, sd)] == 1)
+                for (language, condition, q, sd), v in part.items() if language == "en" and condition == "short")
+        assert lang.loc[kind, "S"] == s
+
+
 def test_masked_mass_table_seeds_table_and_fit(scripted_run):
     out, _, _ = scripted_run
     t = _tables(out)

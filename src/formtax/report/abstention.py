@@ -547,6 +547,8 @@ LANGUAGE_COLUMNS = [
     "n_items",
     "n_seeds",
     "n_items_dropped",
+    "n_positions_only_1",
+    "n_positions_only_2",
     "S",
     "b",
     "c",
@@ -607,11 +609,18 @@ def language_table(df: pd.DataFrame, n_resamples: int, seed: int) -> pd.DataFram
                     mats[f"{cond}_{tag}"], positions[tag], seeds[tag] = _matrix(sf, lang, kind, cond)
             if not positions["1"] and not positions["2"]:
                 continue
-            if positions["1"] != positions["2"] or seeds["1"] != seeds["2"]:
+            if seeds["1"] != seeds["2"]:
                 raise DataError(
-                    f"metatool: languages {first} and {second} do not cover the same positions and "
-                    f"seeds for {kind} items; D_paired needs both languages on the same items"
+                    f"metatool: languages {first} and {second} were run with different seeds for {kind} "
+                    f"items; D_paired needs both languages on the same seeds"
                 )
+            # A translation may leave positions out (recorded in the manifest): pair the positions both cover.
+            common = sorted(set(positions["1"]) & set(positions["2"]))
+            for tag in ("1", "2"):
+                keep = [positions[tag].index(q) for q in common]
+                for cond in ("short", "constrained"):
+                    mats[f"{cond}_{tag}"] = mats[f"{cond}_{tag}"][keep]
+            only = {tag: len(set(positions[tag]) - set(common)) for tag in ("1", "2")}
             names = list(mats)
             clean, dropped = complete_cases(*mats.values())
             m = dict(zip(names, clean, strict=True))
@@ -628,6 +637,8 @@ def language_table(df: pd.DataFrame, n_resamples: int, seed: int) -> pd.DataFram
                 "n_items": n_items,
                 "n_seeds": n_seeds,
                 "n_items_dropped": dropped,
+                "n_positions_only_1": only["1"],
+                "n_positions_only_2": only["2"],
             }
             s_sum, b_sum, c_sum = (int(cells[k].sum()) for k in ("S", "b", "c"))
             row.update(S=s_sum, b=b_sum, c=c_sum, d_paired=(b_sum - c_sum) / s_sum if s_sum else NAN)
@@ -792,7 +803,9 @@ register_analysis(
             "pairs, S = pairs both languages answered correctly under short; b = those only language 2 lost "
             "under the constraint, c = those only language 1 lost; D_paired = (b - c)/|S|. delta_mask_diff = "
             "delta_mask of language 2 - delta_mask of language 1, on the same positions. Replicates with |S| "
-            "= 0 are undefined and left out of the interval (n_replicates_undefined)."
+            "= 0 are undefined and left out of the interval (n_replicates_undefined). Only positions both "
+            "languages cover are paired: n_positions_only_1 / _2 count those one language has alone (a "
+            "translation's exclusions, each with its reason in the manifest's task_notes)."
         ),
         method=_BOOT + ", the same draw for both languages",
         bootstrap=True,

@@ -453,6 +453,7 @@ def _run(config: RunConfig, out_dir: Path, progress: Callable[[int, int], None] 
         "data_files": file_hashes, "items": [it.id for it in items],
         "seeds": list(range(config.seeds)), "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "resumptions": [],
         **({"hypotheses": hypotheses} if hypotheses else {}),
+        **({"task_notes": notes} if (notes := task.notes()) else {}),
     }
     if extension is not None:  # the grid grows: the manifest now describes the larger grid and says when it grew
         manifest.setdefault("extensions", []).append({"at": time.strftime("%Y-%m-%dT%H:%M:%S"), **extension})

@@ -161,6 +161,11 @@ class Task(ABC):
 
         return build_messages(self, item, output_format, task_variant, format_variant, shots)
 
+    def notes(self) -> dict[str, Any]:
+        """What a run's manifest records about the loaded items beyond their ids (a hook: metatool names the
+        positions its translations leave out, with reasons); empty by default."""
+        return {}
+
     @property
     def has_base_prompt(self) -> bool:
         """Whether the task can be put as a plain few-shot prompt: tasks with a benchmark's own prompt template

@@ -23,7 +23,10 @@ Why the design is what it is:
   appears twice in both item types, as in the release. ``free``, ``short`` and ``constrained`` get the
   identical prompt (``same_prompt_all_formats``; the runner refuses otherwise).
 - **A second language replaces only the query.** ``translations`` maps a position to a translated query;
-  both occurrences are replaced and every other byte is asserted unchanged (:func:`translate_prompt`).
+  both occurrences are replaced and every other byte is asserted unchanged (:func:`translate_prompt`). A
+  translator may leave a position out with a reason (``"excluded": {"17": "idiom has no Korean equivalent"}``,
+  :func:`read_exclusions`): that pair is in the run in English only, the exclusions are written to the run's
+  manifest (``task_notes``), and the language table compares the languages on the positions both cover.
 - **The answer is read by the benchmark's rules** (:mod:`formtax.scoring.abstention`), not by formtax's
   ``The answer is:`` parsers: :meth:`MetatoolTask.parse_output` gives the strict and lenient verdicts (the
   same: there is one deterministic rule).
@@ -385,6 +388,26 @@ def read_translations(path: Path) -> tuple[str, dict[int, str]]:
     return language, out
 
 
+def read_exclusions(path: Path) -> dict[int, str]:
+    """The positions a translations file leaves out, each with its reason (``"excluded": {position: reason}``);
+    empty when it excludes none. A position cannot be both translated and excluded."""
+    data = _read_json(path, 'a JSON object {"language": ..., "queries": {...}, "excluded": {position: reason}}')
+    raw = data.get("excluded", {}) if isinstance(data, dict) and "queries" in data else {}
+    if not isinstance(raw, dict):
+        raise DataError(f"metatool: {path}: 'excluded' must be an object position -> reason")
+    _, queries = read_translations(path)
+    out: dict[int, str] = {}
+    for key, reason in raw.items():
+        if not (isinstance(key, str) and key.isdigit() and int(key) < N_ROWS):
+            raise DataError(f"metatool: {path}: excluded key {key!r} is not a position 0..{N_ROWS - 1}")
+        if not isinstance(reason, str) or not reason.strip():
+            raise DataError(f"metatool: {path}: the exclusion of position {key} needs a reason")
+        if int(key) in queries:
+            raise DataError(f"metatool: {path}: position {key} is both translated and excluded")
+        out[int(key)] = reason.strip()
+    return out
+
+
 def sample_positions(n_rows: int, pairs: int, seed: int) -> list[int]:
     """``pairs`` positions without replacement: the first ``pairs`` of a fixed-seed permutation, sorted.
 
@@ -419,6 +442,7 @@ class MetatoolTask(Task):
         self.pairs = DEFAULT_PAIRS
         self.pair_seed = 0
         self.translations: Path | None = None
+        self.exclusions: dict[int, str] = {}  # sampled positions the translations leave out, with reasons
 
     def configure(self, options: Mapping[str, Any]) -> None:
         """Take the task options of a run (``RunConfig.task_options``); unknown names are refused."""
@@ -436,6 +460,12 @@ class MetatoolTask(Task):
         tr = options.get("translations")
         self.translations = Path(tr) if tr else None
 
+    def notes(self) -> dict[str, Any]:
+        """What the run's manifest records about the loaded items beyond their ids: the translation exclusions."""
+        if not self.exclusions:
+            return {}
+        return {"translation_exclusions": {f"{p:03d}": reason for p, reason in sorted(self.exclusions.items())}}
+
     def data_files(self, data_dir: Path) -> list[Path]:
         root = data_dir / "metatool"
         files = [root / SUBTASK3, root / PAIRS, root / TEMPLATE, root / TOOL_DESCRIPTIONS]
@@ -450,14 +480,16 @@ class MetatoolTask(Task):
             items += self._pair_items(template, all_pairs[pos], all_pairs[pos].query, BASE_LANGUAGE)
         if self.translations is not None:
             language, queries = read_translations(self.translations)
-            missing = [p for p in positions if p not in queries]
+            excluded = read_exclusions(self.translations)
+            missing = [p for p in positions if p not in queries and p not in excluded]
             if missing:
                 raise ConfigError(
                     f"metatool: {self.translations} has no translation for {len(missing)} sampled "
-                    f"positions (e.g. {missing[:10]}); every sampled pair needs one"
+                    f"positions (e.g. {missing[:10]}); every sampled pair needs one, or an exclusion with a reason"
                 )
+            self.exclusions = {p: excluded[p] for p in positions if p in excluded}
             english = {it.id: str(it.meta["prompt"]) for it in items}
-            for pos in positions:
+            for pos in (p for p in positions if p in queries):
                 pair = all_pairs[pos]
                 for it in self._pair_items(template, pair, queries[pos], language):
                     key = parse_item_id(it.id)
