@@ -532,3 +532,23 @@ def test_a_two_model_report_holds_each_models_abstention_tables(scripted_run, tm
     abstainer = acc[(acc["task"] == "metatool | fake-abstainer") & (acc["strategy"] == "free")]
     assert (abstainer["abstain_acc"] == 1.0).all() and (abstainer["tool_acc"] == 0.0).all()
     assert "computed per model" in (pooled / "report.md").read_text(encoding="utf-8")
+
+
+def test_abstention_intervals_at_the_boundary_are_not_points(tmp_path):
+    """A model right everywhere: accuracies of 1 and contrasts of 0 with no position differing. The percentile
+    bootstrap printed [1, 1] and [0, 0]; Wilson on the positions (and its paired boundary form) leaves room."""
+
+    def oracle(kind: str, names: list[str], query: str) -> str:
+        return "None" if kind == "abstain" else names[0]
+
+    out = tmp_path / "run"
+    run(config(tmp_path, seeds=1, task_options={"pairs": PAIRS}), out, backend=scripted_model(oracle))
+    write_report(out, n_resamples=REPLICATES, seed=0)
+    assert verify_report(out) == []
+    tables = _tables(out)
+    acc = tables["abstention_accuracy"]
+    assert (acc["abstain_acc"] == 1.0).all() and (acc["tool_acc"] == 1.0).all()
+    assert (acc["abstain_acc_low"] < 0.6).all() and (acc["abstain_acc_high"] == 1.0).all()  # Wilson 4 of 4: 0.51
+    con = tables["abstention_contrasts"]
+    assert (con["estimate"] == 0.0).all()
+    assert (con["low"] < -0.4).all() and (con["high"] > 0.4).all()  # 0 of 4 positions differ: +-0.49

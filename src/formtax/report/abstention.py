@@ -46,7 +46,15 @@ from formtax.records.schema import Record  # noqa: E402
 from formtax.report.analyses import Analysis, register_analysis  # noqa: E402
 from formtax.report.matrices import CONFIDENCE, frame  # noqa: E402
 from formtax.scoring.abstention import ABSTAIN, Category, score_output  # noqa: E402
-from formtax.stats import DEFAULT_RESAMPLING, Resampling, bootstrap_replicates, complete_cases, logistic_fit  # noqa: E402
+from formtax.stats import (  # noqa: E402
+    DEFAULT_RESAMPLING,
+    Resampling,
+    bootstrap_replicates,
+    complete_cases,
+    logistic_fit,
+    paired_boundary_interval,
+    wilson_interval,
+)
 from formtax.strategies.firstmass import EVENT as FIRST_MASS  # noqa: E402
 from formtax.tasks.metatool import BASE_LANGUAGE, parse_item_id  # noqa: E402
 
@@ -185,6 +193,10 @@ def _mean_interval(matrix: Matrix, n_resamples: int, seed: int) -> tuple[float, 
     (clean,), _ = complete_cases(matrix)
     if clean.shape[0] == 0 or clean.shape[1] == 0:
         return NAN, NAN, NAN
+    if np.all(clean == 0.0) or np.all(clean == 1.0):  # the bootstrap would print a point: Wilson on positions
+        n = int(clean.shape[0])
+        w = wilson_interval(int(round(float(clean.mean()) * n)), n, confidence=CONFIDENCE)
+        return w.estimate, w.low, w.high
     reps = bootstrap_replicates({"m": clean}, n_resamples, seed)["m"]
     low, high = _quantiles(reps)
     return float(clean.mean()), low, high
@@ -299,6 +311,10 @@ def contrasts_table(df: pd.DataFrame, n_resamples: int, seed: int) -> pd.DataFra
                     continue
                 est = float(cells[a].mean() - cells[b].mean()) if shape[0] else NAN
                 low, high = _quantiles(reps[name]) if name in reps else (NAN, NAN)
+                edge = paired_boundary_interval((cells[a].mean(axis=1) - cells[b].mean(axis=1)).tolist(),
+                                                CONFIDENCE) if name in reps else None
+                if edge is not None:  # every position differs alike: the bootstrap would print a point
+                    low, high = edge.low, edge.high
                 rows.append(
                     {
                         "task": TASK,
@@ -717,7 +733,7 @@ register_analysis(
             "but refused by the ordering rule. Absolute levels are context only: the design licenses claims "
             "about the differences (abstention_contrasts)."
         ),
-        method=_BOOT,
+        method=_BOOT + "; Wilson on positions where every score is 0 or every score is 1 (a bootstrap point there)",
         bootstrap=True,
         compute=accuracy_table,
     )
@@ -733,7 +749,8 @@ register_analysis(
             "Every replicate draws one set of positions and seeds for all three cells, so delta_total = "
             "delta_mask + delta_length within each replicate (the interval ends need not add)."
         ),
-        method=_BOOT + ", paired across cells",
+        method=_BOOT + ", paired across cells; where every position differs alike (e.g. no position differs) "
+        "the Wilson boundary interval (formtax.stats.paired_boundary_interval), as the paired table",
         bootstrap=True,
         compute=contrasts_table,
     )
