@@ -194,6 +194,14 @@ def test_language_table_is_d_paired_over_both_languages(scripted_run):
         assert (row["S"], row["b"], row["c"]) == (s, b, c)
         if s:
             assert row["d_paired"] == pytest.approx((b - c) / s)
+        # the language differences of delta_length and delta_total, from the six cells' means
+        means = part.groupby(["language", "condition"]).mean()
+        length = (means[("ko", "short")] - means[("ko", "free")]) - (means[("en", "short")] - means[("en", "free")])
+        total = (means[("ko", "constrained")] - means[("ko", "free")]) - (
+            means[("en", "constrained")] - means[("en", "free")])
+        assert row["delta_length_diff"] == pytest.approx(length, abs=1e-6)
+        assert row["delta_total_diff"] == pytest.approx(total, abs=1e-6)
+        assert row["delta_length_diff_low"] <= row["delta_length_diff"] + 1e-9 <= row["delta_length_diff_high"] + 2e-9
 
 
 def test_an_excluded_translation_is_recorded_and_the_languages_pair_on_common_positions(scripted_run, tmp_path):

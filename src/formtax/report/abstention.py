@@ -579,6 +579,12 @@ LANGUAGE_COLUMNS = [
     "delta_mask_diff",
     "delta_mask_diff_low",
     "delta_mask_diff_high",
+    "delta_length_diff",
+    "delta_length_diff_low",
+    "delta_length_diff_high",
+    "delta_total_diff",
+    "delta_total_diff_low",
+    "delta_total_diff_high",
 ]
 
 
@@ -606,6 +612,29 @@ def d_paired_interval(cells: dict[str, Matrix], n_resamples: int, seed: int,
     return d, low, high, int(np.isnan(r).sum())
 
 
+def _length_total_diffs(sf: pd.DataFrame, first: str, second: str, kind: str, common: list[int],
+                        n_resamples: int, seed: int) -> dict[str, float]:
+    """Delta(language 2) - Delta(language 1) of delta_length and delta_total (paper 002 reports all three
+    contrasts' language differences), on the common positions scored in all six cells, one paired draw."""
+    mats: dict[str, Matrix] = {}
+    for tag, lang in (("1", first), ("2", second)):
+        for cond in CONDITIONS:
+            matrix, positions, _ = _matrix(sf, lang, kind, cond)
+            mats[f"{cond}_{tag}"] = matrix[[positions.index(q) for q in common]]
+    clean, _ = complete_cases(*mats.values())
+    m = dict(zip(mats, clean, strict=True))
+    out: dict[str, float] = {}
+    if m["free_1"].shape[0] == 0:
+        return out
+    reps = bootstrap_replicates(m, n_resamples, seed)
+    for name in ("delta_length", "delta_total"):
+        a, b = CONTRASTS[name]
+        point = float(m[f"{a}_2"].mean() - m[f"{b}_2"].mean() - (m[f"{a}_1"].mean() - m[f"{b}_1"].mean()))
+        low, high = _quantiles((reps[f"{a}_2"] - reps[f"{b}_2"]) - (reps[f"{a}_1"] - reps[f"{b}_1"]))
+        out.update({f"{name}_diff": point, f"{name}_diff_low": low, f"{name}_diff_high": high})
+    return out
+
+
 def language_table(df: pd.DataFrame, n_resamples: int, seed: int) -> pd.DataFrame | None:
     sf = study_frame(df)
     if sf is None:
@@ -614,6 +643,7 @@ def language_table(df: pd.DataFrame, n_resamples: int, seed: int) -> pd.DataFram
     if len(langs) < 2 or not {"short", "constrained"} <= set(sf["condition"]):
         return None
     first = langs[0]
+    has_free = "free" in set(sf["condition"])
     rows: list[dict[str, Any]] = []
     for second in langs[1:]:
         for kind in ITEM_TYPES:
@@ -672,6 +702,8 @@ def language_table(df: pd.DataFrame, n_resamples: int, seed: int) -> pd.DataFram
                 row["delta_mask_1"] = float(m["constrained_1"].mean() - m["short_1"].mean())
                 row["delta_mask_2"] = float(m["constrained_2"].mean() - m["short_2"].mean())
                 row["delta_mask_diff"] = row["delta_mask_2"] - row["delta_mask_1"]
+            if n_items and has_free:
+                row.update(_length_total_diffs(sf, first, second, kind, common, n_resamples, seed))
             rows.append(row)
     return frame(rows, LANGUAGE_COLUMNS) if rows else None
 
@@ -820,7 +852,9 @@ register_analysis(
             "pairs, S = pairs both languages answered correctly under short; b = those only language 2 lost "
             "under the constraint, c = those only language 1 lost; D_paired = (b - c)/|S|. delta_mask_diff = "
             "delta_mask of language 2 - delta_mask of language 1, on the same positions. Replicates with |S| "
-            "= 0 are undefined and left out of the interval (n_replicates_undefined). Only positions both "
+            "= 0 are undefined and left out of the interval (n_replicates_undefined). delta_length_diff and "
+            "delta_total_diff are the same language differences of the other two contrasts (on the positions "
+            "scored in all six cells; empty without the free condition). Only positions both "
             "languages cover are paired: n_positions_only_1 / _2 count those one language has alone (a "
             "translation's exclusions, each with its reason in the manifest's task_notes)."
         ),
