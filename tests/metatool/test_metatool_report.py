@@ -139,6 +139,8 @@ def test_tables_match_a_direct_computation(scripted_run):
             total = sum(int(row[f"{kind}_n_{c}"]) for c in ("correct", "D0", "D2", "wrong", "order"))
             assert total == row[f"{kind}_n_scored"] == len(part)
             assert row[f"{kind}_n_D0"] == counts.get("D0", 0) and row[f"{kind}_n_D2"] == counts.get("D2", 0)
+        assert row["pooled_acc"] == pytest.approx(cell["correct"].mean())  # both item types together
+        assert row["pooled_acc_low"] <= row["pooled_acc"] <= row["pooled_acc_high"]
     # the script makes every category appear somewhere
     assert {"D0", "D2", "wrong", "order", "correct"} <= set(sf["category"])
     con = t["abstention_contrasts"].set_index(["language", "item_type", "contrast"])

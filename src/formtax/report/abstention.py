@@ -216,6 +216,7 @@ def contrast_replicates(cells: dict[str, Matrix], n_resamples: int, seed: int) -
 ACCURACY_COLUMNS = [
     "task", "language", "strategy", "condition", "n_pairs", "n_seeds",
     "abstain_acc", "abstain_acc_low", "abstain_acc_high", "tool_acc", "tool_acc_low", "tool_acc_high",
+    "pooled_acc", "pooled_acc_low", "pooled_acc_high",
     *[f"{kind}_{c}" for kind in ITEM_TYPES
       for c in ("n_scored", "n_correct", "n_D0", "n_D2", "n_wrong", "n_order", "n_unscored",
                 "n_items_dropped")],
@@ -259,8 +260,22 @@ def accuracy_table(df: pd.DataFrame, n_resamples: int, seed: int) -> pd.DataFram
                     row[f"{kind}_n_{c}"] = int(counts.get(str(c), 0))
                 row[f"{kind}_n_unscored"] = len(part) - len(scored)
                 row[f"{kind}_n_items_dropped"] = n_dropped
+            row["pooled_acc"], row["pooled_acc_low"], row["pooled_acc_high"] = _pooled(aligned, condition,
+                                                                                       n_resamples, seed)
             rows.append(row)
     return frame(rows, ACCURACY_COLUMNS)
+
+
+def _pooled(aligned: dict[str, tuple[dict[str, Matrix], int]], condition: str, n_resamples: int,
+            seed: int) -> tuple[float, float, float]:
+    """Accuracy over both item types of a language and condition (paper 002's pooled table, section 4.1), on
+    the positions each type keeps in Table 1. Ours: the items of both types are the resampled units (a pair's
+    two items are drawn independently), which is how the pooled accuracy reads them."""
+    parts = [aligned[kind][0][condition] for kind in ITEM_TYPES if condition in aligned[kind][0]]
+    parts = [m for m in parts if m.shape[0] and m.shape[1]]
+    if not parts or len({m.shape[1] for m in parts}) != 1:
+        return NAN, NAN, NAN
+    return _mean_interval(np.vstack(parts), n_resamples, seed)
 
 
 # -- Table 3 ------------------------------------------------------------------------------------------------
@@ -763,7 +778,8 @@ register_analysis(
             "outputs: D0 = no readable answer (no candidate, no None), D2 = two or more candidates named "
             "(wrong, counted apart), wrong = a readable single wrong answer, order = the gold is present "
             "but refused by the ordering rule. Absolute levels are context only: the design licenses claims "
-            "about the differences (abstention_contrasts)."
+            "about the differences (abstention_contrasts). pooled_acc = over both item types (paper 002's "
+            "pooled table, section 4.1), the items of both types resampled as units."
         ),
         method=_BOOT + "; Wilson on positions where every score is 0 or every score is 1 (a bootstrap point there)",
         bootstrap=True,
