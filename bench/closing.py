@@ -36,7 +36,7 @@ from formtax.backends.fake import FakeBackend, random_logits  # noqa: E402
 from formtax.constraints import parse_spec  # noqa: E402
 from formtax.constraints.closing import start_witness  # noqa: E402
 from formtax.constraints.compile import compile_grammar  # noqa: E402
-from formtax.constraints.spec import JsonReasonAnswer  # noqa: E402
+from formtax.constraints.jsonreason import JsonReasonAnswer  # noqa: E402
 from formtax.errors import FormtaxError  # noqa: E402
 
 SPECS: dict[str, list[str]] = {

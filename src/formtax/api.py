@@ -97,6 +97,7 @@ def generate_batch(
     model_defaults: bool = False,
     raw: bool = False,
     closing: bool | None = None,
+    json_layout: str | None = None,
 ) -> list[Result]:
     """Generate for several prompts in one batch with one strategy and answer constraint.
 
@@ -107,16 +108,27 @@ def generate_batch(
     applies to constrained, json, inwriting and nl2format. Default (None): on where formtax's own loop steps the
     model (transformers, the fake backend), off where the engine enforces grammars itself (vLLM, servers);
     True on vLLM runs the rows through formtax's logits processor; a server cannot close (refused).
+    ``json_layout`` (the json strategy only): ``"flexible"`` (the default: JSON whitespace where a parser allows
+    it) or ``"compact"`` (``json.dumps``' spelling); constraints/jsonreason.py.
     """
     backend = _backend(model)
     strat = get_strategy(strategy)
+    options: dict[str, Any] = {}
+    if json_layout is not None:
+        if strategy != "json":
+            raise ConfigError(f"json_layout applies to the json strategy, not {strategy!r}")
+        from formtax.constraints.jsonreason import JsonLayout
+
+        if json_layout not in set(JsonLayout):
+            raise ConfigError(f"json_layout must be one of {', '.join(JsonLayout)}, got {json_layout!r}")
+        options["json_layout"] = json_layout
     constraint = as_constraint(answer) if answer is not None else None
     sampling = resolve_sampling(backend, Sampling(temperature, top_p, top_k, min_p), model_defaults)
     closing = resolve_closing(backend, closing)
     reqs = [
         Request(_prompt(p, raw), constraint, max_tokens=max_tokens, seed=seed, reasoning_prefix=reasoning,
                 triggers=triggers, constrain=constrain, temperature=sampling.temperature, top_p=sampling.top_p,
-                top_k=sampling.top_k, min_p=sampling.min_p, closing=closing)
+                top_k=sampling.top_k, min_p=sampling.min_p, closing=closing, options=dict(options))
         for p in prompts
     ]
     results = [typed_result(r, constraint) for r in strat.run(backend, reqs)]
@@ -165,7 +177,8 @@ def generate(
     model_defaults: bool = False,
     raw: bool = False,
     closing: bool | None = None,
+    json_layout: str | None = None,
 ) -> Result:
     """Generate one output (see :func:`generate_batch` and the module docstring for prompts and answers)."""
     return generate_batch(model, [prompt], strategy, answer, max_tokens, reasoning, triggers, seed, constrain,
-                          temperature, top_p, top_k, min_p, model_defaults, raw, closing)[0]
+                          temperature, top_p, top_k, min_p, model_defaults, raw, closing, json_layout)[0]

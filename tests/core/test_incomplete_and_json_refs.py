@@ -14,7 +14,8 @@ from pydantic import BaseModel
 
 import formtax
 from formtax.backends.fake import FakeBackend, random_logits
-from formtax.constraints.spec import JsonReasonAnswer, RegexConstraint
+from formtax.constraints.jsonreason import JsonReasonAnswer
+from formtax.constraints.spec import RegexConstraint
 
 
 @given(seed=st.integers(0, 200), budget=st.integers(1, 3))

@@ -12,9 +12,8 @@ from hypothesis import strategies as st
 
 from formtax.backends.fake import FakeBackend, random_logits, scripted
 from formtax.backends.rowplan import lark_grammar
+from formtax.constraints.jsonreason import JSON_SCAFFOLD, JsonLayout, JsonReasonAnswer
 from formtax.constraints.spec import (
-    JSON_SCAFFOLD,
-    JsonReasonAnswer,
     RecordConstraint,
     parse_spec,
     record_spec,
@@ -32,9 +31,10 @@ settings.register_profile("ci", deadline=None, suppress_health_check=[HealthChec
 settings.load_profile("ci")
 
 
-def run(strategy: str, spec: str, seed: int, max_tokens: int, backend=None):
+def run(strategy: str, spec: str, seed: int, max_tokens: int, backend=None, **options):
     backend = backend or FakeBackend(random_logits(seed=seed))
-    return get_strategy(strategy).run(backend, [Request(Q, parse_spec(spec), max_tokens=max_tokens)])[0]
+    return get_strategy(strategy).run(backend, [Request(Q, parse_spec(spec), max_tokens=max_tokens,
+                                                        options=options)])[0]
 
 
 def raw_bytes(result) -> bytes:
@@ -276,7 +276,7 @@ JSON_SPEC = record_spec(JSON_FIELDS)
 
 def test_json_reason_answer_embeds_the_record_rules():
     c = parse_spec(JSON_SPEC)
-    j = JsonReasonAnswer(c, reason_tokens=7)
+    j = JsonReasonAnswer(c, reason_tokens=7, layout=JsonLayout.COMPACT)
     assert "answer_f0_body[max_tokens=3]" in j.grammar and "%json{\"type\":\"object\"" not in j.grammar
     assert JsonReasonAnswer.answer_bound(c, 64) == c.max_tokens
     assert j.max_tokens == JSON_SCAFFOLD + 7 + c.max_tokens
@@ -293,7 +293,7 @@ def test_json_strategy_with_a_record_answer(seed, scripted_reason):
     budget = JSON_SCAFFOLD + c.max_tokens + 12
     # a model that never wants to close the reason: the engine caps it and the record still completes
     backend = FakeBackend(scripted('{"reason": "' + "x" * 500)) if scripted_reason else None
-    r = run("json", JSON_SPEC, seed, max_tokens=budget, backend=backend)
+    r = run("json", JSON_SPEC, seed, max_tokens=budget, backend=backend, json_layout="compact")
     assert r.parse_ok, (r.answer_text, r.parse_error)
     assert r.tokens.total <= budget
     whole = json.loads(r.answer_text)
@@ -312,7 +312,10 @@ def test_json_strategy_refuses_a_budget_the_record_cannot_fit():
 
 def test_json_answer_with_a_str_n_template_keeps_its_cap():
     c = parse_spec("{str:4}")
-    assert "answer_body[max_tokens=4]" in JsonReasonAnswer(c, 5).grammar
+    # the policy keeps it where escapes are allowed; the engine where they are not (a server)
+    assert JsonReasonAnswer(c, 5).string_caps == {0: 5, 1: 4}
+    assert "answer_body[max_tokens=4]" in JsonReasonAnswer(c, 5, escapes=False).grammar
+    assert "answer_body[max_tokens=3]" in JsonReasonAnswer(parse_spec("{str:3}"), 5).grammar  # below 4: engine
     assert JsonReasonAnswer.answer_bound(c, 64) == 6
 
 

@@ -95,8 +95,28 @@ def test_shared_output_format_means_byte_identical_prompts(tmp_path):
     recs = read_records(tmp_path / "records.jsonl")
     groups = {}
     for r in recs:
-        groups.setdefault((r.item_id, r.seed, r.output_format), set()).add(r.prompt_hash)
+        groups.setdefault((r.item_id, r.seed, r.prompt_format or r.output_format), set()).add(r.prompt_hash)
     assert all(len(v) == 1 for v in groups.values())
+    assert {r.prompt_format for r in recs if r.base_strategy == "nl2format"} == {"reasoning"}
+
+
+def test_nl2format_first_prompt_is_inwritings_without_the_answer_phrase(tmp_path):
+    """Paper 003: InWriting's prompt is NL-to-Format's plus one phrase (the one asking for the answer line); the
+    answer format goes to NL-to-Format's second call, so its line and JSON forms reason from the same prompt."""
+    run(cfg(strategies=["inwriting", "nl2format", "nl2format@vc:json"], prompt_variants="t1f1,t1f2", seeds=1,
+            limit=2), tmp_path)
+    recs = read_records(tmp_path / "records.jsonl")
+    by = {(r.strategy, r.item_id, r.prompt_variant): r for r in recs}
+    for (strategy, item, variant), r in by.items():
+        if strategy != "inwriting":
+            continue
+        nl, nl_json = by[("nl2format", item, variant)], by[("nl2format@vc:json", item, variant)]
+        assert nl.prompt == nl_json.prompt != r.prompt
+        head, _, question = nl.prompt.partition("\n\nQuestion:")
+        assert r.prompt.startswith(head) and r.prompt.endswith(question)
+        assert "The answer is:" in r.prompt and "The answer is:" not in nl.prompt
+        assert nl.output_format == "reason-answer" and nl_json.output_format == "reason-json"
+        assert (nl.text, nl.reasoning) == (nl_json.text, nl_json.reasoning)  # the same first call
 
 
 def test_prompt_difference_is_refused():

@@ -155,7 +155,10 @@ def test_vc_admits_exactly_the_passage_spans(monkeypatch) -> None:
 def test_prompts_name_the_roles_and_the_format(wiki) -> None:
     task = get_task("eae-wikievents")
     item = wiki[0]
-    for fmt in OutputFormat:
+    # the formats of a task with its own prompts (the JSON answer form and NL-to-Format's reasoning-only prompt
+    # need the generic prompts: has_json_answer_form / generic_prompts are False here)
+    assert not task.has_json_answer_form and not task.generic_prompts
+    for fmt in (OutputFormat.REASON_ANSWER, OutputFormat.ANSWER_ONLY, OutputFormat.JSON):
         for fv in (1, 2, 3):
             text = task.messages(item, fmt, 1, fv, [])[0]["content"]
             assert item.question in text

@@ -117,7 +117,7 @@ def test_imdb_alt_maps_words_to_classes() -> None:
     assert task.score(item, task.normalize("Enjoyable"))
     assert not task.score(item, task.normalize("Bad"))
     assert not task.score(item, None)
-    assert task.display_answer(item) == "good"
+    assert task.display_answer(item) == "positive"  # shots show the label the (imdb) prompt asks for
     plain = get_task("imdb")
     assert plain.normalize("Positive") == "positive"
     assert plain.normalize("good") is None

@@ -92,8 +92,12 @@ def test_format_descriptions_state_the_format_and_answer_space() -> None:
     assert "an integer from 0 to 999" in _content(
         build_messages(aime, aime_item, OutputFormat.ANSWER_ONLY, 1, 1)
     )
-    alt, alt_item = _first("imdb-alt")
-    assert "disappointing" in _content(build_messages(alt, alt_item, OutputFormat.ANSWER_ONLY, 1, 1))
+    alt, alt_item = _first("imdb-alt")  # paper 003 Table 4: the label prompt, only the decoding takes the words
+    imdb, imdb_item = _first("imdb")
+    for fmt in (OutputFormat.ANSWER_ONLY, OutputFormat.REASON_ANSWER, OutputFormat.JSON):
+        text = _content(build_messages(alt, alt_item, fmt, 1, 1, alt.shots(2, 0, {alt_item.id})))
+        assert text == _content(build_messages(imdb, imdb_item, fmt, 1, 1, imdb.shots(2, 0, {imdb_item.id})))
+        assert "disappointing" not in text and "one of the labels positive, negative" in text
 
 
 def test_bad_variants_are_rejected() -> None:
@@ -126,6 +130,9 @@ def test_rendered_gold_parses_strictly_and_scores(name: str, fmt: OutputFormat) 
     for item in task.load(DATA)[:25]:
         text = render_answer(task, item, fmt)
         result = parse_strict(text, task, item, fmt)
+        if name == "imdb-alt":  # its shots are imdb's labels (the same prompt); a label is prohibited content
+            assert result.status == "invalid", text
+            continue
         assert result.status == "ok", text
         assert task.score(item, result.value), text
 

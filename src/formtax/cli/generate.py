@@ -86,6 +86,8 @@ def _args(p: argparse.ArgumentParser) -> None:
                    help="suffix-beam: which branch replaces the constrained hypothesis (default last)")
     p.add_argument("--fem", default=None, metavar="FILE",
                    help="decog / ctrlg: the HMM artifact (`formtax fem build`), or NAME=FILE,...,OPTION=VALUE")
+    p.add_argument("--json-layout", choices=["flexible", "compact"], default=None,
+                   help="json strategy: JSON whitespace wherever a parser allows it (default) or compact")
     p.add_argument("--gamma", type=float, default=None, help="decog / ctrlg: control strength (default 1)")
     p.add_argument("--state-top-k", default=None,
                    help="decog / ctrlg: hidden states kept per step, a share (default 5%%, the paper's 200 of 4096) "
@@ -113,6 +115,10 @@ def generate_cmd(args: argparse.Namespace) -> int:
     options = {k: v for k, v in (("tau", args.tau), ("rule", args.beam_rule), ("fem", args.fem),
                                  ("gamma", args.gamma), ("top_k", args.state_top_k)) if v is not None}
     sampling = sampling_from_args(args)
+    if args.json_layout is not None and args.strategy != "json":
+        from formtax.errors import ConfigError
+
+        raise ConfigError(f"--json-layout applies to the json strategy, not {args.strategy!r}")
     if args.max_tokens < 1:
         from formtax.errors import ConfigError
 
@@ -150,7 +156,8 @@ def generate_cmd(args: argparse.Namespace) -> int:
             r = generate(model, prompt, strategy=args.strategy, answer=constraint, max_tokens=args.max_tokens,
                          reasoning=args.reasoning, triggers=args.trigger, seed=args.seed,
                          constrain=not args.no_constrain, model_defaults=args.model_defaults,
-                         closing=False if args.no_closing else None, **sampling.to_json())
+                         closing=False if args.no_closing else None, json_layout=args.json_layout,
+                         **sampling.to_json())
     if args.json:
         out = r.model_dump(exclude={"token_ids"})
         out["tokens_detail"] = out.pop("tokens")

@@ -56,6 +56,9 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reasoning-tokens", type=int, default=None,
                    help="the reasoning budget of InWriting, JSON and NL-to-Format at every constraint level "
                         "(paper 003's max_preamble_tokens: 600); each level's answer reserve is added on top")
+    p.add_argument("--json-layout", choices=["flexible", "compact"], default="flexible",
+                   help="json strategy: JSON whitespace wherever a parser allows it (default; paper 003's schema) "
+                        "or json.dumps' compact spelling")
     p.add_argument("--batch-size", type=int, default=8, help="requests decoded together")
     p.add_argument("--extractor-model", default=None,
                    help="nl2format: the model of the second (extraction) call, e.g. a larger one as in paper 003 "
@@ -131,7 +134,7 @@ def run_cmd(args: argparse.Namespace) -> int:
                     data_dir=args.data_dir, task_options=task_options,
                     hypotheses=str(args.hypotheses.resolve()) if args.hypotheses is not None else None,
                     workers=args.workers, ray_address=args.ray_address, backend_options=backend_options(args),
-                    fem=args.fem)
+                    fem=args.fem, json_layout=args.json_layout)
     bar: tqdm | None = None
 
     def progress(done: int, total: int) -> None:

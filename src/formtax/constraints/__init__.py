@@ -20,7 +20,8 @@ _LAZY: dict[str, str] = {
     "ChoiceConstraint": "formtax.constraints.spec",
     "Constraint": "formtax.constraints.spec",
     "JsonConstraint": "formtax.constraints.spec",
-    "JsonReasonAnswer": "formtax.constraints.spec",
+    "JsonLayout": "formtax.constraints.jsonreason",
+    "JsonReasonAnswer": "formtax.constraints.jsonreason",
     "LarkConstraint": "formtax.constraints.spec",
     "RecordConstraint": "formtax.constraints.spec",
     "RegexConstraint": "formtax.constraints.spec",
@@ -36,12 +37,12 @@ _LAZY: dict[str, str] = {
 
 if TYPE_CHECKING:
     from formtax.constraints.compile import CompiledGrammar, EngineTokenizer, Matcher, compile_grammar
+    from formtax.constraints.jsonreason import JsonLayout, JsonReasonAnswer
     from formtax.constraints.native import as_constraint, from_pydantic
     from formtax.constraints.spec import (
         ChoiceConstraint,
         Constraint,
         JsonConstraint,
-        JsonReasonAnswer,
         LarkConstraint,
         RecordConstraint,
         RegexConstraint,
@@ -62,6 +63,7 @@ __all__ = [
     "Constraint",
     "EngineTokenizer",
     "JsonConstraint",
+    "JsonLayout",
     "JsonReasonAnswer",
     "LarkConstraint",
     "Matcher",

@@ -43,6 +43,7 @@ from formtax.constraints.compile import CompiledGrammar, EngineTokenizer, Matche
 # values (digits before letters). Every other byte follows in byte order. Ours: a heuristic for which tokens a
 # short completion is likely to start with; any order gives a valid witness.
 _PREFERRED = b'"}])>' + b",:; \n." + b"0123456789" + b"abcdefghijklmnopqrstuvwxyz" + b"ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+_PREFERRED_ORDER = {b: i for i, b in enumerate(_PREFERRED)}
 _UNUSABLE = np.iinfo(np.int64).max
 BEAM_WIDTH = 8  # states kept per depth
 EXPAND = 8  # tokens tried per state
@@ -204,7 +205,13 @@ def _continuations(path: bytes, hints: tuple[bytes, ...]) -> frozenset[bytes]:
 def _candidates(mask: bytes, ranks: _Ranks, k: int, path: bytes, hints: tuple[bytes, ...]) -> list[int]:
     bits = np.unpackbits(np.frombuffer(mask, dtype=np.uint8), bitorder="little")[: ranks.vocab]
     hinted: list[int] = []
-    for c in sorted(_continuations(path, hints) | set(hints), key=len):
+    # a literal the path has begun goes on first (shortest first); then fresh literals, those whose first byte
+    # closes something first (the byte order of _PREFERRED: '"' before ' '), so a space literal of the answer
+    # does not keep every state of the beam inside a string or a whitespace run; sorted fully, never by set order
+    begun = _continuations(path, hints)
+    order = _PREFERRED_ORDER
+    fresh = sorted(set(hints) - begun, key=lambda h: (order.get(h[0], len(order) + h[0]), len(h), h))
+    for c in sorted(begun, key=lambda h: (len(h), h)) + fresh:
         for j in range(len(c), 0, -1):  # the longest token first: fewer tokens
             t = ranks.ids.get(c[:j])
             if t is not None and bits[t] and t not in hinted:

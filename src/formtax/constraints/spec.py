@@ -11,7 +11,8 @@ A :class:`Constraint` is tokenizer-independent. It knows
 
 SPEC strings (CLI ``--answer``): a template by default (``The answer is: {int}``), or ``regex:PATTERN``,
 ``json:SCHEMA`` (inline JSON or ``@file``), ``choice:a|b|c``, ``lark:GRAMMAR`` (inline or ``@file``),
-``record:FIELDS`` (inline JSON or ``@file``).
+``record:FIELDS`` (inline JSON or ``@file``), ``answer-json:SPEC`` (paper 003's one-field object
+``{"answer": <SPEC's value>}``, constraints/jsonreason.py).
 
 ``record:{"Victim": "{str:5}", "Place": "{choice:none|a b|c}", "Count": "{int:0..}"}`` is a flat JSON object
 with exactly these keys in this order, written compactly as ``json.dumps(..., ensure_ascii=False)`` writes it
@@ -42,7 +43,6 @@ import llguidance
 
 from formtax.constraints.template import (
     INT_LIMIT,
-    STR_SLOT_MAX_TOKENS,
     Slot,
     Template,
     lark_string,
@@ -584,130 +584,6 @@ class RecordConstraint(Constraint):
         }
 
 
-class JsonReasonAnswer(Constraint):
-    """Paper 003's JSON strategy: ``{"reason": "<free text>", "answer": <typed answer>}``, compact.
-
-    The reason string is capped at ``reason_tokens`` tokens by the engine (an llguidance ``max_tokens`` rule),
-    after which the closing quote and the answer are forced: that is how the answer's budget is reserved.
-    Our choice (documented): the reason is one line of text without double quotes or backslashes, because the
-    cap can cut the text anywhere and an escape sequence cut in half would break the JSON.
-
-    A :class:`RecordConstraint` answer is embedded with its own Lark rules (not ``%json`` of its schema), so
-    its key order, compact spelling and ``{str:N}`` token caps hold inside the answer too, and its
-    ``max_tokens`` (exact for escape-free strings) is the answer's reserve.
-    """
-
-    kind = "json-reason"
-
-    def __init__(self, answer: Constraint, reason_tokens: int) -> None:
-        self.answer = answer
-        self.reason_tokens = max(1, reason_tokens)
-        self.answer_field = answer.answer_schema()
-        self.source = f"reason+answer({answer.describe()})"
-        # the answer's definitions move to the wrapper's root, where its "#/$defs/..." references point
-        field = {k: v for k, v in self.answer_field.items() if k not in ("$defs", "definitions")}
-        defs: dict[str, Any] = {k: self.answer_field[k] for k in ("$defs", "definitions") if k in self.answer_field}
-        self.schema: dict[str, Any] = {
-            "type": "object",
-            "properties": {"reason": {"type": "string"}, "answer": field},
-            "required": ["reason", "answer"],
-            "additionalProperties": False,
-            **defs,
-        }
-        self._validator = jsonschema.validators.validator_for(self.schema)(self.schema)
-
-    @cached_property
-    def grammar(self) -> str:
-        # No escapes in the reason: the engine's max_tokens cut may fall anywhere, and every prefix of an
-        # escape-free body is still a valid JSON string body (a cut inside "\\u12" would not be).
-        body = f"/{NO_ESCAPE_CHAR}*/"
-        if isinstance(self.answer, RecordConstraint):
-            answer_rules = self.answer.lark_rules("answer")
-        elif self._template_text_answer():
-            # text around a slot, or several slots: the template's own rules inside the string's quotes, so the
-            # field's language is exactly the template's (a pattern in a JSON schema could not bound the ints)
-            assert isinstance(self.answer, TemplateConstraint)
-            answer_rules = 'answer: "\\"" answer_t "\\""\n' + self.answer.template.lark("answer_t", json_string=True)
-        elif self._plain_string_answer():
-            # A free-text answer (FC) gets the same capped, escape-free body as the reason.
-            cap = self._string_cap(self.answer)
-            # the oracle's schema (minLength) decides whether "" is an answer; the engine must agree with it
-            answer_body = body if not self.answer_field.get("minLength") else f"/{NO_ESCAPE_CHAR}+/"
-            answer_rules = (f'answer: "\\"" answer_body "\\""\n'
-                            f"answer_body[max_tokens={cap}]: {answer_body}\n")
-        else:
-            answer = "%json" + json.dumps(
-                {**self.answer_field, "x-guidance": JSON_OPTIONS}, separators=(",", ":"), ensure_ascii=False
-            )
-            answer_rules = f"answer: {answer}\n"
-        lark = (
-            'start: "{\\"reason\\": \\"" reason "\\", \\"answer\\": " answer "}"\n'
-            f"reason[max_tokens={self.reason_tokens}]: {body}\n" + answer_rules
-        )
-        return llguidance.grammar_from("lark", lark)
-
-    def validate(self, text: str) -> Validation:
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError as e:
-            return Validation(False, error=f"not JSON: {e}")
-        errors = list(self._validator.iter_errors(value))
-        if errors:
-            return Validation(False, value, error=f"schema violation: {errors[0].message}")
-        if isinstance(self.answer, RecordConstraint):
-            # The schema cannot say "keys in this order, no escapes": the record's own oracle does.
-            rec = self.answer.validate(json.dumps(value["answer"], ensure_ascii=False))
-            if not rec.ok:
-                return Validation(False, value, error=f"answer: {rec.error}")
-        elif self._template_text_answer():
-            # the same oracle as the constrained strategy: fullmatch and every slot's bounds
-            tmpl = self.answer.validate(str(value["answer"]))
-            if not tmpl.ok:
-                return Validation(False, value, error=f"answer: {tmpl.error}")
-        return Validation(True, value)
-
-    def _template_text_answer(self) -> bool:
-        """A template with text around its slot or several slots (not one bare slot, not one free-text slot)."""
-        a = self.answer
-        return isinstance(a, TemplateConstraint) and not a.template.is_single_slot
-
-    def _plain_string_answer(self) -> bool:
-        return self.answer_field.get("type") == "string" and set(self.answer_field) <= {"type", "minLength"}
-
-    @staticmethod
-    def _string_cap(answer: Constraint) -> int:
-        """The token cap of a free-text answer: a single ``{str:N}`` slot keeps its N, anything else 64."""
-        if isinstance(answer, TemplateConstraint) and answer.template.is_single_slot:
-            slot = answer.template.slots[0]
-            if slot.kind == "str":
-                return slot.max_tokens()
-        return STR_SLOT_MAX_TOKENS
-
-    @staticmethod
-    def answer_bound(answer: Constraint, default: int) -> int:
-        """Tokens the JSON-encoded answer can take: numbers as is; strings add quotes and, at worst, an escape
-        per character; a record is written without escapes, so its own bound is exact."""
-        if isinstance(answer, RecordConstraint):
-            return answer.max_tokens
-        inner = answer.max_tokens if answer.max_tokens is not None else default
-        schema = answer.answer_schema()
-        if schema.get("type") in ("integer", "number"):
-            return inner
-        if schema.get("type") == "string" and set(schema) <= {"type", "minLength"}:
-            return JsonReasonAnswer._string_cap(answer) + 2
-        return 2 * inner + 2
-
-    @property
-    def max_tokens(self) -> int | None:
-        if self.answer.max_tokens is None:
-            return None
-        # Literal scaffolding bytes + the reason cap + the answer's bound.
-        return JSON_SCAFFOLD + self.reason_tokens + self.answer_bound(self.answer, 0)
-
-
-JSON_SCAFFOLD = len(b'{"reason": "", "answer": }')
-
-
 def _read_arg(arg: str, what: str) -> str:
     if arg.startswith("@"):
         path = Path(arg[1:])
@@ -780,6 +656,10 @@ def parse_spec(spec: str) -> Constraint:
         c = parse_record(_read_arg(spec[len("record:") :], "record"))
     elif spec.startswith("template:"):
         c = TemplateConstraint(spec[len("template:") :])
+    elif spec.startswith("answer-json:"):
+        from formtax.constraints.jsonreason import JsonAnswerObject  # it builds on this module's constraints
+
+        c = JsonAnswerObject(parse_spec(spec[len("answer-json:") :]))
     else:
         c = TemplateConstraint(spec)
     c.check()

@@ -7,6 +7,8 @@
   ``answer``. Whitespace inside the JSON is fine; a Markdown code fence or any text around the object is not
   (paper 003 A.4.3 counts both as failures, since a schema-constrained decoder could never produce them).
   The answer may be a JSON string or number.
+- REASON_JSON / ANSWER_JSON (paper 003's JSON answer form): the output must end with the object
+  ``{"answer": <answer>}`` and nothing after it (after free reasoning, or alone); the same answer rules as JSON.
 
 A missing shape is ``no_answer``; the right shape with an answer that is not already in the task's canonical
 representation (:meth:`Task.canonical`: ``28`` but not ``28.00`` or ``2,8``; ``hene`` or ``HENE`` but not
@@ -20,6 +22,7 @@ from __future__ import annotations
 import json
 
 from formtax.parsing.common import from_json_answer, from_raw, strip_trailing_period
+from formtax.parsing.jsontail import trailing_json_object
 from formtax.parsing.result import NO_ANSWER, ParseResult
 from formtax.tasks.base import ANSWER_PREFIX, Item, OutputFormat, Task
 
@@ -43,12 +46,26 @@ def _json_object(text: str, task: Task) -> ParseResult:
     return from_json_answer(task, obj["answer"], strict=True)
 
 
+def _answer_object(text: str, task: Task, whole: bool) -> ParseResult:
+    """Paper 003's JSON answer form: the text ends with exactly ``{"answer": <answer>}`` (after free reasoning,
+    or alone when ``whole``); the answer in the task's canonical form, as in the JSON strategy."""
+    found = trailing_json_object(text)
+    if found is None or (whole and found != text):
+        return NO_ANSWER
+    obj = json.loads(found)
+    if set(obj) != {"answer"}:
+        return NO_ANSWER
+    return from_json_answer(task, obj["answer"], strict=True)
+
+
 def parse_strict(text: str, task: Task, item: Item, output_format: OutputFormat) -> ParseResult:
     """Parse ``text`` only if it has exactly the requested format (see the module docstring)."""
     stripped = text.strip()
     fmt = OutputFormat(output_format)
     if fmt is OutputFormat.JSON:
         return _json_object(stripped, task)
+    if fmt in (OutputFormat.REASON_JSON, OutputFormat.ANSWER_JSON):
+        return _answer_object(stripped, task, whole=fmt is OutputFormat.ANSWER_JSON)
     if fmt is OutputFormat.ANSWER_ONLY:
         if "\n" in stripped or "\r" in stripped:
             return NO_ANSWER

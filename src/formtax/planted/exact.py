@@ -29,6 +29,7 @@ import torch
 
 from formtax.backends.base import TokenizerInfo
 from formtax.constraints.compile import Matcher, compile_grammar
+from formtax.constraints.jsonstrings import StringCaps
 from formtax.constraints.spec import Constraint
 from formtax.planted.backend import RowModel
 
@@ -74,6 +75,7 @@ class Semantics:
     first_allowed: torch.Tensor | None = None  # the answer's first token is further restricted to this set
     answer_phase: str = "answer"
     free_phase: str = "reasoning"
+    json_caps: StringCaps | None = None  # CONSTRAINED json: the policy-kept caps (constraints/jsonstrings.py)
 
 
 @dataclass
@@ -86,6 +88,7 @@ class _State:
     first_answer: bool = True
     masked_mass: float | None = None
     stats: dict[str, Any] = field(default_factory=dict)
+    caps: StringCaps | None = None  # the json strategy's policy-kept string caps (constraints/jsonstrings.py)
 
     def extend(self, q: float, token: int, phase: str) -> _State:
         """A child state: this one after ``token`` (chosen with probability ``q``) in ``phase``."""
@@ -97,7 +100,8 @@ class _State:
     def fork(self, q: float) -> _State:
         return _State(self.p * q, list(self.tokens), list(self.phases),
                       self.matcher.copy() if self.matcher is not None else None, self.switched,
-                      self.first_answer, self.masked_mass, dict(self.stats))
+                      self.first_answer, self.masked_mass, dict(self.stats),
+                      self.caps.copy() if self.caps is not None else None)
 
 
 NEGLIGIBLE = 1e-13
@@ -149,7 +153,8 @@ def distribution(model: RowModel, tok: TokenizerInfo, sem: Semantics, temperatur
     stop_ids = frozenset(eos | {tok.pad_id})
     newline = tok.newline_ids if sem.kind is Kind.SHORT else frozenset()
     start = _State(1.0, [], [], compiled.matcher(tok.n_logits) if compiled is not None else None,
-                   switched=sem.kind is Kind.CONSTRAINED)
+                   switched=sem.kind is Kind.CONSTRAINED,
+                   caps=sem.json_caps.copy() if sem.json_caps is not None else None)
     done: list[Outcome] = []
     unresolved = 0.0
     stack = [start]
@@ -244,6 +249,8 @@ def distribution(model: RowModel, tok: TokenizerInfo, sem: Semantics, temperatur
         allowed_t = m.allowed_mask()
         if s.first_answer and sem.first_allowed is not None:
             allowed_t = allowed_t & sem.first_allowed
+        if s.caps is not None and (extra := s.caps.allowed()) is not None:
+            allowed_t = allowed_t & extra[: allowed_t.shape[0]]
         allowed = allowed_t.numpy()
         if not allowed.any():
             finish(s, "constraint-error")
@@ -261,6 +268,8 @@ def distribution(model: RowModel, tok: TokenizerInfo, sem: Semantics, temperatur
             elif c.matcher is None or not c.matcher.consume(t):
                 finish(c, "constraint-error")
             else:
+                if c.caps is not None:
+                    c.caps.advance(tok.engine.ll.decode_bytes([t]))
                 stack.append(c)  # the budget is checked when it is popped
     return Distribution(done, unresolved)
 

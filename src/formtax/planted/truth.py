@@ -120,7 +120,7 @@ def _semantics_and_assemble(backend: PlantedBackend, strategy: str, req: Request
     if strategy == "json" and c is not None:
         from formtax.strategies.basic import Json
 
-        effective = Json().effective_constraint(req)
+        effective = Json().effective_constraint(req)  # the planted backend steps the policy: escapes allowed
     constrained = req.constrain and c is not None and strategy in ("constrained", "json", "inwriting")
     if strategy in ("free",) or (not constrained and strategy != "short"):
         phase = "reasoning" if strategy in ("free", "inwriting") else "answer"
@@ -134,7 +134,11 @@ def _semantics_and_assemble(backend: PlantedBackend, strategy: str, req: Request
                         triggers=frozenset(tok.encode(t)[0] for t in req.triggers))
     else:
         assert effective is not None
-        sem = Semantics(Kind.CONSTRAINED, req.max_tokens, prefix, grammar=effective.grammar)
+        from formtax.constraints.jsonreason import JsonReasonAnswer
+        from formtax.constraints.jsonstrings import caps_for
+
+        caps = caps_for(effective, tok.engine, tok.n_logits) if isinstance(effective, JsonReasonAnswer) else None
+        sem = Semantics(Kind.CONSTRAINED, req.max_tokens, prefix, grammar=effective.grammar, json_caps=caps)
     d: Distribution = distribution(model, tok, sem, req.temperature)
     for o in d.outcomes:
         text = tok.decode_text(o.tokens)

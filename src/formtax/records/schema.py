@@ -47,10 +47,11 @@ class Record(BaseModel):
     item_id: str
     item_hash: str
     strategy: str  # the strategy spec as given, e.g. "json@vc" or "inwriting@vc+rc"
-    base_strategy: str  # the registered strategy, e.g. "json"
+    base_strategy: str  # the registered strategy with its answer form, e.g. "json", "inwriting:json"
     level: str  # none | fc | vc (paper 003's constraint levels)
     rc: bool  # reasoning constraint (forced prefix) on
-    output_format: str  # reason-answer | answer-only | json
+    output_format: str  # the answer's format: reason-answer | answer-only | json | reason-json (tasks.OutputFormat)
+    prompt_format: str | None = None  # what the (first) prompt describes when it differs (nl2format: reasoning)
     prompt_variant: str  # e.g. "t1f1"
     seed: int
     shots: int

@@ -1,9 +1,11 @@
 """The evaluation grid: task x strategy spec x prompt variant x seed, expanded into planned requests.
 
-A strategy spec is ``NAME[@LEVEL][+rc]``: LEVEL is paper 003's constraint level (``none``: the strategy's prompt
-and budget with no mask; ``fc``: format constraint, the answer any string; ``vc``: validity constraint, the typed
-answer space; the default for constrained strategies), ``+rc`` adds the reasoning constraint (a forced
-"Let's think step by step." prefix). ``free`` and ``short`` are always unconstrained.
+A strategy spec is ``NAME[@LEVEL][:json][+rc]``: LEVEL is paper 003's constraint level (``none``: the strategy's
+prompt and budget with no mask; ``fc``: format constraint, the answer any string; ``vc``: validity constraint, the
+typed answer space; the default for constrained strategies), ``:json`` is paper 003's JSON answer form of
+InWriting and NL-to-Format (the answer as the object ``{"answer": ...}`` instead of the answer line, A.2),
+``+rc`` adds the reasoning constraint (a forced "Let's think step by step." prefix). ``free`` and ``short`` are
+always unconstrained.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from formtax.tasks import (
 
 RC_PREFIX = "Let's think step by step."
 LEVELS = ("none", "fc", "vc")
+JSON_FORM = ":json"
+JSON_FORM_STRATEGIES = ("inwriting", "nl2format")  # paper 003 A.2: the strategies with a JSON answer form
 
 
 @dataclass(frozen=True)
@@ -37,10 +41,28 @@ class StrategySpec:
     name: str
     level: str
     rc: bool
+    json_answer: bool = False  # paper 003's JSON answer form (``:json``)
 
     @property
     def strategy(self) -> Strategy:
         return get_strategy(self.name)
+
+    @property
+    def output_format(self) -> OutputFormat:
+        """The output format the prompt asks for: the strategy's, or the JSON answer form's."""
+        return OutputFormat.REASON_JSON if self.json_answer else OutputFormat(self.strategy.output_format)
+
+    def prompt_format(self, task: Task) -> OutputFormat:
+        """The format the (first) prompt describes: the strategy's own prompt format where the task's prompts
+        are the generic ones (NL-to-Format's first call asks for reasoning only), else the output format."""
+        own = self.strategy.prompt_format
+        return OutputFormat(own) if own is not None and task.generic_prompts else self.output_format
+
+    @property
+    def family(self) -> str:
+        """The strategy with its answer form (``inwriting``, ``inwriting:json``): the records' ``base_strategy``,
+        so a decomposition compares the levels of one form."""
+        return self.name + (JSON_FORM if self.json_answer else "")
 
 
 def parse_strategy_spec(spec: str) -> StrategySpec:
@@ -48,8 +70,14 @@ def parse_strategy_spec(spec: str) -> StrategySpec:
     rc = s.endswith("+rc")
     if rc:
         s = s[: -len("+rc")]
+    json_answer = s.endswith(JSON_FORM)
+    if json_answer:
+        s = s[: -len(JSON_FORM)]
     name, _, level = s.partition("@")
     strat = get_strategy(name)  # unknown names list the known ones
+    if json_answer and name not in JSON_FORM_STRATEGIES:
+        raise ConfigError(f"the JSON answer form {JSON_FORM!r} applies to {', '.join(JSON_FORM_STRATEGIES)}, "
+                          f"not {name!r} (in {spec!r})")
     if not strat.requires_constraint:
         if level and level != "none":
             raise ConfigError(f"strategy {name!r} is unconstrained; it takes no level (got {spec!r})")
@@ -57,13 +85,13 @@ def parse_strategy_spec(spec: str) -> StrategySpec:
     level = level or "vc"
     if level not in LEVELS:
         raise ConfigError(f"unknown constraint level {level!r} in {spec!r}; use one of {', '.join(LEVELS)}")
-    return StrategySpec(spec=spec.strip(), name=name, level=level, rc=rc)
+    return StrategySpec(spec=spec.strip(), name=name, level=level, rc=rc, json_answer=json_answer)
 
 
 def answer_spec(task: Task, item: Item, s: StrategySpec) -> str:
     """The answer constraint for this item at the spec's level (``none`` still has one: it is not enforced,
     only used to read the answer)."""
-    return task.answer_spec("fc" if s.level == "fc" else "vc", item, OutputFormat(s.strategy.output_format))
+    return task.answer_spec("fc" if s.level == "fc" else "vc", item, s.output_format)
 
 
 @dataclass
@@ -80,6 +108,7 @@ class Planned:
     output_format: str
     format_variant: int
     meta: dict[str, Any] = field(default_factory=dict)
+    prompt_format: str = ""  # what the prompt describes (check_prompt_identity groups on it); "": output_format
     prompt_style: PromptStyle = PromptStyle.CHAT
     budget: dict[str, int] | None = None  # set once by runner.run.planned_budget (deterministic in the config)
 
@@ -87,7 +116,8 @@ class Planned:
         return parse_spec(self.answer) if self.answer is not None else None
 
     def conversion(self, task: Task) -> Any:
-        return lambda text: task.conversion_messages(self.item, text, self.format_variant)
+        fmt = OutputFormat.ANSWER_JSON if self.spec.json_answer else OutputFormat.ANSWER_ONLY
+        return lambda text: task.conversion_messages(self.item, text, self.format_variant, fmt)
 
 
 def request_id(task: str, item_id: str, spec: str, variant: str, seed: int, shots: int) -> str:
@@ -110,16 +140,23 @@ def plan_grid(
     shot_items = task.shots(shots, shot_seed, {it.id for it in items}) if shots else []
     out: list[Planned] = []
     for s in specs:
-        fmt = OutputFormat(s.strategy.output_format)
+        if s.json_answer and not task.has_json_answer_form:
+            raise ConfigError(f"{s.spec}: task {task.name!r} has its own answer format; the JSON answer form needs "
+                              "the generic prompts")
+        if s.json_answer and style is PromptStyle.BASE:
+            raise ConfigError(f"{s.spec}: a base-model prompt shows the answer line in its shots, not the JSON "
+                              "answer form; use --prompt-style chat")
+        fmt, pfmt = s.output_format, s.prompt_format(task)
         for tv, fv in variants(s) if callable(variants) else variants:
             vid = variant_id(tv, fv)
             for seed in seeds:
                 for it in items:
                     msgs: Prompt = (task.base_prompt(it, shot_items) if style is PromptStyle.BASE
-                                    else task.messages(it, fmt, tv, fv, shot_items))
+                                    else task.messages(it, pfmt, tv, fv, shot_items))
                     ans = answer_spec(task, it, s)
                     out.append(Planned(request_id(task.name, it.id, s.spec, vid, seed, shots), task.name, it, s, vid,
-                                       seed, shots, msgs, ans, fmt.value, fv, prompt_style=style))
+                                       seed, shots, msgs, ans, fmt.value, fv, prompt_style=style,
+                                       prompt_format=pfmt.value))
     return out
 
 
@@ -132,11 +169,12 @@ def check_prompt_identity(planned: list[Planned], render: Any, across_formats: b
     seen: dict[tuple[str, str, str, int, str], tuple[str, str]] = {}
     groups: dict[str, set[str]] = defaultdict(set)
     for p in planned:
-        key = (p.task, p.item.id, p.prompt_variant, p.seed, "*" if across_formats else p.output_format)
+        described = p.prompt_format or p.output_format
+        key = (p.task, p.item.id, p.prompt_variant, p.seed, "*" if across_formats else described)
         text = render(p.messages)
-        groups[p.output_format].add(p.spec.spec)
+        groups[described].add(p.spec.spec)
         if key in seen and seen[key][0] != text:
-            share = f"share the output format {p.output_format!r}"
+            share = f"share the prompt format {described!r}"
             if across_formats:
                 share = "must share one prompt"
             raise ConfigError(

@@ -122,6 +122,7 @@ class RunConfig:
     backend_options: dict[str, Any] = field(default_factory=dict)  # e.g. server=URL, tensor_parallel_size=2
     fem: str | None = None  # decog / ctrlg: FEM artifact(s), FILE or NAME=FILE,... (strategies/decog.py)
     seeding: str = "request"  # how a request's sampler seed is made from its seed index: see sampler_seed
+    json_layout: str = "flexible"  # the json strategy's layout (constraints/jsonreason.py): flexible | compact
 
     def identity(self) -> dict[str, Any]:
         d = asdict(self)
@@ -136,6 +137,8 @@ class RunConfig:
             d.pop("fem")
         if d["reasoning_tokens"] is None:
             d.pop("reasoning_tokens")
+        if not any(parse_strategy_spec(s).name == "json" for s in self.strategies):
+            d.pop("json_layout")  # a grid without the json strategy reads no layout
         if d["prompt_style"] in (None, PromptStyle.CHAT):
             d.pop("prompt_style")  # chat: the only style before base-model prompting existed
         if d["seeding"] == "index" or (self.temperature <= 0.0 and not self.model_defaults):
@@ -261,7 +264,8 @@ def make_record(task: Task, p: Planned, res: Result | None, prompt_text: str, ba
                 model: str, error: str | None = None) -> Record:
     rec = Record(
         request_id=p.request_id, task=p.task, item_id=p.item.id, item_hash=_item_hash(p), strategy=p.spec.spec,
-        base_strategy=p.spec.name, level=p.spec.level, rc=p.spec.rc, output_format=p.output_format,
+        base_strategy=p.spec.family, level=p.spec.level, rc=p.spec.rc, output_format=p.output_format,
+        prompt_format=p.prompt_format if p.prompt_format not in ("", p.output_format) else None,
         prompt_variant=p.prompt_variant, seed=p.seed, shots=p.shots, prompt_style=p.prompt_style.value, model=model,
         batch_size=batch_size,
         prompt_hash=_sha(prompt_text), prompt=prompt_text, gold=p.item.gold, answer_spec=p.answer, error=error,
@@ -557,7 +561,8 @@ def planned_budget(task: Task, p: Planned, config: RunConfig) -> dict[str, int]:
     if p.budget is not None:
         return p.budget
     strategy = p.spec.strategy
-    probe = Request(prompt=p.messages, constraint=p.constraint(), max_tokens=config.max_tokens)
+    options = strategy_options(p, config)
+    probe = Request(prompt=p.messages, constraint=p.constraint(), max_tokens=config.max_tokens, options=options)
     overhead = strategy.answer_overhead(probe) if probe.constraint is not None else None
     if overhead is None:
         p.budget = {"max_tokens": config.max_tokens}
@@ -565,12 +570,13 @@ def planned_budget(task: Task, p: Planned, config: RunConfig) -> dict[str, int]:
     if config.reasoning_tokens is not None:
         reasoning = config.reasoning_tokens
     else:
-        fmt = OutputFormat(p.output_format)
-        # the unconstrained level reads its answer with VC's constraint
-        levels: set[ConstraintLevel] = {"fc" if s.level == "fc" else "vc"
-                                       for s in map(parse_strategy_spec, config.strategies) if s.name == p.spec.name}
+        # the unconstrained level reads its answer with VC's constraint; the answer forms of a strategy (the line,
+        # paper 003's JSON object) share its reasoning budget too, so that they compare on equal reasoning
+        levels: set[tuple[ConstraintLevel, OutputFormat]] = {
+            ("fc" if s.level == "fc" else "vc", s.output_format)
+            for s in map(parse_strategy_spec, config.strategies) if s.name == p.spec.name}
         worst = max(strategy.answer_overhead(Request(prompt=p.messages, constraint=parse_spec(
-            task.answer_spec(level, p.item, fmt)))) or 0 for level in sorted(levels))
+            task.answer_spec(level, p.item, fmt)), options=options)) or 0 for level, fmt in sorted(levels))
         reasoning = config.max_tokens - worst
         if reasoning < 1:
             raise ConfigError(f"strategy {p.spec.spec!r}: --max-tokens {config.max_tokens} leaves no reasoning "
@@ -658,7 +664,17 @@ def request_for(task: Task, p: Planned, config: RunConfig) -> Request:
                    temperature=config.temperature, top_p=config.top_p, top_k=config.top_k, min_p=config.min_p,
                    reasoning_prefix=RC_PREFIX if p.spec.rc else None,
                    constrain=p.spec.level != "none", conversion=p.conversion(task),
-                   options={"fem": config.fem} if config.fem and p.spec.name in FEM_STRATEGIES else {})
+                   options=strategy_options(p, config))
+
+
+def strategy_options(p: Planned, config: RunConfig) -> dict[str, Any]:
+    """The strategy-specific settings of one planned request (``Request.options``)."""
+    options: dict[str, Any] = {}
+    if config.fem and p.spec.name in FEM_STRATEGIES:
+        options["fem"] = config.fem
+    if p.spec.name == "json":
+        options["json_layout"] = config.json_layout
+    return options
 
 
 def load_extractor(config: RunConfig) -> Backend | None:

@@ -120,6 +120,9 @@ class Strategy(ABC):
     needs: ClassVar[frozenset[Capability]] = frozenset({Capability.STEP_LOGITS})
     requires_constraint: ClassVar[bool] = True
     output_format: ClassVar[str] = "reason-answer"  # the expected output format its prompt must describe
+    # the format its (first) prompt describes when that differs from what the answer is read in (nl2format:
+    # free reasoning, the second call asking for the answer); None: output_format
+    prompt_format: ClassVar[str | None] = None
 
     def check(self, backend: Backend, requests: Sequence[Request]) -> None:
         """Refuse before any model call: bad sampling settings, capabilities, a missing constraint, a budget the

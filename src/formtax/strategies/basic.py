@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from formtax.backends.base import Backend
+from formtax.backends.base import Backend, Capability
 from formtax.constraints.closing import start_witness
 from formtax.constraints.compile import compile_grammar
-from formtax.constraints.spec import JSON_SCAFFOLD, ChoiceConstraint, Constraint, JsonReasonAnswer
+from formtax.constraints.jsonreason import JSON_SCAFFOLD, JsonLayout, JsonReasonAnswer, layout_tokens
+from formtax.constraints.jsonstrings import caps_for
+from formtax.constraints.spec import ChoiceConstraint, Constraint
 from formtax.decoding.loop import Policy
 from formtax.strategies.base import (
     DEFAULT_RESERVE,
@@ -21,7 +23,7 @@ from formtax.strategies.base import (
 )
 from formtax.strategies.firstmass import EVENT as FIRST_MASS
 from formtax.strategies.firstmass import FirstTokenMass, allowed_first_tokens
-from formtax.strategies.policies import ConstrainedPolicy, FreePolicy
+from formtax.strategies.policies import ConstrainedPolicy, FreePolicy, JsonCapPolicy
 
 
 def constrained_policy(backend: Backend, constraint: Constraint, phase: str = "answer",
@@ -100,40 +102,67 @@ class Constrained(SinglePass):
 
 @register
 class Json(SinglePass):
+    """Paper 003's JSON strategy (constraints/jsonreason.py). ``Request.options["json_layout"]``:
+    ``flexible`` (the default: JSON whitespace anywhere a parser allows it) or ``compact``. On a backend whose
+    decode loop steps the policy the reason and a free-text answer accept every JSON string, escapes included,
+    their caps kept by :class:`JsonCapPolicy`; on a server (a whole-output grammar only) they are escape-free."""
+
     name = "json"
-    summary = 'one compact JSON object {"reason": free text, "answer": typed answer}, constrained throughout'
+    summary = 'one JSON object {"reason": free text, "answer": typed answer}, constrained throughout'
     output_format = "json"
 
     @staticmethod
     def _answer_bound(c: Constraint) -> int:
         return JsonReasonAnswer.answer_bound(c, DEFAULT_RESERVE)
 
+    @staticmethod
+    def layout(request: Request) -> JsonLayout:
+        from formtax.errors import ConfigError
+
+        value = request.options.get("json_layout", JsonLayout.FLEXIBLE)
+        try:
+            return JsonLayout(value)
+        except ValueError:
+            raise ConfigError(f"json_layout must be one of {', '.join(JsonLayout)}, got {value!r}") from None
+
     def min_budget(self, request: Request) -> int:
-        assert request.constraint is not None
-        return JSON_SCAFFOLD + self._answer_bound(request.constraint) + 2
+        return (self.answer_overhead(request) or 0) + 1
 
     def answer_overhead(self, request: Request) -> int | None:
         assert request.constraint is not None
-        return JSON_SCAFFOLD + self._answer_bound(request.constraint) + 1
+        return JSON_SCAFFOLD + layout_tokens(self.layout(request)) + self._answer_bound(request.constraint) + 1
 
-    def effective_constraint(self, request: Request) -> Constraint | None:
+    def effective_constraint(self, request: Request, escapes: bool = True) -> Constraint | None:
         if request.constraint is None:
             return None
-        c = request.constraint
         reason = request.max_tokens - (self.answer_overhead(request) or 0)
-        return JsonReasonAnswer(c, reason_tokens=max(1, reason))
+        return JsonReasonAnswer(request.constraint, reason_tokens=max(1, reason), layout=self.layout(request),
+                                escapes=escapes)
+
+    def whole_output_constraint(self, request: Request, policy: Policy) -> Constraint | None:
+        inner = super().whole_output_constraint(request, policy)
+        return None if inner is None else self.effective_constraint(request, escapes=False)
 
     def closing_target(self, backend: Backend, request: Request) -> tuple[Constraint, int] | None:
         c, limit = self.effective_constraint(request), closing_limit(backend, request)
         return None if c is None or limit is None else (c, limit)
 
     def policy(self, backend: Backend, request: Request) -> Policy:
-        c = self.effective_constraint(request)
-        assert c is not None
+        escapes = Capability.STEP_LOGITS in backend.capabilities
+        c = self.effective_constraint(request, escapes=escapes)
+        assert isinstance(c, JsonReasonAnswer)
         if not request.constrain:
             return with_prefix(backend, request, FreePolicy(backend.tokenizer.eos_ids, phase="answer"))
-        return with_prefix(backend, request, constrained_policy(backend, c,
-                                                                closing_limit=closing_limit(backend, request)))
+        limit = closing_limit(backend, request)
+        tok = backend.tokenizer
+        caps = caps_for(c, tok.engine, tok.n_logits)
+        if caps is None:
+            return with_prefix(backend, request, constrained_policy(backend, c, closing_limit=limit))
+        compiled = compile_grammar(c.grammar, tok.engine)
+        policy = JsonCapPolicy(compiled.matcher(tok.n_logits), tok.eos_ids, caps, closing_limit=limit)
+        if policy.closer is not None:
+            policy.closer.start_from(start_witness(compiled, tok.n_logits))
+        return with_prefix(backend, request, policy)
 
     def fill_answer(self, res: Result, request: Request, out: Any, phases: dict[str, str], constrained: bool) -> None:
         res.answer_text = phases.get("answer")

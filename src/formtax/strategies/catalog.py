@@ -19,7 +19,7 @@ CATALOG: dict[str, tuple[str, str]] = {
     'inwriting': ('formtax.strategies.inwriting',
         'free preamble (EOS masked), then the constraint when the model wants to stop or a trigger appears'),
     'json': ('formtax.strategies.basic',
-        'one compact JSON object {"reason": free text, "answer": typed answer}, constrained throughout'),
+        'one JSON object {"reason": free text, "answer": typed answer}, constrained throughout'),
     'nl2format': ('formtax.strategies.nl2format',
         'call 1: free reasoning; call 2: a conversion prompt decoded with the answer constraint'),
     'short': ('formtax.strategies.basic',

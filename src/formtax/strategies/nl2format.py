@@ -47,6 +47,7 @@ def default_conversion(request: Request, reasoning: str) -> Prompt:
 class NL2Format(Strategy):
     name = "nl2format"
     summary = "call 1: free reasoning; call 2: a conversion prompt decoded with the answer constraint"
+    prompt_format = "reasoning"  # call 1's prompt asks for reasoning only; call 2's asks for the answer
 
     def __init__(self, extractor: Backend | None = None) -> None:
         self.extractor = extractor

@@ -8,6 +8,7 @@ import torch
 
 from formtax.constraints.closing import Closer
 from formtax.constraints.compile import Matcher
+from formtax.constraints.jsonstrings import StringCaps
 from formtax.decoding.loop import Divert, Plan, Policy, Veto, relay
 
 
@@ -74,6 +75,35 @@ class ConstrainedPolicy(Policy):
 
     def budget_exhausted(self) -> str:
         return "length" if self.matcher.accepting else "length-incomplete"
+
+
+class JsonCapPolicy(ConstrainedPolicy):
+    """A constrained policy that also keeps the token caps of JSON string values the grammar leaves uncapped
+    (the json strategy's reason and free-text answer when they may hold escapes; constraints/jsonstrings.py):
+    the allowed set is the grammar's and the caps' together, so greedy takes the best token both allow and
+    sampling draws from the distribution masked by both."""
+
+    def __init__(self, matcher: Matcher, eos_ids: frozenset[int], caps: StringCaps, phase: str = "answer",
+                 closing_limit: int | None = None) -> None:
+        super().__init__(matcher, eos_ids, phase=phase, closing_limit=closing_limit)
+        self.caps = caps
+
+    def plan(self, logits: torch.Tensor, step: int) -> Plan:
+        plan = super().plan(logits, step)
+        extra = self.caps.allowed()
+        if plan.allowed is None or extra is None:
+            return plan
+        allowed = plan.allowed & extra[: plan.allowed.shape[0]]
+        if not bool(allowed.any()):
+            return Plan(stop="constraint-error")
+        plan.allowed = allowed
+        return plan
+
+    def advance(self, token: int) -> str | None:
+        reason = super().advance(token)
+        if reason is None:
+            self.caps.advance(self.matcher.tokenizer.ll.decode_bytes([token]))
+        return reason
 
 
 class InWritingPolicy(Policy):

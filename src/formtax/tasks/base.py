@@ -57,6 +57,17 @@ class OutputFormat(StrEnum):
     """A single line ``The answer is: <answer>`` and nothing else."""
     JSON = "json"
     """One compact JSON object ``{"reason": "...", "answer": ...}``."""
+    REASON_JSON = "reason-json"
+    """Free reasoning, then the one-field JSON object ``{"answer": <answer>}`` (paper 003 A.2's JSON answer form
+    of InWriting and NL-to-Format)."""
+    ANSWER_JSON = "answer-json"
+    """The object ``{"answer": <answer>}`` and nothing else (NL-to-Format's second call in the JSON form)."""
+    REASONING = "reasoning"
+    """Free reasoning, no answer format (NL-to-Format's first call: paper 003's InWriting prompt is this one plus
+    the phrase that asks for the answer line; the second call asks for the answer). A prompt format only."""
+
+
+JSON_ANSWER_FORMATS = frozenset({OutputFormat.REASON_JSON, OutputFormat.ANSWER_JSON})
 
 
 @dataclass(frozen=True)
@@ -151,6 +162,8 @@ class Task(ABC):
         answer line, e.g. a bare choice, override it). JSON strategies get the slot alone: it types the
         ``answer`` field."""
         slot = self.answer_slot(level, item)
+        if output_format in JSON_ANSWER_FORMATS:
+            return "answer-json:" + slot
         return slot if output_format is OutputFormat.JSON else ANSWER_PREFIX + slot
 
     def messages(
@@ -167,10 +180,15 @@ class Task(ABC):
         return {}
 
     @property
-    def has_base_prompt(self) -> bool:
-        """Whether the task can be put as a plain few-shot prompt: tasks with a benchmark's own prompt template
-        (those that override :meth:`messages`) keep it, whatever the model."""
+    def generic_prompts(self) -> bool:
+        """Whether the task's prompts are the generic ones (tasks/prompts.py): a task with a benchmark's own prompt
+        template overrides :meth:`messages` and keeps it, whatever the model and the strategy."""
         return type(self).messages is Task.messages
+
+    @property
+    def has_base_prompt(self) -> bool:
+        """Whether the task can be put as a plain few-shot prompt (only with the generic prompts)."""
+        return self.generic_prompts
 
     def base_prompt(self, item: Item, shots: Sequence[Item]) -> str:
         """The plain-text few-shot prompt for a pre-trained model (:func:`formtax.tasks.prompts.base_prompt`)."""
@@ -178,11 +196,20 @@ class Task(ABC):
 
         return base_prompt(self, item, shots)
 
-    def conversion_messages(self, item: Item, reasoning_text: str, format_variant: int) -> list[dict[str, str]]:
-        """NL-to-Format's second call (a hook: a task with its own answer lines overrides it)."""
+    def conversion_messages(self, item: Item, reasoning_text: str, format_variant: int,
+                            output_format: OutputFormat = OutputFormat.ANSWER_ONLY) -> list[dict[str, str]]:
+        """NL-to-Format's second call, asking for ``output_format`` (the answer line, or ANSWER_JSON in the JSON
+        answer form); a hook: a task with its own answer lines overrides it."""
         from formtax.tasks.prompts import conversion_messages
 
-        return conversion_messages(self, item, reasoning_text, format_variant)
+        return conversion_messages(self, item, reasoning_text, format_variant, output_format)
+
+    @property
+    def has_json_answer_form(self) -> bool:
+        """Whether the task can be put in paper 003's JSON answer form: its prompts, answer specs and second
+        call are the generic ones (a task with a benchmark's own answer line keeps it)."""
+        return (self.generic_prompts and type(self).answer_spec is Task.answer_spec
+                and type(self).conversion_messages is Task.conversion_messages)
 
     @abstractmethod
     def _vc_slot(self, item: Item) -> str:

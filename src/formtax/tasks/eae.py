@@ -222,8 +222,10 @@ class EaeTask(Task):
         parts.append(item.question)
         return [{"role": "user", "content": "\n\n".join(parts)}]
 
-    def conversion_messages(self, item: Item, reasoning_text: str, format_variant: int) -> list[dict[str, str]]:
-        """NL-to-Format's second call: the question, the first call's reasoning, the answer-only instruction."""
+    def conversion_messages(self, item: Item, reasoning_text: str, format_variant: int,
+                            output_format: OutputFormat = OutputFormat.ANSWER_ONLY) -> list[dict[str, str]]:
+        """NL-to-Format's second call: the question, the first call's reasoning, the answer-only instruction (this
+        task has no JSON answer form: ``has_json_answer_form`` is False, so ``output_format`` is the line's)."""
         content = "\n\n".join([
             "Below are a task, a response to it, and the answer format. Rewrite the response's final answer in "
             "that format.",

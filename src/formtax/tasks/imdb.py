@@ -1,13 +1,14 @@
 """IMDb sentiment (1000 labelled review sentences) in the two answer spaces of paper 003 A.4.2.
 
 ``imdb`` answers with the class labels ``positive`` / ``negative`` (label-constrained decoding).
-``imdb-alt`` is the alternative-word condition: the answer must be one of five words per class
-(negative: bad, critical, unfavorable, disappointing, unsatisfactory; positive: good, favorable, impressive,
-satisfying, enjoyable), and ``normalize`` maps a word to its class so scoring compares classes. The class labels
-themselves are *not* accepted in ``imdb-alt`` (they are the prohibited content). The paper's IMDb prompt is not
-reproduced in its text, so our prompt names the allowed words: prompts must describe the answer exactly as the
-strict parser expects it, and that is the same for constrained and unconstrained runs. Words are lowercase so
-the constraint slot and the prompt spell them identically.
+``imdb-alt`` is the alternative-word condition of Table 4: the prompt is ``imdb``'s label prompt, byte for byte
+(it asks for positive / negative), and only the decoding is constrained to the alternative words, five per
+class (negative: bad, critical, unfavorable, disappointing, unsatisfactory; positive: good, favorable, impressive,
+satisfying, enjoyable); ``normalize`` maps a word to its class so scoring compares classes. The class labels
+themselves are *not* accepted in ``imdb-alt`` (they are the prohibited content): the condition asks whether the
+model keeps the right sentiment when the label it was asked for is masked out. Table 4's three columns are the
+unconstrained ``imdb`` level, ``imdb`` constrained to the labels and ``imdb-alt`` constrained to the words
+(report/paper003.py, a report pooling the two runs).
 """
 
 from __future__ import annotations
@@ -93,17 +94,13 @@ class ImdbAltTask(_ImdbBase):
         return replace(item, choices=choices)
 
     def answer_description(self, item: Item) -> str:
-        negative = ", ".join(ALTERNATIVE_WORDS["negative"])
-        positive = ", ".join(ALTERNATIVE_WORDS["positive"])
-        return (
-            f"one of the words {negative} (for a negative sentiment) or {positive} (for a positive sentiment); "
-            "the words positive and negative themselves are not allowed"
-        )
+        """``imdb``'s: the prompt asks for the label (paper 003 keeps the label prompt for this condition)."""
+        return "one of the labels " + ", ".join(ImdbTask.all_labels)
 
     def normalize(self, value: str) -> str | None:
         """Map an alternative word (any case) to its class; anything else, including the class names, is None."""
         return _WORD_TO_CLASS.get(value.strip().casefold())
 
     def display_answer(self, item: Item) -> str:
-        """The first alternative word of the gold class (``good`` / ``bad``), used in few-shot examples."""
-        return ALTERNATIVE_WORDS[item.gold][0]
+        """The gold label, as ``imdb`` shows it in few-shot examples (the prompts are the same)."""
+        return item.gold

@@ -14,7 +14,7 @@ import re
 from collections.abc import Sequence
 
 from formtax.errors import ConfigError
-from formtax.tasks.base import ANSWER_PREFIX, AnswerKind, Item, OutputFormat, Task
+from formtax.tasks.base import ANSWER_PREFIX, JSON_ANSWER_FORMATS, AnswerKind, Item, OutputFormat, Task
 
 N_VARIANTS = 3
 _VARIANT_ID_RE = re.compile(r"t([1-9]\d*)f([1-9]\d*)")
@@ -46,6 +46,25 @@ _FORMAT_TEMPLATES: dict[OutputFormat, tuple[str, str, str]] = {
         "outside the object.",
         "Reply in JSON only: exactly one object {json}. First reason inside the reason field, then give "
         "<answer>, which is {desc}. No markdown, no text before or after the object.",
+    ),
+    OutputFormat.REASONING: (  # REASON_ANSWER's variants without the phrase that asks for the answer line
+        "Think step by step.",
+        "First reason about the problem in as much detail as you need.",
+        "Explain your reasoning.",
+    ),
+    OutputFormat.REASON_JSON: (
+        "Think step by step. Then, at the end of your response, write the final answer as one JSON object of "
+        'the form {answer_json}, where <answer> is {desc}. Write nothing after the object.',
+        "First reason about the problem in as much detail as you need. End your response with exactly one JSON "
+        "object:\n{answer_json}\nHere <answer> is {desc}.",
+        "Explain your reasoning, then finish with the JSON object {answer_json}. The answer must be {desc}; "
+        "nothing may follow the object.",
+    ),
+    OutputFormat.ANSWER_JSON: (
+        "Respond with one JSON object of the form {answer_json} and nothing else, where <answer> is {desc}.",
+        "Give only the final answer, as exactly one JSON object:\n{answer_json}\nHere <answer> is {desc}. "
+        "Do not write any explanation.",
+        "Output nothing but the JSON object {answer_json}, with <answer> being {desc}.",
     ),
 }
 
@@ -84,32 +103,40 @@ def _check_variant(kind: str, number: int) -> None:
 
 def json_template(task: Task) -> str:
     """The JSON shape shown in prompts: integer answers as bare numbers, others as strings."""
-    answer = "<answer>" if task.answer_kind is AnswerKind.INTEGER else '"<answer>"'
-    return '{"reason": "<reasoning>", "answer": ' + answer + "}"
+    return '{"reason": "<reasoning>", "answer": ' + _answer_placeholder(task) + "}"
+
+
+def _answer_placeholder(task: Task) -> str:
+    return "<answer>" if task.answer_kind is AnswerKind.INTEGER else '"<answer>"'
 
 
 def format_description(task: Task, item: Item, output_format: OutputFormat, format_variant: int) -> str:
     """The format instruction for one output format and variant, with the item's answer description."""
     _check_variant("format", format_variant)
     template = _FORMAT_TEMPLATES[OutputFormat(output_format)][format_variant - 1]
-    return template.format(desc=task.answer_description(item), json=json_template(task))
+    return template.format(desc=task.answer_description(item), json=json_template(task),
+                           answer_json='{"answer": ' + _answer_placeholder(task) + "}")
 
 
 def render_answer(task: Task, item: Item, output_format: OutputFormat, reason: str | None = None) -> str:
     """An item's gold answer written in ``output_format`` (few-shot examples; also a parser round-trip check).
 
-    REASON_ANSWER: the reasoning (if any) then the answer line. ANSWER_ONLY: the answer line. JSON: one compact
-    object; an integer answer is a JSON number, any other answer a JSON string.
+    REASON_ANSWER (and REASONING, NL-to-Format's first call): the reasoning (if any) then the answer line.
+    ANSWER_ONLY: the answer line. JSON: one compact object; an integer answer is a JSON number, any other answer
+    a JSON string. REASON_JSON / ANSWER_JSON: the reasoning (if any) then ``{"answer": ...}``, or the object.
     """
     answer = task.display_answer(item)
     if reason is None:
         reason = item.solution
     fmt = OutputFormat(output_format)
+    value: object = int(answer) if task.answer_kind is AnswerKind.INTEGER else answer
     if fmt is OutputFormat.JSON:
-        value: object = int(answer) if task.answer_kind is AnswerKind.INTEGER else answer
         return json.dumps({"reason": reason or "", "answer": value}, ensure_ascii=False)
+    if fmt in JSON_ANSWER_FORMATS:
+        obj = json.dumps({"answer": value}, ensure_ascii=False)
+        return f"{reason.strip()}\n{obj}" if fmt is OutputFormat.REASON_JSON and reason else obj
     line = f"{ANSWER_PREFIX}{answer}"
-    if fmt is OutputFormat.REASON_ANSWER and reason:
+    if fmt in (OutputFormat.REASON_ANSWER, OutputFormat.REASONING) and reason:  # a reasoning shot ends as usual
         return f"{reason.strip()}\n{line}"
     return line
 
@@ -158,11 +185,13 @@ def base_prompt(task: Task, item: Item, shots: Sequence[Item] = ()) -> str:
 
 
 def conversion_messages(
-    task: Task, item: Item, reasoning_text: str, format_variant: int
+    task: Task, item: Item, reasoning_text: str, format_variant: int,
+    output_format: OutputFormat = OutputFormat.ANSWER_ONLY,
 ) -> list[dict[str, str]]:
     """The NL-to-Format second call: the question, the first call's reasoning, and an instruction to output only
-    ``The answer is: <answer>`` (the ANSWER_ONLY format description of the given variant)."""
-    instruction = format_description(task, item, OutputFormat.ANSWER_ONLY, format_variant)
+    ``The answer is: <answer>`` (the ANSWER_ONLY format description of the given variant), or only
+    ``{"answer": <answer>}`` (ANSWER_JSON, the JSON answer form)."""
+    instruction = format_description(task, item, output_format, format_variant)
     content = "\n\n".join(
         [
             _CONVERSION_INTRO,

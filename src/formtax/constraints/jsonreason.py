@@ -1,0 +1,280 @@
+"""Paper 003's JSON strategy constraint: ``{"reason": "<free text>", "answer": <typed answer>}``.
+
+Two settings shape what the format constraint allows (both recorded through the run's strategy options):
+
+* ``layout``: :attr:`JsonLayout.FLEXIBLE` (the default) lets the model put JSON whitespace (space, tab, newline,
+  carriage return) around every structural token and before and after the object, as a JSON parser and the
+  engine's own JSON default allow; paper 003's schema is a Pydantic model under a JSON engine, and its examples
+  (appendix A.4.3) are pretty-printed, so a compact-only mask would remove paths the strict parser accepts
+  (Assumption 1). :attr:`JsonLayout.COMPACT` keeps Python ``json.dumps``' spelling (``", "`` and ``": "``).
+  Ours: at most :data:`WS_BUDGET` whitespace-only tokens in the whole object, kept by the policy
+  (constraints/jsonstrings.py), so the answer's reserve stays bounded; on a server (``escapes=False``, the
+  engine alone) each whitespace run is capped at one token by the engine instead. The ``answer`` value itself
+  is written compactly.
+* ``escapes``: with True (the default, for backends whose decode loop steps the policy) the ``reason`` string, and
+  a free-text ``answer`` string, accept every JSON string body, escapes and all; their token caps are kept by
+  the policy (constraints/jsonstrings.py), because the engine's own cap can end a string inside an escape.
+  With False (a server that takes only a whole-output grammar) they are escape-free and capped by the engine:
+  every prefix of an escape-free body is a body, so the engine's cut is safe. A cap below
+  :data:`MIN_ESCAPE_CAP` tokens also keeps the escape-free body (a ``\\u`` escape opened by the string's first
+  token could not always finish).
+
+A :class:`RecordConstraint` answer is embedded with its own Lark rules (not ``%json`` of its schema), so its key
+order, compact spelling and ``{str:N}`` token caps hold inside the answer too, and its ``max_tokens`` (exact for
+escape-free strings) is the answer's reserve.
+"""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+from functools import cached_property
+from typing import Any
+
+import jsonschema
+import llguidance
+
+from formtax.constraints.spec import (
+    JSON_OPTIONS,
+    NO_ESCAPE_CHAR,
+    Constraint,
+    RecordConstraint,
+    TemplateConstraint,
+    Validation,
+)
+from formtax.constraints.template import STR_SLOT_MAX_TOKENS
+
+
+class JsonLayout(StrEnum):
+    FLEXIBLE = "flexible"
+    COMPACT = "compact"
+
+
+MIN_ESCAPE_CAP = 4  # the smallest policy-kept cap (constraints/jsonstrings.py)
+# Whitespace runs of the flexible layout: before the object, after "{", around each key's ":", around ",",
+# after the answer, after "}".
+WS_RUNS = 10
+WS_BUDGET = WS_RUNS  # ours: whitespace-only tokens allowed in one object (policy-kept; one per run on a server)
+# One character of a JSON string body, escapes included (RFC 8259 section 7). The backslash and the "u" are written
+# as classes so that closing mode's search (constraints/closing.py) does not take them for literals to follow.
+JSON_BODY_CHAR = r'([\\](["\\\/bfnrt]|[u][0-9a-fA-F]{4})|[^"\\\x00-\x1F])'
+
+JSON_SCAFFOLD = len(b'{"reason": "", "answer": }')
+
+
+def _load_checked(text: str, validator: Any) -> tuple[Any, Validation | None]:
+    """The JSON value of ``text`` and None, or the failed Validation (not JSON, or against the schema)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        return None, Validation(False, error=f"not JSON: {e}")
+    errors = list(validator.iter_errors(value))
+    if errors:
+        return value, Validation(False, value, error=f"schema violation: {errors[0].message}")
+    return value, None
+
+
+def layout_tokens(layout: JsonLayout) -> int:
+    """Tokens the layout's whitespace may take at most, on top of :data:`JSON_SCAFFOLD`."""
+    return WS_BUDGET if layout is JsonLayout.FLEXIBLE else 0
+
+
+class JsonReasonAnswer(Constraint):
+    """The reason + answer object (see the module docstring). The reason is capped at ``reason_tokens`` tokens,
+    after which the closing quote must come: that is how the answer's budget is reserved."""
+
+    kind = "json-reason"
+
+    def __init__(self, answer: Constraint, reason_tokens: int, layout: JsonLayout = JsonLayout.FLEXIBLE,
+                 escapes: bool = True) -> None:
+        self.answer = answer
+        self.reason_tokens = max(1, reason_tokens)
+        self.layout = JsonLayout(layout)
+        self.escapes = escapes
+        self.answer_field = answer.answer_schema()
+        self.source = f"reason+answer({answer.describe()})"
+        # the answer's definitions move to the wrapper's root, where its "#/$defs/..." references point
+        field = {k: v for k, v in self.answer_field.items() if k not in ("$defs", "definitions")}
+        defs: dict[str, Any] = {k: self.answer_field[k] for k in ("$defs", "definitions") if k in self.answer_field}
+        self.schema: dict[str, Any] = {
+            "type": "object",
+            "properties": {"reason": {"type": "string"}, "answer": field},
+            "required": ["reason", "answer"],
+            "additionalProperties": False,
+            **defs,
+        }
+        self._validator = jsonschema.validators.validator_for(self.schema)(self.schema)
+
+    # -- which strings the policy caps --------------------------------------------------------------------------
+    def _policy_caps(self, cap: int) -> bool:
+        return self.escapes and cap >= MIN_ESCAPE_CAP
+
+    @property
+    def policy_kept(self) -> bool:
+        """Whether the policy keeps some of this object's caps (:class:`~formtax.constraints.jsonstrings.
+        StringCaps`); False: the grammar alone bounds it."""
+        return self.escapes and (bool(self.string_caps) or self.layout is JsonLayout.FLEXIBLE)
+
+    @property
+    def string_caps(self) -> dict[int, int]:
+        """Caps the policy keeps, by the position of the top-level string value (0: reason, 1: a string
+        answer); empty when the engine keeps them all."""
+        caps: dict[int, int] = {}
+        if self._policy_caps(self.reason_tokens):
+            caps[0] = self.reason_tokens
+        if self._plain_string_answer() and self._policy_caps(self._string_cap(self.answer)):
+            caps[1] = self._string_cap(self.answer)
+        return caps
+
+    def _string_rule(self, name: str, cap: int, nonempty: bool) -> str:
+        rep = "+" if nonempty else "*"
+        if self._policy_caps(cap):
+            return f"{name}: /{JSON_BODY_CHAR}{rep}/\n"
+        return f"{name}[max_tokens={cap}]: /{NO_ESCAPE_CHAR}{rep}/\n"
+
+    def lark_answer_rules(self) -> str:
+        """The Lark rules of the ``answer`` value (shared with :class:`JsonAnswerObject`)."""
+        if isinstance(self.answer, RecordConstraint):
+            return self.answer.lark_rules("answer")
+        if self._template_text_answer():
+            # text around a slot, or several slots: the template's own rules inside the string's quotes, so the
+            # field's language is exactly the template's (a pattern in a JSON schema could not bound the ints)
+            assert isinstance(self.answer, TemplateConstraint)
+            return 'answer: "\\"" answer_t "\\""\n' + self.answer.template.lark("answer_t", json_string=True)
+        if self._plain_string_answer():
+            # the oracle's schema (minLength) decides whether "" is an answer; the engine must agree with it
+            return 'answer: "\\"" answer_body "\\""\n' + self._string_rule(
+                "answer_body", self._string_cap(self.answer), bool(self.answer_field.get("minLength")))
+        answer = "%json" + json.dumps(
+            {**self.answer_field, "x-guidance": JSON_OPTIONS}, separators=(",", ":"), ensure_ascii=False
+        )
+        return f"answer: {answer}\n"
+
+    @cached_property
+    def grammar(self) -> str:
+        answer_rules = self.lark_answer_rules()
+        if self.layout is JsonLayout.COMPACT:
+            start = 'start: "{\\"reason\\": \\"" reason "\\", \\"answer\\": " answer "}"\n'
+        else:
+            start = ('start: ws? "{" ws? "\\"reason\\"" ws? ":" ws? "\\"" reason "\\"" ws? "," ws? '
+                     '"\\"answer\\"" ws? ":" ws? answer ws? "}" ws?\n'
+                     + f"ws[max_tokens={WS_BUDGET if self.escapes else 1}]: " + "/[\\x20\\t\\n\\r]+/\n")
+        lark = start + self._string_rule("reason", self.reason_tokens, False) + answer_rules
+        return llguidance.grammar_from("lark", lark)
+
+    def validate(self, text: str) -> Validation:
+        value, failed = _load_checked(text, self._validator)
+        if failed is not None:
+            return failed
+        if isinstance(self.answer, RecordConstraint):
+            # The schema cannot say "keys in this order, no escapes": the record's own oracle does.
+            rec = self.answer.validate(json.dumps(value["answer"], ensure_ascii=False))
+            if not rec.ok:
+                return Validation(False, value, error=f"answer: {rec.error}")
+        elif self._template_text_answer():
+            # the same oracle as the constrained strategy: fullmatch and every slot's bounds
+            tmpl = self.answer.validate(str(value["answer"]))
+            if not tmpl.ok:
+                return Validation(False, value, error=f"answer: {tmpl.error}")
+        return Validation(True, value)
+
+    def _template_text_answer(self) -> bool:
+        """A template with text around its slot or several slots (not one bare slot, not one free-text slot)."""
+        a = self.answer
+        return isinstance(a, TemplateConstraint) and not a.template.is_single_slot
+
+    def _plain_string_answer(self) -> bool:
+        return self.answer_field.get("type") == "string" and set(self.answer_field) <= {"type", "minLength"}
+
+    @staticmethod
+    def _string_cap(answer: Constraint) -> int:
+        """The token cap of a free-text answer: a single ``{str:N}`` slot keeps its N, anything else 64."""
+        if isinstance(answer, TemplateConstraint) and answer.template.is_single_slot:
+            slot = answer.template.slots[0]
+            if slot.kind == "str":
+                return slot.max_tokens()
+        return STR_SLOT_MAX_TOKENS
+
+    @staticmethod
+    def answer_bound(answer: Constraint, default: int) -> int:
+        """Tokens the JSON-encoded answer can take: numbers as is; strings add quotes and, at worst, an escape
+        per character; a record is written without escapes, so its own bound is exact."""
+        if isinstance(answer, RecordConstraint):
+            return answer.max_tokens
+        inner = answer.max_tokens if answer.max_tokens is not None else default
+        schema = answer.answer_schema()
+        if schema.get("type") in ("integer", "number"):
+            return inner
+        if schema.get("type") == "string" and set(schema) <= {"type", "minLength"}:
+            return JsonReasonAnswer._string_cap(answer) + 2
+        return 2 * inner + 2
+
+    @property
+    def max_tokens(self) -> int | None:
+        if self.answer.max_tokens is None:
+            return None
+        # Literal scaffolding bytes + the layout's whitespace + the reason cap + the answer's bound.
+        return JSON_SCAFFOLD + layout_tokens(self.layout) + self.reason_tokens + self.answer_bound(self.answer, 0)
+
+
+ANSWER_SCAFFOLD = len(b'{"answer": }')
+ANSWER_WS_RUNS = 6  # before the object, after "{", around ":", after the value, after "}"
+ANSWER_WS_TOKENS = 3  # ours: the engine's cap on each (its count can take in the token before a run)
+
+
+class JsonAnswerObject(Constraint):
+    """Paper 003's one-field JSON answer, ``{"answer": <typed answer>}`` (appendix A.2): InWriting's and
+    NL-to-Format's answer in the JSON form (strategy spec ``NAME@LEVEL:json``), the reasoning before it free.
+
+    The answer value is typed exactly as the JSON strategy's ``answer`` field (the same rules,
+    :class:`JsonReasonAnswer`); JSON whitespace may stand around the structural tokens, capped by the engine at
+    :data:`ANSWER_WS_TOKENS` tokens per run, so the grammar alone bounds the object and a server can enforce it.
+    Ours: a free-text (FC) answer is an escape-free string here (the engine caps it, and an engine cap may not end inside an escape;
+    the JSON strategy's policy-kept caps are for its reason). ``validate`` extracts the answer value itself."""
+
+    kind = "json-answer"
+
+    def __init__(self, answer: Constraint) -> None:
+        self.answer = answer
+        self._fields = JsonReasonAnswer(answer, reason_tokens=1, escapes=False)
+        self.answer_field = self._fields.answer_field
+        self.source = answer.describe()
+        field = {k: v for k, v in self.answer_field.items() if k not in ("$defs", "definitions")}
+        defs: dict[str, Any] = {k: self.answer_field[k] for k in ("$defs", "definitions") if k in self.answer_field}
+        self.schema: dict[str, Any] = {"type": "object", "properties": {"answer": field}, "required": ["answer"],
+                                       "additionalProperties": False, **defs}
+        self._validator = jsonschema.validators.validator_for(self.schema)(self.schema)
+
+    def search(self, text: str) -> Validation:
+        """The object the free text ends with (:func:`~formtax.parsing.jsontail.trailing_json_object`)."""
+        from formtax.parsing.jsontail import trailing_json_object
+
+        found = trailing_json_object(text)
+        if found is None:
+            return Validation(False, error='the text does not end with a JSON object {"answer": ...}')
+        return self.validate(found)
+
+    @cached_property
+    def grammar(self) -> str:
+        inner = self._fields.lark_answer_rules()
+        lark = ('start: ws? "{" ws? "\\"answer\\"" ws? ":" ws? answer ws? "}" ws?\n'
+                f'ws[max_tokens={ANSWER_WS_TOKENS}]: ' + '/[\\x20\\t\\n\\r]+/\n' + inner)
+        return llguidance.grammar_from("lark", lark)
+
+    def validate(self, text: str) -> Validation:
+        value, failed = _load_checked(text, self._validator)
+        if failed is not None:
+            return failed
+        inner = self._fields.validate(json.dumps({"reason": "", "answer": value["answer"]}, ensure_ascii=False))
+        if not inner.ok:
+            return Validation(False, value, error=inner.error)
+        return Validation(True, value["answer"])
+
+    def answer_schema(self) -> dict[str, Any]:
+        return self.schema
+
+    @property
+    def max_tokens(self) -> int | None:
+        if self.answer.max_tokens is None:
+            return None
+        return ANSWER_SCAFFOLD + ANSWER_WS_RUNS * ANSWER_WS_TOKENS + JsonReasonAnswer.answer_bound(self.answer, 0)
