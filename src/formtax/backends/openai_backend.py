@@ -67,7 +67,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-EXACT_IDS_MAX = 4096  # allowed sets up to this size get an exact masked mass on vLLM (logprob_token_ids)
+EXACT_IDS_MAX = 128  # allowed sets up to this size get an exact masked mass on vLLM (logprob_token_ids; the
+# server refuses more than its max_logprobs, 128 by default: a larger set takes the top-k approximation below)
 SUPPORTED = "free, short, constrained, json, inwriting (EOS switch, greedy, no triggers), nl2format"
 
 
