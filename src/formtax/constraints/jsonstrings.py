@@ -14,7 +14,7 @@ the scaffolding bytes the reserve counts). After the j-th such token the string'
 escape or UTF-8 character still needs (``\\`` 1, ``\\u`` 4, ``\\u12`` 2, a 3-byte character's lead 2), must not
 exceed N - j, so that single-byte tokens can always finish it; at j = N only a token that closes the string is
 allowed. The check is a lookup in a table of (token, state) -> pending bytes after the token, built once per
-tokenizer (:func:`string_table`), so a step costs one comparison over the vocabulary.
+tokenizer (:func:`token_tables`), so a step costs one comparison over the vocabulary.
 
 The flexible layout's whitespace is budgeted the same way (ours): at most ``ws_budget`` tokens made of whitespace
 only, outside strings and outside the answer's own structure, in the whole object; once they are spent, such tokens are masked (a token that mixes
@@ -36,7 +36,7 @@ from formtax.cache import LRU
 from formtax.constraints.compile import EngineTokenizer
 from formtax.constraints.jsonreason import MIN_ESCAPE_CAP, WS_BUDGET, JsonLayout, JsonReasonAnswer
 
-__all__ = ["MIN_ESCAPE_CAP", "StringCaps", "caps_for", "string_table", "whitespace_tokens"]
+__all__ = ["MIN_ESCAPE_CAP", "StringCaps", "TokenTables", "caps_for", "token_tables"]
 
 # Scanner states inside a string. U0..U3: after "\u" and that many hex digits; UTF1..UTF3: inside a UTF-8
 # character that needs that many more continuation bytes.
@@ -106,39 +106,35 @@ def _pending_after(data: bytes) -> list[int]:
     return out
 
 
-_TABLES: LRU[tuple[str, int], torch.Tensor] = LRU(8)
-_WS: LRU[tuple[str, int], torch.Tensor] = LRU(8)
+@dataclass(frozen=True)
+class TokenTables:
+    """Per-tokenizer lookups, built in one pass over the vocabulary (:func:`token_tables`)."""
+
+    pending: torch.Tensor  # int16 [N_STATES, n_logits]: pending bytes after each token from each state
+    not_whitespace: torch.Tensor  # bool [n_logits]: the tokens that are not JSON whitespace only
 
 
-def whitespace_tokens(tok: EngineTokenizer, n_logits: int) -> torch.Tensor:
-    """Bool [n_logits]: the tokens made of JSON whitespace only (space, tab, newline, carriage return)."""
-    key = (tok.key, n_logits)
-    hit = _WS.get(key)
-    if hit is not None:
-        return hit
-    out = torch.zeros(n_logits, dtype=torch.bool)
-    for i in range(min(tok.vocab_size, n_logits)):
-        if not tok.ll.is_special_token(i):
-            data = tok.ll.decode_bytes([i])
-            out[i] = bool(data) and not data.strip(b" \t\n\r")
-    return _WS.put(key, out)
+_TABLES: LRU[tuple[str, int], TokenTables] = LRU(8)
 
 
-def string_table(tok: EngineTokenizer, n_logits: int) -> torch.Tensor:
-    """int16 [N_STATES, n_logits]: the pending bytes after each token from each state (CLOSED: the token closes the
-    string; INVALID: not a string body; special and padding tokens are INVALID). Built once per tokenizer."""
+def token_tables(tok: EngineTokenizer, n_logits: int) -> TokenTables:
+    """The string table (CLOSED: the token closes the string; INVALID: not a string body; special and padding
+    tokens are INVALID) and the whitespace-only tokens (space, tab, newline, carriage return). Built once per
+    tokenizer."""
     key = (tok.key, n_logits)
     hit = _TABLES.get(key)
     if hit is not None:
         return hit
     table = np.full((N_STATES, n_logits), INVALID, dtype=np.int16)
+    not_ws = torch.ones(n_logits, dtype=torch.bool)
     for i in range(min(tok.vocab_size, n_logits)):
         if tok.ll.is_special_token(i):
             continue
         data = tok.ll.decode_bytes([i])
         if data:
             table[:, i] = _pending_after(data)
-    return _TABLES.put(key, torch.from_numpy(table))
+            not_ws[i] = bool(data.strip(b" \t\n\r"))
+    return _TABLES.put(key, TokenTables(torch.from_numpy(table), not_ws))
 
 
 @dataclass
@@ -154,9 +150,8 @@ class StringCaps:
     object's string values by position (``caps[0]``: the first value, e.g. the reason)."""
 
     caps: dict[int, int]
-    table: torch.Tensor
-    whitespace: torch.Tensor | None = None  # :func:`whitespace_tokens`, with ``ws_budget``
-    ws_budget: int | None = None  # whitespace-only tokens allowed outside strings, in all
+    tables: TokenTables
+    ws_budget: int | None = None  # whitespace-only tokens allowed outside strings, in all (None: no budget)
     _stack: list[int] = field(default_factory=list)  # b"{" or b"[" per open container
     _expect_key: bool = False
     _values: int = 0  # string values opened directly in the top-level object
@@ -167,13 +162,13 @@ class StringCaps:
         """Bool [n_logits] of the tokens the caps allow next, or None when nothing is capped now."""
         o = self._open
         if o is None:
-            if (self.whitespace is not None and self.ws_budget is not None and self._ws_used >= self.ws_budget
+            if (self.ws_budget is not None and self._ws_used >= self.ws_budget
                     and len(self._stack) <= 1):  # the answer's own structure (a record) spells its own spaces
-                return ~self.whitespace
+                return self.tables.not_whitespace
             return None
         if o.cap is None:
             return None
-        return self.table[o.state] <= o.cap - o.inside - 1
+        return self.tables.pending[o.state] <= o.cap - o.inside - 1
 
     def advance(self, data: bytes) -> None:
         """Take the bytes of one emitted token."""
@@ -219,7 +214,7 @@ class StringCaps:
 
     def copy(self) -> StringCaps:
         o = self._open
-        return StringCaps(self.caps, self.table, self.whitespace, self.ws_budget, list(self._stack),
+        return StringCaps(self.caps, self.tables, self.ws_budget, list(self._stack),
                           self._expect_key, self._values, None if o is None else _Open(o.cap, o.state, o.inside),
                           self._ws_used)
 
@@ -234,5 +229,4 @@ def caps_for(c: JsonReasonAnswer, tok: EngineTokenizer, n_logits: int) -> String
     if not c.policy_kept:
         return None
     flexible = c.layout is JsonLayout.FLEXIBLE
-    return StringCaps(c.string_caps, string_table(tok, n_logits),
-                      whitespace_tokens(tok, n_logits) if flexible else None, WS_BUDGET if flexible else None)
+    return StringCaps(c.string_caps, token_tables(tok, n_logits), WS_BUDGET if flexible else None)
