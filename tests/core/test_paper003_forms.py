@@ -72,7 +72,7 @@ def test_the_strict_parser_reads_the_json_answer_form(text, fmt, want):
 def test_the_json_form_spec():
     s = parse_strategy_spec("inwriting@vc:json+rc")
     assert (s.name, s.level, s.rc, s.json_answer, s.family) == ("inwriting", "vc", True, True, "inwriting:json")
-    assert s.output_format is OutputFormat.REASON_JSON
+    assert s.output_format(get_task("lastletter")) is OutputFormat.REASON_JSON
     for bad in ("json@vc:json", "free:json", "constrained:json"):
         with pytest.raises(ConfigError, match="JSON answer form"):
             parse_strategy_spec(bad)

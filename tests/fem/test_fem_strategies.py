@@ -183,3 +183,43 @@ def test_the_report_draws_the_retained_mass_per_step(tmp_path, fems) -> None:
     assert (table["step"] == 0).any() and (tmp_path / "figures" / "fem_mass.png").is_file()
     cost = pd.read_csv(tmp_path / "tables" / "fem_cost.csv")
     assert list(cost["strategy"]) == ["decog"] and (cost["ms_per_step_mean"] > 0).all() and (cost["h"] == 8).all()
+
+
+def test_gsm8k_decodes_deco_gs_key_phrase_anywhere_by_default(tmp_path, fems, data_dir) -> None:
+    """Deco-G's GSM8K setting (paper 001): the key phrase "The final answer is ..." only has to appear; the prompt
+    asks for it, the FEM enforces it placed anywhere, the strict parser reads it, and the report says so."""
+    from formtax.parsing import parse_all
+    from formtax.tasks import OutputFormat, get_task
+
+    cfg = RunConfig(task="gsm8k", strategies=["decog", "free"], backend="fake", limit=2, max_tokens=48,
+                    fem=fems["decog"], data_dir=str(data_dir))
+    assert run(cfg, tmp_path / "a").errors == 0
+    recs = [r for r in read_records(tmp_path / "a" / "records.jsonl") if r.strategy == "decog"]
+    assert recs and all(r.output_format == "reason-keyphrase" for r in recs)
+    for r in recs:
+        assert r.answer_spec == "The final answer is {int:0..}" and r.stats["fem_placement"] == "anywhere"
+        assert "The final answer is <answer>" in r.prompt
+        assert r.constraint_ok and r.parses["strict"].status == "ok", r.text
+        assert parse_spec(r.answer_spec).validate(r.answer_text).ok
+    free = [r for r in read_records(tmp_path / "a" / "records.jsonl") if r.strategy == "free"]
+    assert free and all(r.output_format == "reason-answer" for r in free)  # the other strategies keep theirs
+    write_report(tmp_path / "a", n_resamples=50)
+    assert verify_report(tmp_path / "a") == []
+    cost = pd.read_csv(tmp_path / "a" / "tables" / "fem_cost.csv")
+    assert list(cost["placement"]) == ["anywhere"] and list(cost["answer_format"]) == [recs[0].answer_spec]
+    # --fem can still place it at the end
+    cfg_end = RunConfig(task="gsm8k", strategies=["decog"], backend="fake", limit=1, max_tokens=48,
+                        fem=f"decog={fems['decog']},placement=end", data_dir=str(data_dir))
+    assert run(cfg_end, tmp_path / "b").errors == 0
+    assert read_records(tmp_path / "b" / "records.jsonl")[0].stats["fem_placement"] == "end"
+    # the strict parser: the last phrase anywhere, its answer in canonical form; the lenient one repairs
+    task = get_task("gsm8k")
+    item = task.load(data_dir)[0]
+    fmt = OutputFormat.REASON_KEYPHRASE
+    cases = {"So The final answer is 18. Done.": ("ok", "18"), "The final answer is 18, as shown": ("ok", "18"),
+             "The final answer is 18.00": ("invalid", None), "The answer is: 18": ("no_answer", None),
+             "The final answer is 3 or The final answer is 7 dollars": ("ok", "7")}
+    for text, (status, value) in cases.items():
+        got = parse_all(text, task, item, fmt)
+        assert (got["strict"].status, got["strict"].value) == (status, value), text
+    assert parse_all("The final answer is 18.00", task, item, fmt)["lenient"].value == "18"

@@ -62,7 +62,8 @@ def test_a_few_items_on_the_default_model(tmp_path, default_model) -> None:
     hmm, meta = build_fem(default_model, DistillConfig(task="eae-wikievents", states=16, samples=2, max_tokens=16,
                                                        em_iters=1, batch_size=2))
     fem = str(save_fem(tmp_path / "fem.npz", hmm, meta))
-    cfg = RunConfig(task="eae-wikievents", strategies=strategies, limit=2, max_tokens=300, fem=fem)
+    cfg = RunConfig(task="eae-wikievents", strategies=strategies, limit=2, max_tokens=420, reasoning_tokens=40,
+                    fem=fem)
     out = tmp_path / "run"
     run(cfg, out, backend=default_model)
     _check_records(out, strategies)

@@ -20,14 +20,38 @@ DATA = resolve_data_dir(None)
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "ace05_oneie_sample.json"
 
 
+def whole_file(name):
+    """Every mention of the test file: the evaluated items and the held-out dev split."""
+    task = get_task(name)
+    return task.load(DATA) + task._cached_shot_pool()
+
+
 @pytest.fixture(scope="module")
 def wiki():
-    return get_task("eae-wikievents").load(DATA)
+    return whole_file("eae-wikievents")
 
 
 @pytest.fixture(scope="module")
 def geneva():
-    return get_task("eae-geneva").load(DATA)
+    return whole_file("eae-geneva")
+
+
+@pytest.mark.parametrize(("name", "n_eval", "n_dev"), [("eae-wikievents", 290, 74), ("eae-geneva", 1452, 441)])
+def test_the_dev_split_holds_out_whole_documents_for_shots_and_the_fem(name, n_eval, n_dev) -> None:
+    """The FEM is distilled from the dev split's passages, never from the evaluated ones (paper 001's EAE FEM
+    is built apart from the evaluation items, as GSM8K's comes from its train split)."""
+    from formtax.fem import distill
+
+    task = get_task(name)
+    evaluated, dev = task.load(DATA), task._cached_shot_pool()
+    assert (len(evaluated), len(dev)) == (n_eval, n_dev)
+    docs = {EaeTask.mention(it).doc_id for it in evaluated}
+    assert docs.isdisjoint({EaeTask.mention(it).doc_id for it in dev})
+    assert [it.id for it in get_task(name).load(DATA)] == [it.id for it in evaluated]  # stable
+    chosen = distill._training_items(task, 8, 0)
+    assert {it.id for it in chosen} <= {it.id for it in dev}
+    assert task.shots(2, 0, {it.id for it in evaluated})[0].id in {it.id for it in dev}
+    assert "dev documents" in task.notes()["split"]
 
 
 def n_args(items):
@@ -88,8 +112,9 @@ def test_ace05_loader_on_the_fixture(monkeypatch) -> None:
     with pytest.raises(DataError, match="not listed"):
         read_oneie("eae-ace05", FIXTURE, ACE05_ROLES, extend_roles=False)
     monkeypatch.setenv("FORMTAX_ACE05", str(FIXTURE))
-    items = get_task("eae-ace05").load(DATA)
+    items = whole_file("eae-ace05")
     assert len(items) == 4 and n_args(items) == 10
+    assert len(get_task("eae-ace05").load(DATA)) == 3  # a document held out as the dev split
     monkeypatch.setenv("FORMTAX_ACE05", str(FIXTURE.parent / "missing.json"))
     with pytest.raises(DataError, match="FORMTAX_ACE05"):
         get_task("eae-ace05").load(DATA)
@@ -123,7 +148,7 @@ def _engine_accepts(spec: str, text: str) -> bool:
 def test_vc_admits_exactly_the_passage_spans(monkeypatch) -> None:
     monkeypatch.setenv("FORMTAX_ACE05", str(FIXTURE))
     task = get_task("eae-ace05")
-    item = task.load(DATA)[0]  # "Rebels attacked the convoy near Harbor City on Tuesday, officials said."
+    item = whole_file("eae-ace05")[-1]  # "Rebels attacked the convoy near Harbor City on Tuesday, officials said."
     m = EaeTask.mention(item)
     spans = passage_spans(m)
     n = len(m.tokens)

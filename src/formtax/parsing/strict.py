@@ -7,6 +7,9 @@
   ``answer``. Whitespace inside the JSON is fine; a Markdown code fence or any text around the object is not
   (paper 003 A.4.3 counts both as failures, since a schema-constrained decoder could never produce them).
   The answer may be a JSON string or number.
+- REASON_KEYPHRASE (Deco-G's GSM8K format): the last ``The final answer is `` anywhere in the text, followed
+  by the answer: the run of non-space characters after it, less one trailing period or comma (ours: the
+  phrase's answers are single words, numbers here, and a sentence may go on after them).
 - REASON_JSON / ANSWER_JSON (paper 003's JSON answer form): the output must end with the object
   ``{"answer": <answer>}`` and nothing after it (after free reasoning, or alone); the same answer rules as JSON.
 
@@ -24,13 +27,25 @@ import json
 from formtax.parsing.common import from_json_answer, from_raw, strip_trailing_period
 from formtax.parsing.jsontail import trailing_json_object
 from formtax.parsing.result import NO_ANSWER, ParseResult
-from formtax.tasks.base import ANSWER_PREFIX, Item, OutputFormat, Task
+from formtax.tasks.base import ANSWER_PREFIX, KEY_PHRASE, Item, OutputFormat, Task
 
 
 def _answer_line(line: str, task: Task) -> ParseResult:
     if not line.startswith(ANSWER_PREFIX):
         return NO_ANSWER
     raw = strip_trailing_period(line[len(ANSWER_PREFIX) :]).strip()
+    if not raw:
+        return ParseResult("invalid", None, raw)
+    return from_raw(task, raw, strict=True)
+
+
+def _key_phrase(text: str, task: Task) -> ParseResult:
+    at = text.rfind(KEY_PHRASE)
+    if at < 0:
+        return NO_ANSWER
+    word = text[at + len(KEY_PHRASE):].split(maxsplit=1)
+    raw = word[0].removesuffix(",") if word else ""
+    raw = strip_trailing_period(raw) if raw.endswith(".") else raw
     if not raw:
         return ParseResult("invalid", None, raw)
     return from_raw(task, raw, strict=True)
@@ -66,6 +81,8 @@ def parse_strict(text: str, task: Task, item: Item, output_format: OutputFormat)
         return _json_object(stripped, task)
     if fmt in (OutputFormat.REASON_JSON, OutputFormat.ANSWER_JSON):
         return _answer_object(stripped, task, whole=fmt is OutputFormat.ANSWER_JSON)
+    if fmt is OutputFormat.REASON_KEYPHRASE:
+        return _key_phrase(stripped, task)
     if fmt is OutputFormat.ANSWER_ONLY:
         if "\n" in stripped or "\r" in stripped:
             return NO_ANSWER

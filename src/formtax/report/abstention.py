@@ -105,8 +105,9 @@ def score_frame(df: pd.DataFrame) -> pd.DataFrame | None:
     """One row per metatool record of the three conditions, re-scored from its text; None when there are none.
 
     Columns: language, position, item_type, item_id, condition, strategy, seed, scored, correct (1/0, NaN when
-    unscored), category, abstained (the output contains ``None``), text, masked_mass / masked_mass_topk /
-    topk_coverage / n_allowed (short only), grammar_masked_mass (constrained only).
+    unscored), category, abstained (the output contains ``None``), names_tool / names_first (1/0, NaN when
+    unscored: the output names any candidate / the first candidate offered), text, masked_mass /
+    masked_mass_topk / topk_coverage / n_allowed (short only), grammar_masked_mass (constrained only).
     """
     sub = df[df["task"] == TASK]
     rows: list[dict[str, Any]] = []
@@ -136,16 +137,21 @@ def score_frame(df: pd.DataFrame) -> pd.DataFrame | None:
             "topk_coverage": NAN,
             "n_allowed": NAN,
             "grammar_masked_mass": NAN,
+            "names_tool": NAN,
+            "names_first": NAN,
         }
         if rec.scored:
             text = rec.answer_text if rec.answer_text is not None else rec.text
-            s = score_output(text, _candidates(rec, where), rec.gold)
+            candidates = _candidates(rec, where)
+            s = score_output(text, candidates, rec.gold)
             if rec.scores.get("strict") is not s.correct:
                 raise DataError(
                     f"{where}: the recorded score {rec.scores.get('strict')} differs from the "
                     f"abstention scoring rule ({s.correct}); re-score the run with this formtax"
                 )
-            row.update(correct=float(s.correct), category=str(s.category), abstained=s.abstained)
+            row.update(correct=float(s.correct), category=str(s.category), abstained=s.abstained,
+                       names_tool=float(bool(s.named)),
+                       names_first=float(bool(candidates) and candidates[0] in s.named))
             mass = rec.stats.get(FIRST_MASS)
             if condition == "short" and isinstance(mass, dict):
                 for name in ("masked_mass", "masked_mass_topk", "topk_coverage", "n_allowed"):

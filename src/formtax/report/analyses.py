@@ -25,6 +25,7 @@ class Analysis:
     compute: Callable[[pd.DataFrame, int, int], pd.DataFrame | None]  # (records frame, n_resamples, seed)
     figure: Callable[[pd.DataFrame], Any] | None = None  # a matplotlib Figure from the table
     figure_caption: str = ""
+    across_models: bool = False  # compute reads a pooled report's whole frame (every model), not one model's
 
 
 ANALYSES: dict[str, Analysis] = {}
@@ -73,6 +74,11 @@ def extra_tables(df: pd.DataFrame, n_resamples: int, seed: int) -> dict[str, pd.
     out: dict[str, pd.DataFrame] = {}
     frames = per_model_frames(df)
     for name, a in ANALYSES.items():
+        if a.across_models:
+            whole = a.compute(df, n_resamples, seed)
+            if whole is not None:
+                out[name] = whole
+            continue
         parts = []
         for sub, relabel in frames:
             t = a.compute(sub, n_resamples, seed)

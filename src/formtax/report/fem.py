@@ -62,7 +62,8 @@ def fem_mass_figure(table: pd.DataFrame) -> Any:
     return fig
 
 
-COST_COLUMNS = ["task", "strategy", "n_records", "h", "top_k", "ms_per_step_mean", "ms_per_step_median"]
+COST_COLUMNS = ["task", "strategy", "answer_format", "placement", "n_records", "h", "top_k", "ms_per_step_mean",
+                "ms_per_step_median"]
 
 
 def fem_cost_table(df: pd.DataFrame, n_resamples: int, seed: int) -> pd.DataFrame | None:
@@ -75,9 +76,11 @@ def fem_cost_table(df: pd.DataFrame, n_resamples: int, seed: int) -> pd.DataFram
               if (r.stats or {}).get("fem_ms_per_step") is not None]
         if not ms:
             continue
-        first = next(r.stats for r in cell["record"] if (r.stats or {}).get("fem_ms_per_step") is not None)
+        rec = next(r for r in cell["record"] if (r.stats or {}).get("fem_ms_per_step") is not None)
+        first = rec.stats
         k = first.get("fem_top_k")
-        rows.append({"task": task, "strategy": strategy, "n_records": len(ms), "h": first.get("fem_h", 0),
+        rows.append({"task": task, "strategy": strategy, "answer_format": rec.answer_spec or "",
+                     "placement": first.get("fem_placement", ""), "n_records": len(ms), "h": first.get("fem_h", 0),
                      "top_k": k if k is not None else 0, "ms_per_step_mean": sum(ms) / len(ms),
                      "ms_per_step_median": float(pd.Series(ms).median())})
     return frame(rows, COST_COLUMNS) if rows else None
@@ -90,7 +93,10 @@ register_analysis(
         description=(
             "Deco-G / Ctrl-G efficiency (paper 001): the measured time of the HMM reweighting per decoding step, "
             "with the states kept (top_k, 0 = all h). Compare a pruned strategy with an unpruned one (decog vs "
-            "ctrlg, or decog with --state-top-k 0) in one run; times are this machine's."
+            "ctrlg, or decog with --state-top-k 0) in one run; times are this machine's. answer_format is the "
+            "template the FEM enforced (the first record's) and placement where it must stand: end = the last "
+            "line, anywhere = the phrase only has to appear (GSM8K's default, Deco-G's key phrase \"The final "
+            "answer is ...\")."
         ),
         method="none (mean and median over records)",
         bootstrap=False,

@@ -47,16 +47,20 @@ class StrategySpec:
     def strategy(self) -> Strategy:
         return get_strategy(self.name)
 
-    @property
-    def output_format(self) -> OutputFormat:
-        """The output format the prompt asks for: the strategy's, or the JSON answer form's."""
-        return OutputFormat.REASON_JSON if self.json_answer else OutputFormat(self.strategy.output_format)
+    def output_format(self, task: Task) -> OutputFormat:
+        """The output format the prompt asks for: the strategy's, the JSON answer form's, or for the FEM strategies
+        the task's (:attr:`Task.fem_output_format`: Deco-G's key phrase on GSM8K)."""
+        if self.json_answer:
+            return OutputFormat.REASON_JSON
+        if self.strategy.task_output_format:
+            return task.fem_output_format
+        return OutputFormat(self.strategy.output_format)
 
     def prompt_format(self, task: Task) -> OutputFormat:
         """The format the (first) prompt describes: the strategy's own prompt format where the task's prompts
         are the generic ones (NL-to-Format's first call asks for reasoning only), else the output format."""
         own = self.strategy.prompt_format
-        return OutputFormat(own) if own is not None and task.generic_prompts else self.output_format
+        return OutputFormat(own) if own is not None and task.generic_prompts else self.output_format(task)
 
     @property
     def family(self) -> str:
@@ -91,7 +95,7 @@ def parse_strategy_spec(spec: str) -> StrategySpec:
 def answer_spec(task: Task, item: Item, s: StrategySpec) -> str:
     """The answer constraint for this item at the spec's level (``none`` still has one: it is not enforced,
     only used to read the answer)."""
-    return task.answer_spec("fc" if s.level == "fc" else "vc", item, s.output_format)
+    return task.answer_spec("fc" if s.level == "fc" else "vc", item, s.output_format(task))
 
 
 @dataclass
@@ -146,7 +150,7 @@ def plan_grid(
         if s.json_answer and style is PromptStyle.BASE:
             raise ConfigError(f"{s.spec}: a base-model prompt shows the answer line in its shots, not the JSON "
                               "answer form; use --prompt-style chat")
-        fmt, pfmt = s.output_format, s.prompt_format(task)
+        fmt, pfmt = s.output_format(task), s.prompt_format(task)
         for tv, fv in variants(s) if callable(variants) else variants:
             vid = variant_id(tv, fv)
             for seed in seeds:

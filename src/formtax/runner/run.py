@@ -49,7 +49,7 @@ from formtax.records.store import (
 from formtax.runner.grid import RC_PREFIX, Planned, check_prompt_identity, parse_strategy_spec, plan_grid
 from formtax.scoring import score_all
 from formtax.strategies.base import Request, Result, Strategy
-from formtax.strategies.decog import FEM_STRATEGIES
+from formtax.strategies.decog import FEM_STRATEGIES, parse_fem_spec
 from formtax.tasks import (
     Item,
     OutputFormat,
@@ -573,7 +573,7 @@ def planned_budget(task: Task, p: Planned, config: RunConfig) -> dict[str, int]:
         # the unconstrained level reads its answer with VC's constraint; the answer forms of a strategy (the line,
         # paper 003's JSON object) share its reasoning budget too, so that they compare on equal reasoning
         levels: set[tuple[ConstraintLevel, OutputFormat]] = {
-            ("fc" if s.level == "fc" else "vc", s.output_format)
+            ("fc" if s.level == "fc" else "vc", s.output_format(task))
             for s in map(parse_strategy_spec, config.strategies) if s.name == p.spec.name}
         worst = max(strategy.answer_overhead(Request(prompt=p.messages, constraint=parse_spec(
             task.answer_spec(level, p.item, fmt)), options=options)) or 0 for level, fmt in sorted(levels))
@@ -672,6 +672,10 @@ def strategy_options(p: Planned, config: RunConfig) -> dict[str, Any]:
     options: dict[str, Any] = {}
     if config.fem and p.spec.name in FEM_STRATEGIES:
         options["fem"] = config.fem
+        # Deco-G's key phrase only has to appear: placed anywhere unless --fem says otherwise
+        if (p.output_format == OutputFormat.REASON_KEYPHRASE
+                and "placement" not in parse_fem_spec(config.fem, p.spec.name)[1]):
+            options["placement"] = "anywhere"
     if p.spec.name == "json":
         options["json_layout"] = config.json_layout
     return options

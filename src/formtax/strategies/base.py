@@ -123,6 +123,8 @@ class Strategy(ABC):
     # the format its (first) prompt describes when that differs from what the answer is read in (nl2format:
     # free reasoning, the second call asking for the answer); None: output_format
     prompt_format: ClassVar[str | None] = None
+    # True: the task picks the output format (Task.fem_output_format: the FEM strategies, Deco-G's key phrase)
+    task_output_format: ClassVar[bool] = False
 
     def check(self, backend: Backend, requests: Sequence[Request]) -> None:
         """Refuse before any model call: bad sampling settings, capabilities, a missing constraint, a budget the

@@ -147,9 +147,14 @@ class Json(SinglePass):
         c, limit = self.effective_constraint(request), closing_limit(backend, request)
         return None if c is None or limit is None else (c, limit)
 
+    @staticmethod
+    def string_escapes(backend: Backend) -> bool:
+        """Whether the JSON strings take escapes on ``backend``: where formtax's loop steps the policy (which keeps
+        their caps); an engine that only takes a whole-output grammar gets the escape-free form."""
+        return Capability.STEP_LOGITS in backend.capabilities
+
     def policy(self, backend: Backend, request: Request) -> Policy:
-        escapes = Capability.STEP_LOGITS in backend.capabilities
-        c = self.effective_constraint(request, escapes=escapes)
+        c = self.effective_constraint(request, escapes=self.string_escapes(backend))
         assert isinstance(c, JsonReasonAnswer)
         if not request.constrain:
             return with_prefix(backend, request, FreePolicy(backend.tokenizer.eos_ids, phase="answer"))

@@ -128,6 +128,7 @@ class FemStrategy(SinglePass):
     default_top_k: ClassVar[int | str | None]
     default_gamma: ClassVar[float] = 1.0
     output_format = "reason-answer"
+    task_output_format = True  # GSM8K: Deco-G's key phrase "The final answer is ...", placed anywhere
 
     # -- options ---------------------------------------------------------------------------------------------
     def settings(self, request: Request) -> FemSettings:

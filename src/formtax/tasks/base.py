@@ -23,6 +23,10 @@ from formtax.errors import ConfigError, DataError
 ANSWER_PREFIX = "The answer is: "
 """The exact text that introduces the final answer in the ``reason-answer`` and ``answer-only`` formats."""
 
+KEY_PHRASE = "The final answer is "
+"""Deco-G's GSM8K key phrase (paper 001): in the ``reason-keyphrase`` format it appears anywhere in the output,
+followed by the answer, and text may follow it."""
+
 DATA_ENV_VAR = "FORMTAX_DATA"
 """Environment variable naming the data folder when no explicit path is given."""
 
@@ -62,6 +66,9 @@ class OutputFormat(StrEnum):
     of InWriting and NL-to-Format)."""
     ANSWER_JSON = "answer-json"
     """The object ``{"answer": <answer>}`` and nothing else (NL-to-Format's second call in the JSON form)."""
+    REASON_KEYPHRASE = "reason-keyphrase"
+    """Free reasoning in which ``The final answer is <answer>`` appears anywhere (text may follow): Deco-G's GSM8K
+    format (paper 001), the default of the FEM strategies on tasks that set it (:attr:`Task.fem_output_format`)."""
     REASONING = "reasoning"
     """Free reasoning, no answer format (NL-to-Format's first call: paper 003's InWriting prompt is this one plus
     the phrase that asks for the answer line; the second call asks for the answer). A prompt format only."""
@@ -104,6 +111,9 @@ class Task(ABC):
     description: ClassVar[str]
     instructions: ClassVar[tuple[str, str, str]]
     """Three task-description variants (prompt variants t1..t3); they must not mention the output format."""
+    fem_output_format: ClassVar[OutputFormat] = OutputFormat.REASON_ANSWER
+    """The output format of the FEM strategies (decog, ctrlg) on this task: the answer line at the end by default;
+    GSM8K takes Deco-G's key phrase placed anywhere (REASON_KEYPHRASE)."""
 
     def __init__(self) -> None:
         self._data_dir: Path | None = None
@@ -164,6 +174,8 @@ class Task(ABC):
         slot = self.answer_slot(level, item)
         if output_format in JSON_ANSWER_FORMATS:
             return "answer-json:" + slot
+        if output_format is OutputFormat.REASON_KEYPHRASE:
+            return KEY_PHRASE + slot
         return slot if output_format is OutputFormat.JSON else ANSWER_PREFIX + slot
 
     def messages(

@@ -28,12 +28,19 @@ JSON, so the report computes AI / AC / AI+ / AC+ from the records alone):
   name accepted too, the argument cut at the line or sentence end), or the last JSON object with role keys.
   ``ok`` when at least one role was found; a role not found counts as no argument.
 
+Splits (ours; the datasets ship only their test split): the documents holding about :data:`DEV_SHARE` of the
+mentions, taken in the order of their doc ids' sha256, form a held-out dev split; the evaluated items are the
+mentions of the other documents, and the shot pool (few-shot examples, and the prompts the FEM of decog / ctrlg is
+distilled from) is the dev split, so an HMM never learns from the passages it is evaluated on (as GSM8K distils
+from its train split). Whole documents are held out, so no passage is shared across the split.
+
 Heads for AI+ / AC+ come from :func:`formtax.scoring.eae.get_head_finder` (spaCy when an English pipeline is
 installed, else the documented rule); gold and predictions record the method.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -131,6 +138,32 @@ def passage_spans(m: Mention, max_words: int = MAX_SPAN_WORDS) -> list[str]:
     return list(out)
 
 
+DEV_SHARE = 0.2  # the share of mentions whose documents form the held-out dev split (ours)
+
+
+def _unit(m: Mention) -> str:
+    """What the split holds out whole: the mention's document (its own id where the file names no document)."""
+    return m.doc_id or m.id
+
+
+def dev_documents(mentions: Sequence[Mention], share: float = DEV_SHARE) -> frozenset[str]:
+    """The documents of the dev split: in the order of their ids' sha256 (stable across runs and machines), as
+    many as it takes to hold ``share`` of the mentions (at least one document, and never all of them when there
+    are two or more)."""
+    sizes: dict[str, int] = {}
+    for m in mentions:
+        sizes[_unit(m)] = sizes.get(_unit(m), 0) + 1
+    order = sorted(sizes, key=lambda d: hashlib.sha256(d.encode("utf-8")).hexdigest())
+    held: list[str] = []
+    total = 0
+    for d in order[: max(1, len(order) - 1)]:
+        if held and total >= share * len(mentions):
+            break
+        held.append(d)
+        total += sizes[d]
+    return frozenset(held)
+
+
 def _lit(text: str) -> str:
     return text.replace("{", "{{").replace("}", "}}")
 
@@ -152,8 +185,16 @@ class EaeTask(Task):
         raise NotImplementedError
 
     def _load(self, data_dir: Path | None) -> list[Item]:
+        return self._split(data_dir, dev=False)
+
+    def _shot_pool(self, data_dir: Path | None) -> list[Item]:
+        return self._split(data_dir, dev=True)
+
+    def _split(self, data_dir: Path | None, dev: bool) -> list[Item]:
         heads = get_head_finder()
-        return [self._item(m, heads) for m in self._mentions(self._require_dir(data_dir))]
+        mentions = self._mentions(self._require_dir(data_dir))
+        held = dev_documents(mentions)
+        return [self._item(m, heads) for m in mentions if (_unit(m) in held) == dev]
 
     def _item(self, m: Mention, heads: Any) -> Item:
         phrases = role_phrases(m.roles)
@@ -166,6 +207,10 @@ class EaeTask(Task):
             meta={"mention": m, "roles": m.roles, "phrases": phrases, "event_type": m.event_type,
                   "passage_source": m.passage_source},
         )
+
+    def notes(self) -> dict[str, Any]:
+        return {"split": f"evaluated: the mentions outside the dev documents (about {DEV_SHARE:.0%} of the mentions, "
+                         "held out for few-shot examples and FEM distillation)"}
 
     @staticmethod
     def mention(item: Item) -> Mention:
@@ -369,7 +414,8 @@ class EaeWikiEvents(EaeTask):
     name: ClassVar[str] = "eae-wikievents"
     description: ClassVar[str] = (
         "WikiEvents test (KAIROS ontology): event argument extraction, one item per event mention (364; the one "
-        "mention whose type is not in the ontology is skipped), 'The <role> is <argument>' per role"
+        "mention whose type is not in the ontology is skipped; 290 evaluated, the documents of 74 held out as the "
+        "dev split for shots and FEM distillation), 'The <role> is <argument>' per role"
     )
     folder: ClassVar[str] = "eae/wikievents"
 
@@ -386,7 +432,8 @@ class EaeWikiEvents(EaeTask):
 class EaeGeneva(EaeTask):
     name: ClassVar[str] = "eae-geneva"
     description: ClassVar[str] = (
-        "GENEVA test (FrameNet-derived, CC BY 3.0): event argument extraction, one item per event mention (1893), "
+        "GENEVA test (FrameNet-derived, CC BY 3.0): event argument extraction, one item per event mention (1893; 1452 "
+        "evaluated, the documents of 441 held out as the dev split), "
         "'The <role> is <argument>' per role"
     )
     folder: ClassVar[str] = "eae/geneva"

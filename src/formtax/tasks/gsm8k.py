@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 from typing import Any, ClassVar
 
-from formtax.tasks.base import Item
+from formtax.tasks.base import Item, OutputFormat
 from formtax.tasks.io import RowError, read_jsonl, require_object, require_str
 from formtax.tasks.kinds import IntegerTask, normalize_integer
 from formtax.tasks.registry import register_task
@@ -49,6 +49,8 @@ class Gsm8kTask(IntegerTask):
         "Read the math question below and calculate the answer.",
     )
     folder: ClassVar[str] = "gsm8k"
+    # Deco-G (paper 001) decodes GSM8K with the key phrase "The final answer is ..." that only has to appear
+    fem_output_format: ClassVar[OutputFormat] = OutputFormat.REASON_KEYPHRASE
 
     def data_files(self, data_dir: Path) -> list[Path]:
         # The train split is read only for few-shot examples; it is listed when present.

@@ -14,7 +14,15 @@ import re
 from collections.abc import Sequence
 
 from formtax.errors import ConfigError
-from formtax.tasks.base import ANSWER_PREFIX, JSON_ANSWER_FORMATS, AnswerKind, Item, OutputFormat, Task
+from formtax.tasks.base import (
+    ANSWER_PREFIX,
+    JSON_ANSWER_FORMATS,
+    KEY_PHRASE,
+    AnswerKind,
+    Item,
+    OutputFormat,
+    Task,
+)
 
 N_VARIANTS = 3
 _VARIANT_ID_RE = re.compile(r"t([1-9]\d*)f([1-9]\d*)")
@@ -46,6 +54,14 @@ _FORMAT_TEMPLATES: dict[OutputFormat, tuple[str, str, str]] = {
         "outside the object.",
         "Reply in JSON only: exactly one object {json}. First reason inside the reason field, then give "
         "<answer>, which is {desc}. No markdown, no text before or after the object.",
+    ),
+    OutputFormat.REASON_KEYPHRASE: (  # before REASONING: the planted backend tells formats apart by these texts
+        f'Think step by step, and state your result in a sentence "{KEY_PHRASE}<answer>", where <answer> is '
+        "{desc}.",
+        "First reason about the problem in as much detail as you need. Give your result in a sentence of the "
+        f"form:\n{KEY_PHRASE}<answer>\nHere <answer> is {{desc}}.",
+        f'Explain your reasoning, and write "{KEY_PHRASE}" followed by your answer somewhere in your response. '
+        "The answer must be {desc}.",
     ),
     OutputFormat.REASONING: (  # REASON_ANSWER's variants without the phrase that asks for the answer line
         "Think step by step.",
@@ -135,6 +151,9 @@ def render_answer(task: Task, item: Item, output_format: OutputFormat, reason: s
     if fmt in JSON_ANSWER_FORMATS:
         obj = json.dumps({"answer": value}, ensure_ascii=False)
         return f"{reason.strip()}\n{obj}" if fmt is OutputFormat.REASON_JSON and reason else obj
+    if fmt is OutputFormat.REASON_KEYPHRASE:
+        phrase = f"{KEY_PHRASE}{answer}."
+        return f"{reason.strip()}\n{phrase}" if reason else phrase
     line = f"{ANSWER_PREFIX}{answer}"
     if fmt in (OutputFormat.REASON_ANSWER, OutputFormat.REASONING) and reason:  # a reasoning shot ends as usual
         return f"{reason.strip()}\n{line}"
