@@ -8,7 +8,7 @@ and the JSON strategy must still reserve the answer's budget by capping the reas
 JSON string body there, uncapped, and :class:`StringCaps` (fed every emitted token) counts each capped string's
 tokens and gives, per step, the tokens that keep the string finishable inside its cap.
 
-The rule (ours, documented in ALGORITHMS.md's JSON section): a capped string of cap N may be left open by at most
+The rule (ours, docs/ALGORITHMS.md section 3): a capped string of cap N may be left open by at most
 N tokens that start inside it (the token that opens it and the token that closes it are not counted; they carry
 the scaffolding bytes the reserve counts). After the j-th such token the string's pending bytes, those its open
 escape or UTF-8 character still needs (``\\`` 1, ``\\u`` 4, ``\\u12`` 2, a 3-byte character's lead 2), must not

@@ -1,4 +1,4 @@
-"""The format estimation module (FEM) of Deco-G and Ctrl-G (paper 001; ALGORITHMS.md section 7).
+"""The format estimation module (FEM) of Deco-G and Ctrl-G (paper 001; docs/ALGORITHMS.md section 7).
 
 - :mod:`~formtax.fem.automata`: byte-level regex combinators -> minimal DFAs (integer ranges, slots, phrases).
 - :mod:`~formtax.fem.dfa`: the flexible trie: a template -> a minimal token-level DFA with a dead sink.

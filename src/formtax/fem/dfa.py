@@ -1,4 +1,4 @@
-"""Deco-G's flexible trie: a template becomes a minimal DFA over *tokens* (ALGORITHMS.md section 7).
+"""Deco-G's flexible trie: a template becomes a minimal DFA over *tokens* (docs/ALGORITHMS.md section 7).
 
 The template is parsed into literal phrases and content slots (``The answer is: {int}`` -> phrase
 ``The answer is: ``, slot ``{int}``). Each run of literal text, together with the free text allowed before or after

@@ -1,4 +1,4 @@
-"""Distilling the FEM's HMM from the language model itself, on CPU (ALGORITHMS.md section 7).
+"""Distilling the FEM's HMM from the language model itself, on CPU (docs/ALGORITHMS.md section 7).
 
 Two forms:
 

@@ -1,4 +1,4 @@
-"""The hidden Markov model of the format estimation module, and its training (ALGORITHMS.md section 7).
+"""The hidden Markov model of the format estimation module, and its training (docs/ALGORITHMS.md section 7).
 
 An HMM with ``h`` hidden states over the model's vocabulary: initial distribution ``pi`` [h], transitions ``A``
 [h, h] and emissions ``B`` [h, V], all row-stochastic, in torch (CPU or GPU). It approximates how the language

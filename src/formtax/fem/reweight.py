@@ -1,4 +1,4 @@
-"""Backward tables, the per-step reweighting and its decode-loop policy (ALGORITHMS.md section 7).
+"""Backward tables, the per-step reweighting and its decode-loop policy (docs/ALGORITHMS.md section 7).
 
 The event alpha, made exact (our choice of how "within [min_len, max_len] tokens" is counted): generation stops
 either by EOS or by the budget running out, and alpha holds when the DFA is in an accepting state at that moment.

@@ -2,7 +2,7 @@
 
 For one request (a prompt, a strategy's semantics, its constraint, budget and temperature) this enumerates the
 world's finite continuation tree under the strategy's masks and renormalisation, following the written
-specification (ALGORITHMS.md sections 1, 2, 4, 5, 6) rather than formtax's policies, so that a bug in the loop or a
+specification (docs/ALGORITHMS.md sections 1, 2, 4, 5, 6) rather than formtax's policies, so that a bug in the loop or a
 policy shows up as a difference between the lab's estimate and this truth. What is shared with the lab is only the
 model (:class:`~formtax.planted.backend.RowModel`'s logits) and the constraint's language (the engine's allowed
 sets, which the oracle of every constrained output checks separately).
@@ -64,7 +64,7 @@ class Distribution:
 
 @dataclass
 class Semantics:
-    """What one call does, written out: see ALGORITHMS.md for each kind."""
+    """What one call does, written out: see docs/ALGORITHMS.md for each kind."""
 
     kind: Kind
     max_tokens: int
@@ -287,7 +287,7 @@ class FreeRun:
 
 def free_runs(model: RowModel, prefix: Sequence[int], start: torch.Tensor, eos: frozenset[int], budget: int,
               temperature: float) -> tuple[list[FreeRun], float]:
-    """Every free pass with its probability, and the mass that cannot be enumerated (ALGORITHMS.md section 6 and
+    """Every free pass with its probability, and the mass that cannot be enumerated (docs/ALGORITHMS.md section 6 and
     the strategies' sampled rule): the pass ends where the unmasked argmax is EOS or the budget is spent; under
     sampling it draws from the unmasked ``softmax(logits / T)``, and a drawn EOS ends it at that step too. delta_t
     always comes from the raw logits (temperature 1), as the penalty is defined."""
@@ -331,7 +331,7 @@ def free_runs(model: RowModel, prefix: Sequence[int], start: torch.Tensor, eos: 
 
 
 def branch_point(deltas: Sequence[float | None], end: int, rule: str, tau: float) -> int:
-    """t* (ALGORITHMS.md section 6): pipeline = the end; last = the latest step with delta <= tau (the end
+    """t* (docs/ALGORITHMS.md section 6): pipeline = the end; last = the latest step with delta <= tau (the end
     counts); min = the argmin of delta, ties to the latest step.
 
     Written from the specification on purpose, not imported from ``strategies.suffix.choose_branch``: this

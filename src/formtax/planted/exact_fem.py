@@ -1,4 +1,4 @@
-"""The exact output distribution of Deco-G / Ctrl-G on a planted world, written from ALGORITHMS.md section 7.
+"""The exact output distribution of Deco-G / Ctrl-G on a planted world, written from docs/ALGORITHMS.md section 7.
 
 What is shared with the lab: the model (the planted row model's logits), the format's language (the token DFA
 built from the request's template, which ``tests/fem`` checks against the template's regex) and the FEM itself

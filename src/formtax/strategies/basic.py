@@ -1,4 +1,4 @@
-"""The single-pass base strategies: free, short, constrained, json (ALGORITHMS.md sections 1-3)."""
+"""The single-pass base strategies: free, short, constrained, json (docs/ALGORITHMS.md sections 1-3)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""InWriting (ALGORITHMS.md section 4; paper 003, Litelines semantics made exact)."""
+"""InWriting (docs/ALGORITHMS.md section 4; paper 003, Litelines semantics made exact)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""NL-to-Format (ALGORITHMS.md section 5; paper 003): free reasoning, then a constrained extraction call."""
+"""NL-to-Format (docs/ALGORITHMS.md section 5; paper 003): free reasoning, then a constrained extraction call."""
 
 from __future__ import annotations
 

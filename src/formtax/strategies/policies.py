@@ -1,4 +1,4 @@
-"""Per-step policies: the building blocks strategies compose (ALGORITHMS.md sections 1, 2, 4 and the RC prefix)."""
+"""Per-step policies: the building blocks strategies compose (docs/ALGORITHMS.md sections 1, 2, 4 and the RC prefix)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Suffix-constrained greedy search (ALGORITHMS.md section 6; paper 000).
+"""Suffix-constrained greedy search (docs/ALGORITHMS.md section 6; paper 000).
 
 The output is free text followed by the answer template T. Free greedy decoding runs first; at every step t the
 *bifurcation penalty* ``delta_t = max_v p(v) - max_{v in S} p(v)`` (softmax of the raw logits, float64) measures
