@@ -261,9 +261,9 @@ CELLS_COLUMNS = [
 ]  # fmt: skip
 
 
-def _cell(sf: pd.DataFrame, language: str) -> tuple[Matrix, Matrix] | None:
+def _cell(sf: pd.DataFrame, language: str) -> tuple[Matrix, Matrix, int] | None:
     """Per seed, (short abstention accuracy, delta_mask) of one (model, language) cell, on the positions
-    scored in both conditions."""
+    scored in both conditions, and the number of those positions."""
     if not {"short", "constrained"} <= set(_present(sf, language)):
         return None
     cells, _ = _aligned(sf, language, "abstain", ("short", "constrained"))
@@ -271,7 +271,7 @@ def _cell(sf: pd.DataFrame, language: str) -> tuple[Matrix, Matrix] | None:
     if not short.shape[0] or not short.shape[1]:
         return None
     s = short.mean(axis=0)
-    return s, con.mean(axis=0) - s
+    return s, con.mean(axis=0) - s, int(short.shape[0])
 
 
 def cells_table(df: pd.DataFrame, n_resamples: int, seed: int) -> pd.DataFrame | None:
@@ -288,10 +288,9 @@ def cells_table(df: pd.DataFrame, n_resamples: int, seed: int) -> pd.DataFrame |
             cell = _cell(sf, language)
             if cell is None:
                 continue
-            s, dm = cell
-            per_seed.append(cell)
+            s, dm, n_items = cell
+            per_seed.append((s, dm))
             models.add(model)
-            n_items = int(_aligned(sf, language, "abstain", ("short", "constrained"))[0]["short"].shape[0])
             rows.append({"task": label, "model": model, "language": language, "row": "cell", "n_items": n_items,
                          "n_seeds": len(s), "short_abstain_acc": float(s.mean()), "delta_mask": float(dm.mean())})
     if not rows:
