@@ -6,6 +6,7 @@ The model returns one fixed logits tensor (no forward pass), so what is timed is
 choosing, bookkeeping. Rows never stop early (EOS is never the argmax), so every row takes ``--steps`` steps.
 Vocabularies: the embedded default's real 49k tokenizer, and 262k logits over the byte tokenizer (Gemma's width;
 there the constrained mask is over the byte vocabulary, padded, so only free decoding is representative).
+decog (49k only): Deco-G with a random 64-state HMM and top-k = 5% of it, "The answer is: {int:0..}", EOS held off.
 ``engine_us``: llguidance computing the same grammar's mask along the same path, alone, in the same run: the
 floor of a constrained step. ratio = free us per row-step at batch 64 (49k) (target <= 15).
 """
@@ -70,9 +71,32 @@ class FixedBackend(Backend):
         return FixedBatch(self.row, len(prompts))
 
 
+_FEM: dict[int, Any] = {}
+HMM_STATES = 64  # decog: a random HMM this size over the vocabulary; top-k = 5% of it (Deco-G's default)
+
+
+def fem_runtime(tok: TokenizerInfo, steps: int) -> Any:
+    """Deco-G's runtime for "The answer is: {int:0..}" over ``tok`` (built once per vocabulary, tables too)."""
+    if tok.n_logits not in _FEM:
+        from formtax.constraints.template import parse_template
+        from formtax.fem.dfa import FormatSpec, build_token_dfa, vocab_for
+        from formtax.fem.hmm import HMM
+        from formtax.fem.reweight import FemRuntime
+
+        dfa = build_token_dfa(FormatSpec(parse_template("The answer is: {int:0..}")), vocab_for(tok))
+        rt = FemRuntime(dfa, HMM.random(HMM_STATES, tok.n_logits, seed=0), sorted(tok.eos_ids))
+        rt.tables(steps, min_tokens=steps)
+        _FEM[tok.n_logits] = rt
+    return _FEM[tok.n_logits]
+
+
 def policy(kind: str, tok: TokenizerInfo, steps: int) -> Any:
     if kind == "free":
         return FreePolicy(tok.eos_ids)
+    if kind == "decog":
+        from formtax.fem.reweight import FemPolicy
+
+        return FemPolicy(fem_runtime(tok, steps), steps, gamma=1.0, top_k=max(1, HMM_STATES // 20), min_tokens=steps)
     m = compile_grammar(parse_spec(SCHEMA).grammar, tok.engine).matcher(tok.n_logits)
     answer = ConstrainedPolicy(m, tok.eos_ids)
     if kind == "constrained":
@@ -122,7 +146,8 @@ def main() -> None:
     print("|---|---|---|---|")
     for label, tok in (("49k", smol), ("262k", wide)):
         backend = FixedBackend(tok)
-        for kind in ("free", "constrained", "inwriting"):
+        for kind in ("free", "constrained", "inwriting", "decog") if label == "49k" else ("free", "constrained",
+                                                                                         "inwriting"):
             for b in (int(x) for x in a.batches.split(",")):
                 us = per_row_step_us(backend, kind, b, a.steps, a.repeats)
                 results[f"{label}_{kind}_b{b}_us"] = round(us, 1)

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from formtax.constraints.compile import fill_masks
 from formtax.decoding.loop import (
     Plan,
     RowOutput,
@@ -93,8 +94,9 @@ class LiveRow:
             if reason is not None:
                 self.finish(reason)
 
-    def apply(self, row: torch.Tensor) -> None:
-        """Plan this step and edit the logits row in place (``row`` is the raw float32 row of this request)."""
+    def apply(self, row: torch.Tensor, view: torch.Tensor | None = None) -> None:
+        """Plan this step and edit the logits row in place (``row`` is the raw float32 row of this request;
+        ``view``, its copy on the host when the processor moved the batch's rows there at once)."""
         if self.n_planned > self.n_seen:  # a plan whose token never came (a discarded partial-prefill sample)
             self.finish("backend-error", "the engine skipped a planned step (chunked prefill must be off)")
         if self.done:
@@ -105,7 +107,8 @@ class LiveRow:
             self._force(row, self.eos_id)
             return
         step = len(self.out.tokens)
-        view = row if row.device.type == "cpu" else row.detach().cpu()  # policies compute on CPU, as in the loop
+        if view is None:  # policies compute on CPU, as in the loop
+            view = row if row.device.type == "cpu" else row.detach().cpu()
         plan: Plan = self.policy.plan(view, step)
         if plan.divert is not None:  # the engine draws after this edit, so the divert is decided here
             plan = resolve_divert(plan, view, self.sampling, self.gen)
@@ -140,7 +143,7 @@ class LiveRow:
             row.masked_fill_(~plan.allowed.to(row.device), float("-inf"))
         if plan.banned:
             row[list(plan.banned)] = float("-inf")
-        forced = plan.allowed is not None and int(plan.allowed.sum().item()) == 1
+        forced = plan.allowed is not None and plan.allowed_count() == 1
         self.pending = (phase, forced, masked, None)
 
     @staticmethod
@@ -222,9 +225,19 @@ def processor_class() -> type:
                     self.by_index[a] = entry_b
 
         def apply(self, logits: torch.Tensor) -> torch.Tensor:
-            for index, (row, output) in self.by_index.items():
+            """The batch's step as the loop takes it: every row catches up, the grammar masks of all rows are
+            computed in one call to the engine, the rows' logits move to the host in one transfer (on a GPU),
+            then each row plans and edits its logits."""
+            items = list(self.by_index.items())
+            for _index, (row, output) in items:
                 row.catch_up(output)
-                row.apply(logits[index])
+            fill_masks([m for _i, (row, _o) in items if not row.done and (m := row.policy.mask_matcher()) is not None])
+            views: list[torch.Tensor | None] = [None] * len(items)
+            if items and logits.device.type != "cpu":
+                host = logits[[index for index, _ in items]].detach().cpu()
+                views = list(host.unbind(0))
+            for (index, (row, _output)), view in zip(items, views, strict=True):
+                row.apply(logits[index], view)
             return logits
 
     _PROCESSOR = PolicyLogitsProcessor

@@ -365,14 +365,17 @@ class OpenAIBackend(Backend):
         return lo, {"masked_mass_exact": False, "masked_mass_bounds": [lo, hi], "masked_mass_topk_coverage": coverage,
                     "masked_mass_k": len(top)}
 
-    def _probes(self, items: Sequence[tuple[list[int], Any]]) -> list[tuple[float | None, dict[str, Any]]]:
-        """Masked masses for (prompt, fresh ConstrainedPolicy) pairs, from one probe request each."""
-        if not items:
-            return []
+    def _probes(self, items: Sequence[tuple[list[int], Any]], *also: dict[str, Any]
+                ) -> tuple[list[tuple[float | None, dict[str, Any]]], list[Any]]:
+        """Masked masses for (prompt, fresh ConstrainedPolicy) pairs, from one probe request each; ``also``:
+        other request bodies sent concurrently with the probes (a row's generation does not wait for its probe:
+        the probe is a separate greedy one-token request on the same prompt), their replies second."""
         allowed = [policy.matcher.allowed_mask() for _, policy in items]
         bodies = [self._probe_body(prompt, a) for (prompt, _), a in zip(items, allowed, strict=True)]
-        replies = self._post_all(bodies)
-        return [self._mass(d, a, "logprob_token_ids" in b) for d, a, b in zip(replies, allowed, bodies, strict=True)]
+        replies = self._post_all([*bodies, *also])
+        masses = [self._mass(d, a, "logprob_token_ids" in b)
+                  for d, a, b in zip(replies[: len(bodies)], allowed, bodies, strict=True)]
+        return masses, replies[len(bodies):]
 
     # -- decoding ---------------------------------------------------------------------------------------------
     def decode_rows(self, backend: Backend, rows: Sequence[RowRequest], sampling: Sampling,
@@ -386,11 +389,12 @@ class OpenAIBackend(Backend):
             if plan.kind == "live":
                 raise CapabilityError(f"the openai backend cannot step a {type(plan.inner).__name__} policy")
         measured = [k for k, p in enumerate(plans) if p.kind == "grammar" and getattr(p.inner, "_measure", True)]
-        masses = dict(zip(measured, self._probes(
-            [(list(rows[k].prompt_ids) + plans[k].prefix, plans[k].inner) for k in measured]), strict=True))
         bodies = [self._body(list(r.prompt_ids) + p.prefix, r.max_tokens - len(p.prefix), sampling, r.seed,
                              p.stop_ids, p.constraint) for r, p in zip(rows, plans, strict=True)]
-        replies = [self._reply(d) for d in self._post_all(bodies)]
+        found, data = self._probes([(list(rows[k].prompt_ids) + plans[k].prefix, plans[k].inner) for k in measured],
+                                   *bodies)
+        masses = dict(zip(measured, found, strict=True))
+        replies = [self._reply(d) for d in data]
         wall = time.perf_counter() - t0
         outs = []
         for k, (row, plan, reply) in enumerate(zip(rows, plans, replies, strict=True)):
@@ -456,12 +460,12 @@ class OpenAIBackend(Backend):
                 raise RuntimeError(f"server {self.client.base}: the free call of request {k} ended with "
                                    f"{reply.finish!r} after {len(toks)} tokens, neither at EOS nor at its budget")
         prompts2 = [p + pre + preamble for (_, p, pre, _), (preamble, _) in zip(items, switches, strict=True)]
-        masses = self._probes([(p2, inner.answer) for p2, (_, _, _, inner) in zip(prompts2, items, strict=True)])
-        second = [self._reply(d) for d in self._post_all([
-            self._body(p2, requests[k].max_tokens - len(pre) - len(preamble), request_sampling(requests[k]),
-                       requests[k].seed,
-                       inner.answer.eos_ids, requests[k].constraint)
-            for p2, (k, _, pre, inner), (preamble, _) in zip(prompts2, items, switches, strict=True)])]
+        masses, data = self._probes(
+            [(p2, inner.answer) for p2, (_, _, _, inner) in zip(prompts2, items, strict=True)],
+            *[self._body(p2, requests[k].max_tokens - len(pre) - len(preamble), request_sampling(requests[k]),
+                         requests[k].seed, inner.answer.eos_ids, requests[k].constraint)
+              for p2, (k, _, pre, inner), (preamble, _) in zip(prompts2, items, switches, strict=True)])
+        second = [self._reply(d) for d in data]
         wall = time.perf_counter() - t0
         for (k, p, pre, inner), (preamble, why), p2, call1, reply, (mass, stats) in zip(
                 items, switches, prompts2, first, second, masses, strict=True):

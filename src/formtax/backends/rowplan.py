@@ -110,7 +110,7 @@ def replay(req: RowRequest, tokens: Sequence[int], engine_finish: str | None,
                 out.events.append({"step": step, "stats": {"constraint_ignored": True, "rejected_token": int(token)}})
                 break
             masked = plan.allowed is not None or bool(plan.banned) or plan.divert is not None
-            forced = plan.allowed is not None and int(plan.allowed.sum().item()) == 1
+            forced = plan.allowed is not None and plan.allowed_count() == 1
         out.tokens.append(int(token))
         out.steps.append(Step(int(token), policy.phase, forced, masked))
         reason = policy.advance(int(token))

@@ -15,12 +15,12 @@ from typing import Any
 import llguidance
 import llguidance.hf
 import llguidance.torch
+import numpy as np
 import torch
 
 from formtax.cache import LRU
 from formtax.errors import ConstraintError
-
-_SHIFTS = torch.arange(32, dtype=torch.int32)
+from formtax.tensorops import bitmask_counts, unpack_bitmask
 
 
 class EngineTokenizer:
@@ -84,21 +84,25 @@ class Matcher:
         self._ll = ll
         self._tok = tokenizer
         self.n_logits = n_logits
-        self._bitmask = llguidance.torch.allocate_token_bitmask(1, tokenizer.vocab_size)
+        self._bitmask = np.full((tokenizer.vocab_size + 31) // 32, -1, dtype=np.int32)  # the engine writes here
         self.consumed = 0
         self.grammar = ""  # the grammar's text (closing mode's search reads its literals)
+        self._version = 0  # bumped by every change of state: a prefilled mask is valid only for its version
+        self._prefilled: tuple[int, torch.Tensor, int] | None = None  # (version, allowed set, its size)
 
     # -- the allowed set ------------------------------------------------------------------------------------
     def allowed_mask(self) -> torch.Tensor:
-        """Bool tensor [n_logits]: True where the token is allowed next (EOS only where the grammar accepts)."""
-        llguidance.torch.fill_next_token_bitmask(self._ll, self._bitmask, 0)
-        bits = ((self._bitmask[0].unsqueeze(1) >> _SHIFTS) & 1).bool().flatten()
-        v = self._tok.vocab_size
-        if self.n_logits <= v:
-            return bits[: self.n_logits]
-        out = torch.zeros(self.n_logits, dtype=torch.bool)
-        out[:v] = bits[:v]
-        return out
+        """Bool tensor [n_logits]: True where the token is allowed next (EOS only where the grammar accepts).
+        Read-only: it may be the view :func:`fill_masks` prepared for this state."""
+        if self._prefilled is not None and self._prefilled[0] == self._version:
+            return self._prefilled[1]
+        self._ll.unsafe_compute_mask_ptr(self._bitmask.ctypes.data, self._bitmask.nbytes)  # as llguidance.torch does
+        return unpack_bitmask(self._bitmask, self.n_logits, self._tok.vocab_size)
+
+    def known_count(self, mask: torch.Tensor) -> int | None:
+        """The size of ``mask`` if it is the set :func:`fill_masks` prepared (counted there for the whole batch)."""
+        pre = self._prefilled
+        return pre[2] if pre is not None and pre[0] == self._version and pre[1] is mask else None
 
     def allowed_ids(self) -> list[int]:
         return self.allowed_mask().nonzero().flatten().tolist()
@@ -120,6 +124,7 @@ class Matcher:
 
     # -- state ----------------------------------------------------------------------------------------------
     def consume(self, token: int) -> bool:
+        self._version += 1
         ok = bool(self._ll.consume_token(token))
         if ok:
             self.consumed += 1
@@ -130,6 +135,7 @@ class Matcher:
 
     def rollback(self, n: int) -> None:
         if n:
+            self._version += 1
             self._ll.rollback(n)
             self.consumed -= n
 
@@ -154,6 +160,33 @@ class Matcher:
     def forced_tokens(self) -> list[int]:
         """Tokens the grammar forces from here (no choice left), without consuming them."""
         return list(self._ll.compute_ff_tokens())
+
+
+_EXECUTOR: llguidance.LLExecutor | None = None
+
+
+def fill_masks(matchers: list[Matcher]) -> None:
+    """Compute the allowed sets of several matchers at once, before their policies plan: one call into the
+    engine for the batch (``LLExecutor``, parallel over its threads) into one int32 bitmask, and one unpacking
+    of all rows; each matcher's next :meth:`Matcher.allowed_mask` in its present state returns its row (a
+    read-only view). Matchers in error or stopped are skipped (their policies stop without a mask). The same
+    sets as one :meth:`Matcher.allowed_mask` each: the engine computes each row from that matcher alone."""
+    global _EXECUTOR
+    groups: dict[tuple[int, int], list[Matcher]] = {}
+    for m in matchers:
+        if not (m._ll.is_error() or m._ll.is_stopped()):
+            groups.setdefault((m.tokenizer.vocab_size, m.n_logits), []).append(m)
+    for (vocab, n_logits), ms in groups.items():
+        if len(ms) == 1:
+            continue  # nothing to share: the matcher computes its own mask when asked
+        if _EXECUTOR is None:
+            _EXECUTOR = llguidance.LLExecutor()
+        bitmask = torch.full(llguidance.torch.get_bitmask_shape(len(ms), vocab), -1, dtype=torch.int32)
+        llguidance.torch.fill_next_token_bitmask_par(_EXECUTOR, [(m._ll, k) for k, m in enumerate(ms)], bitmask)
+        rows = unpack_bitmask(bitmask, n_logits, vocab)
+        counts = bitmask_counts(bitmask, n_logits, vocab)
+        for k, m in enumerate(ms):
+            m._prefilled = (m._version, rows[k], int(counts[k]))
 
 
 def validate_with_engine(grammar: str, text: str) -> tuple[bool, str | None]:

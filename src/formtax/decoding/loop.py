@@ -19,12 +19,17 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from formtax.backends.base import Backend, Batch
+from formtax.constraints.compile import fill_masks
 from formtax.decoding.sampling import Sampling, as_sampling
+from formtax.tensorops import argmax, argmax_rows, count_true, masked_argmax
+
+if TYPE_CHECKING:
+    from formtax.constraints.compile import Matcher
 
 
 @dataclass
@@ -41,6 +46,15 @@ class Plan:
     rewind: int | None = None  # go back to this many generated tokens (see the module docstring); no token now
     divert: Divert | None = None  # if the token chosen under this plan is in ``divert.tokens``, re-plan (below)
     veto: Veto | None = None  # a chosen token the policy refuses is masked and the choice made again (below)
+    known_count: tuple[torch.Tensor, int] | None = None  # (allowed, its size) when the policy knows it already
+
+    def allowed_count(self) -> int:
+        """How many tokens ``allowed`` holds (a set of one is a forced token): the policy's count when it was made
+        for this very tensor (a policy that narrows ``allowed`` afterwards gets a fresh count), else counted."""
+        assert self.allowed is not None
+        if self.known_count is not None and self.known_count[0] is self.allowed:
+            return self.known_count[1]
+        return count_true(self.allowed)
 
 
 @dataclass
@@ -88,6 +102,13 @@ class Policy(ABC):
     def budget_exhausted(self) -> str:
         """Finish reason when the token budget runs out (a policy can report an incomplete constraint)."""
         return "length"
+
+    def mask_matcher(self) -> Matcher | None:
+        """The grammar matcher whose allowed set this row's next :meth:`plan` reads, if it is known before
+        planning: the loop then computes the masks of all such rows of a step in one call to the engine
+        (:func:`~formtax.constraints.compile.fill_masks`). None (the default) leaves the policy to ask its
+        matcher itself; either way the plan sees the same set."""
+        return None
 
 
 @dataclass
@@ -174,7 +195,7 @@ def _choose(
         if plan.banned:
             logits[list(plan.banned)] = float("-inf")
     if sampling.greedy:
-        return int(torch.argmax(logits).item()), masked
+        return argmax(logits), masked
     probs = torch.softmax(sampling.warp(logits), dim=-1)  # the filters act on the masked distribution
     return int(torch.multinomial(probs, 1, generator=gen).item()), masked
 
@@ -184,7 +205,7 @@ def choose_vetted(
 ) -> tuple[int, bool, bool]:
     """Pick a token under a plan that may carry a :class:`Veto`; returns (token, masked, forced)."""
     token, masked = _choose(logits, plan, sampling, gen)
-    forced = plan.allowed is not None and int(plan.allowed.sum().item()) == 1
+    forced = plan.allowed is not None and plan.allowed_count() == 1
     return _vetted(logits, plan, sampling, gen, token, masked, forced)
 
 
@@ -203,28 +224,49 @@ def _vetted(logits: torch.Tensor, plan: Plan, sampling: Sampling, gen: torch.Gen
     return veto.fallback, True, True
 
 
-def _greedy_batch(logits: torch.Tensor, chosen: list[tuple[int, Plan]]) -> list[tuple[int, bool, bool]]:
-    """The greedy choice of several rows at once: rows without a mask take one argmax over the batch's logits
-    (no copy); masked rows one masked fill over their stacked logits and one argmax; one transfer to the host
-    (``tolist``) each, one count of the allowed sets. Token for token what :func:`_choose` gives row by row (the
-    same values masked, ties broken alike by argmax), without a clone, an argmax and a host sync per row."""
+def _greedy_batch(logits: torch.Tensor, chosen: list[tuple[int, Plan]], top: Callable[[], list[int]]
+                  ) -> list[tuple[int, bool, bool]]:
+    """The greedy choice of several rows at once; token for token what :func:`_choose` gives row by row.
+
+    ``top()`` is the argmax of every row of the step's raw logits, computed once for the step (one host
+    transfer). A row without a mask takes its top token. A masked row whose top token is allowed and not banned
+    takes it too: the first maximal index overall, when allowed, is the first maximal index among the allowed
+    ones, so this is exactly the masked argmax, without touching the logits. The other masked rows (and rows
+    choosing from their own scores) take the first maximal index among their allowed ids, read on the host
+    (:func:`~formtax.tensorops.masked_argmax`); on a device, one masked fill over their stacked logits and one
+    argmax. Allowed sets
+    are counted (a set of one is a forced token) on the host's fast path (:mod:`formtax.tensorops`)."""
     out: list[tuple[int, bool, bool]] = [(0, False, False)] * len(chosen)
-    plain = [k for k, (_, plan) in enumerate(chosen)
-             if plan.allowed is None and not plan.banned and plan.scores is None]
-    if plain:
-        top = logits.argmax(dim=-1).tolist()
-        for k in plain:
-            out[k] = (int(top[chosen[k][0]]), False, False)
-    masked = [k for k in range(len(chosen)) if k not in set(plain)]
-    if not masked:
+    rest: list[int] = []
+    for k, (pos, plan) in enumerate(chosen):
+        if plan.scores is not None:
+            rest.append(k)
+            continue
+        token = top()[pos]
+        if plan.allowed is None and not plan.banned:
+            out[k] = (token, False, False)
+        elif (plan.allowed is None or bool(plan.allowed[token])) and token not in plan.banned:
+            out[k] = (token, True, plan.allowed is not None and plan.allowed_count() == 1)
+        else:
+            rest.append(k)
+    if not rest:
         return out
-    rows = [chosen[k] for k in masked]
+    slow: list[int] = []
+    for k in rest:  # on the host: each row's argmax over its allowed ids, without a copy of its logits
+        pos, plan = chosen[k]
+        found = masked_argmax(plan.scores if plan.scores is not None else logits[pos], plan.allowed, plan.banned)
+        if found is None:
+            slow.append(k)
+            continue
+        forced = plan.allowed is not None and plan.allowed_count() == 1
+        out[k] = (found, plan.allowed is not None or bool(plan.banned), forced)
+    if not slow:
+        return out
+    rows = [chosen[k] for k in slow]  # on a device: one masked fill over the stacked rows, one argmax
     base = torch.stack([plan.scores if plan.scores is not None else logits[pos] for pos, plan in rows])
     with_allowed = [j for j, (_, plan) in enumerate(rows) if plan.allowed is not None]
-    counts: dict[int, int] = {}
     if with_allowed:
         allowed = torch.stack([rows[j][1].allowed for j in with_allowed])  # type: ignore[misc]
-        counts = dict(zip(with_allowed, allowed.sum(dim=1).tolist(), strict=True))
         sub = base[with_allowed] if len(with_allowed) != len(rows) else base
         sub.masked_fill_(~allowed.to(base.device, non_blocking=True), float("-inf"))
         if sub is not base:
@@ -232,10 +274,11 @@ def _greedy_batch(logits: torch.Tensor, chosen: list[tuple[int, Plan]]) -> list[
     for j, (_, plan) in enumerate(rows):
         if plan.banned:
             base[j, list(plan.banned)] = float("-inf")
-    tokens = base.argmax(dim=-1).tolist()
-    for j, k in enumerate(masked):
+    tokens = argmax_rows(base)
+    for j, k in enumerate(slow):
         plan = rows[j][1]
-        out[k] = (int(tokens[j]), plan.allowed is not None or bool(plan.banned), counts.get(j, 0) == 1)
+        forced = plan.allowed is not None and plan.allowed_count() == 1
+        out[k] = (tokens[j], plan.allowed is not None or bool(plan.banned), forced)
     return out
 
 
@@ -292,6 +335,13 @@ class _Step:
         self.greedy: list[tuple[int, Plan]] = []
         self.keep: list[int] = []
         self.next_tokens: list[int] = []
+        self._top: list[int] | None = None
+
+    def top(self) -> list[int]:
+        """The argmax of every live row's raw logits, computed once per step (at the first row that needs it)."""
+        if self._top is None:
+            self._top = argmax_rows(self.logits)
+        return self._top
 
     def plan_row(self, pos: int, i: int) -> None:
         req, out, gen = self.rows[i], self.outs[i], self.gens[i]
@@ -299,7 +349,10 @@ class _Step:
         plan = req.policy.plan(row_logits, len(out.tokens))
         drawn: tuple[int, bool] | None = None
         if plan.divert is not None:  # draw first; a diverted token is replaced by the next plan's choice
-            drawn = _choose(plan.scores if plan.scores is not None else row_logits, plan, self.sampling, gen)
+            if self.sampling.greedy and plan.scores is None and plan.allowed is None and not plan.banned:
+                drawn = (self.top()[pos], False)  # the unmasked greedy draw: the step's shared argmax
+            else:
+                drawn = _choose(plan.scores if plan.scores is not None else row_logits, plan, self.sampling, gen)
             if drawn[0] in plan.divert.tokens:
                 plan, drawn = plan.divert.then(), None
         if plan.event is not None:
@@ -323,7 +376,7 @@ class _Step:
         """The greedy rows choose together; a row whose veto refuses its choice goes on alone."""
         if not self.greedy:
             return
-        for (pos, plan), first in zip(self.greedy, _greedy_batch(self.logits, self.greedy), strict=True):
+        for (pos, plan), first in zip(self.greedy, _greedy_batch(self.logits, self.greedy, self.top), strict=True):
             if plan.veto is not None:
                 base = plan.scores if plan.scores is not None else self.logits[pos]
                 first = _vetted(base, plan, self.sampling, None, *first)
@@ -389,6 +442,7 @@ def decode(
     step = _Step(rows, outs, gens, sampling, batch, t0, together=not any(_coupled(r.policy) for r in rows))
     while live:
         step.begin(logits, passes)
+        fill_masks([m for i in live if (m := rows[i].policy.mask_matcher()) is not None])
         if not step.together:  # coupled rows: each row plans, chooses and advances before the next one plans
             for pos, i in enumerate(live):
                 step.plan_row(pos, i)

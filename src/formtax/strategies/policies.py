@@ -10,6 +10,7 @@ from formtax.constraints.closing import Closer
 from formtax.constraints.compile import Matcher
 from formtax.constraints.jsonstrings import StringCaps
 from formtax.decoding.loop import Divert, Plan, Policy, Veto, relay
+from formtax.tensorops import any_true, argmax
 
 
 class FreePolicy(Policy):
@@ -54,7 +55,8 @@ class ConstrainedPolicy(Policy):
         if self.matcher.stopped:
             return Plan(stop="constraint-complete")
         allowed = self.matcher.allowed_mask()
-        if not bool(allowed.any()):
+        known = self.matcher.known_count(allowed)
+        if known == 0 or (known is None and not any_true(allowed)):
             return Plan(stop="constraint-error")
         measure = self._measure and self.first
         self.first = False
@@ -62,7 +64,8 @@ class ConstrainedPolicy(Policy):
         if self.closer is not None and self.closer.current() is not None:  # no witness known: nothing to keep
             closer, left = self.closer, self.closer.limit - step - 1  # tokens left after this one
             veto = Veto(lambda t: closer.accept(t, left), closer.fallback())
-        return Plan(allowed=allowed, measure_mass=measure, veto=veto)
+        return Plan(allowed=allowed, measure_mass=measure, veto=veto,
+                    known_count=None if known is None else (allowed, known))
 
     def advance(self, token: int) -> str | None:
         if token in self.eos_ids:
@@ -75,6 +78,9 @@ class ConstrainedPolicy(Policy):
 
     def budget_exhausted(self) -> str:
         return "length" if self.matcher.accepting else "length-incomplete"
+
+    def mask_matcher(self) -> Matcher | None:
+        return self.matcher
 
 
 class JsonCapPolicy(ConstrainedPolicy):
@@ -94,7 +100,7 @@ class JsonCapPolicy(ConstrainedPolicy):
         if plan.allowed is None or extra is None:
             return plan
         allowed = plan.allowed & extra[: plan.allowed.shape[0]]
-        if not bool(allowed.any()):
+        if not any_true(allowed):
             return Plan(stop="constraint-error")
         plan.allowed = allowed
         return plan
@@ -141,7 +147,7 @@ class InWritingPolicy(Policy):
             if self.last is not None and self.last in self.triggers:
                 return self._switch(logits, step, "trigger")
             if self.n_preamble >= self.preamble_budget:
-                stop = int(torch.argmax(logits).item()) in self.stop_ids
+                stop = argmax(logits) in self.stop_ids
                 return self._switch(logits, step, "eos" if stop else "budget")
             return Plan(divert=Divert(self.stop_ids, lambda: self._switch(logits, step, "eos")))
         return self.answer.plan(logits, step)
@@ -162,6 +168,9 @@ class InWritingPolicy(Policy):
 
     def budget_exhausted(self) -> str:
         return self.answer.budget_exhausted() if self.switched else "length-incomplete"
+
+    def mask_matcher(self) -> Matcher | None:
+        return self.answer.mask_matcher() if self.switched else None
 
 
 class ForcedPrefix(Policy):
@@ -194,3 +203,6 @@ class ForcedPrefix(Policy):
 
     def budget_exhausted(self) -> str:
         return self.inner.budget_exhausted() if self.k >= len(self.prefix) else "length"
+
+    def mask_matcher(self) -> Matcher | None:
+        return self.inner.mask_matcher() if self.k >= len(self.prefix) else None
