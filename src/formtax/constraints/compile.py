@@ -174,7 +174,7 @@ def fill_masks(matchers: list[Matcher]) -> None:
     global _EXECUTOR
     groups: dict[tuple[int, int], list[Matcher]] = {}
     for m in matchers:
-        if not (m._ll.is_error() or m._ll.is_stopped()):
+        if m.error is None and not m.stopped:
             groups.setdefault((m.tokenizer.vocab_size, m.n_logits), []).append(m)
     for (vocab, n_logits), ms in groups.items():
         if len(ms) == 1:

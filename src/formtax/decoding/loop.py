@@ -234,8 +234,7 @@ def _greedy_batch(logits: torch.Tensor, chosen: list[tuple[int, Plan]], top: Cal
     ones, so this is exactly the masked argmax, without touching the logits. The other masked rows (and rows
     choosing from their own scores) take the first maximal index among their allowed ids, read on the host
     (:func:`~formtax.tensorops.masked_argmax`); on a device, one masked fill over their stacked logits and one
-    argmax. Allowed sets
-    are counted (a set of one is a forced token) on the host's fast path (:mod:`formtax.tensorops`)."""
+    argmax. Allowed sets are counted (a set of one is a forced token) by :meth:`Plan.allowed_count`."""
     out: list[tuple[int, bool, bool]] = [(0, False, False)] * len(chosen)
     rest: list[int] = []
     for k, (pos, plan) in enumerate(chosen):
@@ -246,7 +245,7 @@ def _greedy_batch(logits: torch.Tensor, chosen: list[tuple[int, Plan]], top: Cal
         if plan.allowed is None and not plan.banned:
             out[k] = (token, False, False)
         elif (plan.allowed is None or bool(plan.allowed[token])) and token not in plan.banned:
-            out[k] = (token, True, plan.allowed is not None and plan.allowed_count() == 1)
+            out[k] = _masked_choice(plan, token)
         else:
             rest.append(k)
     if not rest:
@@ -258,8 +257,7 @@ def _greedy_batch(logits: torch.Tensor, chosen: list[tuple[int, Plan]], top: Cal
         if found is None:
             slow.append(k)
             continue
-        forced = plan.allowed is not None and plan.allowed_count() == 1
-        out[k] = (found, plan.allowed is not None or bool(plan.banned), forced)
+        out[k] = _masked_choice(plan, found)
     if not slow:
         return out
     rows = [chosen[k] for k in slow]  # on a device: one masked fill over the stacked rows, one argmax
@@ -276,10 +274,13 @@ def _greedy_batch(logits: torch.Tensor, chosen: list[tuple[int, Plan]], top: Cal
             base[j, list(plan.banned)] = float("-inf")
     tokens = argmax_rows(base)
     for j, k in enumerate(slow):
-        plan = rows[j][1]
-        forced = plan.allowed is not None and plan.allowed_count() == 1
-        out[k] = (tokens[j], plan.allowed is not None or bool(plan.banned), forced)
+        out[k] = _masked_choice(rows[j][1], tokens[j])
     return out
+
+
+def _masked_choice(plan: Plan, token: int) -> tuple[int, bool, bool]:
+    """(token, masked, forced) for a token chosen under a plan with a mask or bans."""
+    return token, plan.allowed is not None or bool(plan.banned), plan.allowed is not None and plan.allowed_count() == 1
 
 
 def _rewind(batch: Batch, pos: int, req: RowRequest, out: RowOutput, n: int) -> int:
