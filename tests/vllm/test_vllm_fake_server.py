@@ -132,6 +132,16 @@ def server(tok):
         s.stop()
 
 
+def probes_and_calls(bodies: list[dict]) -> tuple[list[dict], list[dict]]:
+    """The masked-mass probes and the generation calls, each in the order sent.
+
+    Probes travel in the same concurrent pool as the generation requests, so their order relative to a call
+    sent alongside is not fixed; a probe is the request that asks for log-probs.
+    """
+    probes = [b for b in bodies if b.get("logprobs") is not None]
+    return probes, [b for b in bodies if b.get("logprobs") is None]
+
+
 def connect(server, **kw):
     return load_backend("openai", None, server=server.url, retries=kw.pop("retries", 2), backoff=0.01, **kw)
 
@@ -140,7 +150,7 @@ def test_strategies_compile_into_the_expected_requests(server):
     m = connect(server)
     assert m.flavor == "vllm" and m.model_id == f"scripted @ {server.url}"
     r = formtax.generate(m, Q, "constrained", "The answer is: {int}", max_tokens=40)
-    probe, call = server.script.bodies
+    [probe], [call] = probes_and_calls(server.script.bodies)
     assert probe["max_tokens"] == 1 and probe["logprob_token_ids"]  # the exact masked-mass probe
     assert call["structured_outputs"]["grammar"].startswith("start:") and "guided_choice" not in call
     assert call["prompt"] == m.tokenizer.prompt_ids(Q)  # token ids: byte-identical to the in-process prompt
@@ -152,7 +162,7 @@ def test_strategies_compile_into_the_expected_requests(server):
 def test_inwriting_is_a_free_call_then_a_constrained_continuation(server):
     m = connect(server)
     r = formtax.generate(m, Q, "inwriting", "The answer is: {int}", max_tokens=80)
-    free, probe, cont = server.script.bodies
+    [_probe], [free, cont] = probes_and_calls(server.script.bodies)
     pre = m.tokenizer.encode(REASONING)
     budget = 80 - answer_reserve(parse_spec("The answer is: {int}"))
     assert "structured_outputs" not in free and free["max_tokens"] == budget + 1  # tells EOS from the budget
@@ -165,7 +175,7 @@ def test_sampled_inwriting_switches_on_the_free_calls_drawn_eos(server):
     """The sampled rule: the free call samples at the request's temperature and stops at a drawn EOS/PAD."""
     m = connect(server)
     r = formtax.generate(m, Q, "inwriting", "The answer is: {int}", max_tokens=80, temperature=0.7, seed=3)
-    free, _probe, cont = server.script.bodies
+    [_probe], [free, cont] = probes_and_calls(server.script.bodies)
     assert free["temperature"] == pytest.approx(0.7) and cont["temperature"] == pytest.approx(0.7)
     assert r.stats["switch_reason"] == "eos" and r.parse_ok
 
