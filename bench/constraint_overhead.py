@@ -28,7 +28,7 @@ from formtax.constraints.compile import EngineTokenizer
 from formtax.constraints.jsonreason import JsonReasonAnswer
 from formtax.constraints.spec import parse_spec
 from formtax.decoding import RowRequest, decode
-from formtax.strategies.policies import ConstrainedPolicy
+from formtax.decoding.policies import ConstrainedPolicy
 
 N = 64
 

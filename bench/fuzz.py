@@ -30,10 +30,10 @@ import regex  # noqa: E402
 import torch  # noqa: E402
 
 import formtax  # noqa: E402
-from formtax.backends.base import Backend  # noqa: E402
 from formtax.backends.fake import FakeBackend, FakeBatch, random_logits  # noqa: E402
 from formtax.constraints import parse_spec  # noqa: E402
 from formtax.constraints.compile import validate_with_engine  # noqa: E402
+from formtax.decoding.engine import Backend  # noqa: E402
 from formtax.errors import FormtaxError  # noqa: E402
 
 SPECS: dict[str, list[str]] = {

@@ -22,10 +22,10 @@ from typing import Any
 import torch
 from _common import finish
 
-from formtax.backends.base import Backend, Batch, TokenizerInfo
 from formtax.constraints import compile_grammar, parse_spec
 from formtax.decoding import RowRequest, decode
-from formtax.strategies.policies import ConstrainedPolicy, FreePolicy, InWritingPolicy
+from formtax.decoding.engine import Backend, Batch, TokenizerInfo
+from formtax.decoding.policies import ConstrainedPolicy, FreePolicy, InWritingPolicy
 
 SCHEMA = 'json:{"type":"object","properties":{"s":{"type":"string"}},"required":["s"]}'
 

@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from formtax.backends import Backend, load_backend
-from formtax.backends.base import Capability
 from formtax.constraints.native import as_constraint
 from formtax.constraints.spec import Constraint
+from formtax.decoding.engine import Capability
 from formtax.decoding.sampling import Sampling
 from formtax.errors import ConfigError
 from formtax.strategies import Request, Result, get_strategy

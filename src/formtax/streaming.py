@@ -34,9 +34,9 @@ from typing import Any
 import torch
 
 from formtax.api import _backend, _prompt, resolve_closing, resolve_sampling, typed_result
-from formtax.backends.base import Backend, Capability
 from formtax.constraints.native import as_constraint
 from formtax.constraints.spec import Constraint
+from formtax.decoding.engine import Backend, Capability
 from formtax.decoding.loop import Plan, Policy, RowOutput, RowRequest, decode
 from formtax.decoding.sampling import Sampling
 from formtax.errors import ConfigError

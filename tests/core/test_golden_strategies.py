@@ -24,7 +24,7 @@ import pytest
 import formtax
 from formtax.backends.fake import FakeBackend, random_logits
 from formtax.fem.artifact import save_fem
-from formtax.fem.distill import DistillConfig, build_fem
+from formtax.runner.distill import DistillConfig, build_fem
 
 PATH = Path(__file__).parents[1] / "fixtures" / "golden_strategies.json"
 WRITE = os.environ.get("FORMTAX_GOLDEN_WRITE") == "1"

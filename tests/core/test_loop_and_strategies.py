@@ -3,8 +3,8 @@
 import pytest
 
 import formtax
-from formtax.backends.base import Capability
 from formtax.backends.fake import EOS, FakeBackend, random_logits, scripted
+from formtax.decoding.engine import Capability
 from formtax.errors import CapabilityError, ConfigError
 
 Q = [{"role": "user", "content": "What is 2+3?"}]
@@ -149,7 +149,7 @@ def test_batch_rows_finish_independently():
 def test_sampling_is_seeded():
     fb = FakeBackend(random_logits(seed=2, scale=0.5))
     from formtax.decoding import RowRequest, decode
-    from formtax.strategies.policies import FreePolicy
+    from formtax.decoding.policies import FreePolicy
 
     def run(seed):
         rows = [RowRequest([1, 2, 3], FreePolicy(frozenset({EOS})), 20, seed=seed)]

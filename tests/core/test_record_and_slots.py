@@ -11,7 +11,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from formtax.backends.fake import FakeBackend, random_logits, scripted
-from formtax.backends.rowplan import lark_grammar
 from formtax.constraints.jsonreason import JSON_SCAFFOLD, JsonLayout, JsonReasonAnswer
 from formtax.constraints.spec import (
     RecordConstraint,
@@ -19,6 +18,7 @@ from formtax.constraints.spec import (
     record_spec,
 )
 from formtax.constraints.template import Slot, choice_slot, parse_template
+from formtax.decoding.rowplan import lark_grammar
 from formtax.errors import ConstraintError
 from formtax.fem.dfa import FormatSpec, slot_node
 from formtax.strategies import get_strategy

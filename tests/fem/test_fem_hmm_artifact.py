@@ -12,8 +12,8 @@ import torch
 from formtax.backends.fake import FakeBackend
 from formtax.errors import ConfigError
 from formtax.fem.artifact import FEM_VERSION, check_compatible, load_fem, save_fem
-from formtax.fem.distill import DistillConfig, build_fem
 from formtax.fem.hmm import HMM, baum_welch, bigram_labels, counts_hmm, em_step, kmeans, spread_empty
+from formtax.runner.distill import DistillConfig, build_fem
 
 
 def sample(hmm: HMM, n: int, length: int, seed: int) -> list[list[int]]:

@@ -7,7 +7,7 @@ import pytest
 
 from formtax.constraints import parse_spec
 from formtax.fem.artifact import FemArtifact
-from formtax.fem.distill import DistillConfig, build_fem
+from formtax.runner.distill import DistillConfig, build_fem
 from formtax.strategies import Request, get_strategy
 
 pytestmark = pytest.mark.model

@@ -12,10 +12,10 @@ from formtax.backends.fake import FakeBackend, random_logits, scripted
 from formtax.constraints import parse_spec
 from formtax.errors import ConfigError
 from formtax.fem.artifact import load_fem, save_fem
-from formtax.fem.distill import DistillConfig, build_fem
 from formtax.records import read_records
 from formtax.report import verify_report, write_report
 from formtax.runner import RunConfig, run
+from formtax.runner.distill import DistillConfig, build_fem
 from formtax.strategies import Request, get_strategy
 from formtax.strategies.decog import parse_fem_spec
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 import formtax
-from formtax.backends.base import Capability
 from formtax.backends.fake import EOS, FakeBackend, random_logits, scripted
 from formtax.cli.main import main
 from formtax.constraints import parse_spec
+from formtax.decoding.engine import Capability
 from formtax.errors import CapabilityError, ConfigError
 from formtax.strategies import get_strategy
 from formtax.strategies.base import Request

@@ -11,12 +11,12 @@ import pytest
 from formtax.backends.fake import FakeBackend, random_logits
 from formtax.constraints import parse_spec
 from formtax.fem.artifact import save_fem
-from formtax.fem.distill import DistillConfig, build_fem
 from formtax.records import read_records
 from formtax.report import verify_report, write_report
 from formtax.report.eae import eae_table
 from formtax.report.load import load_records
 from formtax.runner import RunConfig, run
+from formtax.runner.distill import DistillConfig, build_fem
 
 STRATEGIES = ["free", "constrained@fc", "constrained@vc", "json@fc", "json@vc", "inwriting@fc", "inwriting@vc",
               "nl2format@vc", "decog@fc", "decog@vc", "ctrlg@fc"]

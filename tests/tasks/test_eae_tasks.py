@@ -40,7 +40,7 @@ def geneva():
 def test_the_dev_split_holds_out_whole_documents_for_shots_and_the_fem(name, n_eval, n_dev) -> None:
     """The FEM is distilled from the dev split's passages, never from the evaluated ones (paper 001's EAE FEM
     is built apart from the evaluation items, as GSM8K's comes from its train split)."""
-    from formtax.fem import distill
+    from formtax.runner import distill
 
     task = get_task(name)
     evaluated, dev = task.load(DATA), task._cached_shot_pool()

@@ -14,16 +14,16 @@ import pytest
 import torch
 
 import formtax
-from formtax.backends.base import Capability
 from formtax.backends.fake import FakeBackend, random_logits, scripted
 from formtax.backends.logits_processor import LiveRow, lookup
-from formtax.backends.rowplan import lark_grammar, plan_row, replay
 from formtax.backends.vllm_backend import VLLMBackend
 from formtax.constraints.compile import compile_grammar
 from formtax.constraints.spec import parse_spec
+from formtax.decoding.engine import Capability
 from formtax.decoding.loop import RowRequest, decode
+from formtax.decoding.policies import ConstrainedPolicy, ForcedPrefix, FreePolicy
+from formtax.decoding.rowplan import lark_grammar, plan_row, replay
 from formtax.errors import CapabilityError
-from formtax.strategies.policies import ConstrainedPolicy, ForcedPrefix, FreePolicy
 
 Q = [[{"role": "user", "content": "What is 2+3?"}], [{"role": "user", "content": "Name a color."}],
      [{"role": "user", "content": "Count to three."}]]

@@ -3,7 +3,7 @@
 from collections.abc import Callable
 from typing import Any
 
-from formtax.backends.base import Backend, Batch, Capability, TokenizerInfo, require
+from formtax.decoding.engine import Backend, Batch, Capability, TokenizerInfo, require
 from formtax.errors import ConfigError
 
 

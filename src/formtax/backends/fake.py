@@ -12,8 +12,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from formtax.backends.base import Backend, Batch, Capability, TokenizerInfo
-from formtax.backends.bytetok import byte_tokenizer
+from formtax.bytetok import byte_tokenizer
+from formtax.decoding.engine import Backend, Batch, Capability, TokenizerInfo
 
 LogitsFn = Callable[[Sequence[int]], torch.Tensor]
 

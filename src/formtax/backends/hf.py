@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from formtax.backends.base import Backend, Batch, Capability, TokenizerInfo
 from formtax.backends.model_files import ModelSource, resolve_model
+from formtax.decoding.engine import Backend, Batch, Capability, TokenizerInfo
 from formtax.errors import ConfigError
 
 log = logging.getLogger(__name__)

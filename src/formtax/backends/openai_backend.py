@@ -13,14 +13,12 @@ the ``flavor`` option overrides) the requests use vLLM's extensions to be exact:
 Other servers get the prompt as text, ``stop: ["\\n"]`` for ``short``, and only unconstrained strategies: a
 constraint they cannot be told about is refused before the run.
 
-**Strategies.** ``free``, ``short``, ``constrained``, ``json`` and NL-to-Format's two calls are rows the server
-decodes on its own; each row's policy is then replayed over the returned tokens (``rowplan.replay``), which
-rebuilds the result exactly as the decode loop would and checks every token against the constraint. InWriting's
-EOS switch is two requests: a free call to EOS (at most the preamble budget plus one token, to tell "the model
-wanted EOS" from "the budget ran out") and a constrained continuation of prompt + preamble, which is the very
-token sequence the single-pass form decodes (greedy or sampled: the switch is on the EOS/PAD drawn from the
-unmasked distribution, which is where a free call with those stop tokens ends). Policies that must see the logits at every step (triggers, Deco-G, statistics wrappers,
-the suffix strategies) are refused before the run.
+**Rows.** The server is a :class:`~formtax.decoding.rowplan.RowEngine`: it decodes rows whose policies lower to
+free text or a whole-output grammar (``free``, ``short``, ``constrained``, ``json``, NL-to-Format's two calls,
+InWriting's two-call EOS switch, which the strategy owns); each row's policy is then replayed over the returned
+tokens (``rowplan.replay``), which rebuilds the result exactly as the decode loop would and checks every token
+against the constraint. Policies that must see the logits at every step (triggers, Deco-G, statistics wrappers,
+the suffix strategies) are refused before the run, by the strategies' own checks.
 
 **Masked mass.** A constrained row's first-step logits are masked on the server, so a one-token probe request
 without the grammar runs first. On vLLM it asks for the log-probs of exactly the allowed tokens
@@ -47,29 +45,26 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from formtax.backends.base import Backend, Batch, Capability, TokenizerInfo
 from formtax.backends.model_files import resolve_model
-from formtax.backends.rowplan import RowPlan, lark_grammar, plan_row, replay
 from formtax.constraints.spec import Constraint
-from formtax.decoding.loop import RowOutput, RowRequest, Step, decode
+from formtax.decoding.engine import Backend, Batch, Capability, TokenizerInfo
+from formtax.decoding.loop import RowOutput, RowRequest, decode
+from formtax.decoding.lowering import Lowering
+from formtax.decoding.rowplan import RowEngine, RowPlan, lark_grammar, plan_row, replay
 from formtax.decoding.sampling import GREEDY, Sampling
-from formtax.errors import CapabilityError, ConfigError, ConstraintError, FormtaxError
-
-if TYPE_CHECKING:
-    from formtax.strategies.base import Request, Result, Strategy
+from formtax.errors import CapabilityError, ConfigError, FormtaxError
 
 log = logging.getLogger(__name__)
 
 EXACT_IDS_MAX = 128  # allowed sets up to this size get an exact masked mass on vLLM (logprob_token_ids; the
 # server refuses more than its max_logprobs, 128 by default: a larger set takes the top-k approximation below)
-SUPPORTED = "free, short, constrained, json, inwriting (EOS switch, greedy, no triggers), nl2format"
 
 
 class ServerUnavailable(ConnectionError):
@@ -128,10 +123,12 @@ class _Reply:
     text: str
 
 
-class OpenAIBackend(Backend):
+class OpenAIBackend(RowEngine):
     """An OpenAI-compatible completions server (exact on vLLM; see the module docstring)."""
 
     name = "openai"
+    lowerings = frozenset({Lowering.FREE, Lowering.GRAMMAR})
+    ignored_constraint = "the server returned text outside the constraint (caught by the replay and the oracle)"
     capabilities = frozenset({Capability.GRAMMAR_PARAM, Capability.TOPK_LOGPROBS})
 
     def __init__(self, client: _Client, tok: TokenizerInfo, served_model: str, flavor: str,
@@ -201,64 +198,21 @@ class OpenAIBackend(Backend):
                 "served_model": self.served_model, "flavor": self.flavor, "server_version": self.server_version,
                 "tokenizer": self.tokenizer_path}
 
-    # -- the dispatch hook ------------------------------------------------------------------------------------
-    def _refuse(self, strategy: Strategy, why: str) -> CapabilityError:
-        return CapabilityError(f"strategy {strategy.name!r} cannot run on server {self.client.base}: {why}")
+    # -- what the strategies ask of a RowEngine ----------------------------------------------------------------
+    def _refuse(self, who: str, why: str) -> CapabilityError:
+        return CapabilityError(f"strategy {who!r} cannot run on server {self.client.base}: {why}")
 
-    def _need_grammar(self, strategy: Strategy) -> None:
-        if self.flavor != "vllm":
-            raise self._refuse(strategy, "a constrained strategy needs a grammar parameter, and this server is not "
-                                         "vLLM (flavor=generic); use a vLLM server with the guidance backend, or "
-                                         "pass flavor=vllm if it speaks vLLM's structured_outputs")
+    def check_rows(self, who: str, kinds: Collection[Lowering], samplings: Sequence[Sampling]) -> None:
+        if self.flavor != "vllm" and any(s.top_k > 0 or s.min_p > 0.0 for s in samplings):
+            raise self._refuse(who, "top_k and min_p are vLLM's extensions of the OpenAI API; this server "
+                                    "takes temperature and top_p only")
+        if Lowering.GRAMMAR in kinds and self.flavor != "vllm":
+            raise self._refuse(who, "a constrained strategy needs a grammar parameter, and this server is not "
+                                    "vLLM (flavor=generic); use a vLLM server with the guidance backend, or "
+                                    "pass flavor=vllm if it speaks vLLM's structured_outputs")
 
-    def check_strategy(self, strategy: Strategy, requests: Sequence[Request]) -> bool:
-        from formtax.strategies.base import SinglePass
-        from formtax.strategies.inwriting import InWriting
-        from formtax.strategies.nl2format import NL2Format
-
-        if self.flavor != "vllm" and any(r.top_k > 0 or r.min_p > 0.0 for r in requests):
-            raise self._refuse(strategy, "top_k and min_p are vLLM's extensions of the OpenAI API; this server "
-                                         "takes temperature and top_p only")
-        if isinstance(strategy, InWriting):
-            for r in requests:
-                if not r.constrain:
-                    continue
-                if r.triggers:
-                    raise self._refuse(strategy, "trigger switches need the logits of every step; only the EOS "
-                                                 "switch compiles into requests")
-                self._need_grammar(strategy)
-            return True
-        if isinstance(strategy, NL2Format):
-            if any(r.constrain for r in requests):
-                self._need_grammar(strategy)
-            return True
-        if isinstance(strategy, SinglePass):
-            for r in requests:
-                try:
-                    policy = strategy.policy(self, r)
-                except ConstraintError:
-                    continue  # an error result for that request, as on every backend
-                plan = plan_row(RowRequest([0], policy, r.max_tokens), strategy.whole_output_constraint(r, policy))
-                if plan.kind == "live":
-                    raise self._refuse(strategy, f"its policy ({type(plan.inner).__name__}) must see the logits of "
-                                                 f"every step, which a server does not expose; supported: {SUPPORTED}")
-                if plan.kind == "grammar":
-                    self._need_grammar(strategy)
-            return True
-        raise self._refuse(strategy, f"no request form is known for it; supported: {SUPPORTED}")
-
-    def run_strategy(self, strategy: Strategy, requests: Sequence[Request]) -> list[Result] | None:
-        from formtax.strategies.inwriting import InWriting
-
-        if isinstance(strategy, InWriting):
-            results = self._run_inwriting(strategy, requests)
-        else:
-            results = strategy.run_rows(self, requests, self.decode_rows)  # type: ignore[attr-defined]
-        for res in results:
-            res.stats.update({"backend": self.name, "server": self.client.base, "served_model": self.served_model})
-            if res.stats.get("constraint_ignored"):  # set by the replay (rowplan.replay)
-                res.error = "the server returned text outside the constraint (caught by the replay and the oracle)"
-        return results
+    def engine_stats(self) -> dict[str, Any]:
+        return {"backend": self.name, "server": self.client.base, "served_model": self.served_model}
 
     # -- requests ---------------------------------------------------------------------------------------------
     def _body(self, prompt: Sequence[int], max_tokens: int, sampling: Sampling, seed: int,
@@ -269,7 +223,7 @@ class OpenAIBackend(Backend):
             body["seed"] = int(seed)
             if sampling.top_p < 1.0:
                 body["top_p"] = sampling.top_p
-            if sampling.top_k > 0:  # vLLM's extensions (check_strategy refuses them for a generic server)
+            if sampling.top_k > 0:  # vLLM's extensions (check_rows refuses them for a generic server)
                 body["top_k"] = sampling.top_k
             if sampling.min_p > 0.0:
                 body["min_p"] = sampling.min_p
@@ -417,69 +371,3 @@ class OpenAIBackend(Backend):
             stats = {**stats, "token_ids": "retokenized"}
         if stats:
             out.events.append({"step": 0, "stats": stats})
-
-    def _run_inwriting(self, strategy: Any, requests: Sequence[Request]) -> list[Result]:
-        """InWriting's EOS switch as two requests per row (see the module docstring)."""
-        from formtax.strategies.base import Result, request_sampling
-        from formtax.strategies.policies import ForcedPrefix, InWritingPolicy
-
-        results: list[Result | None] = [None] * len(requests)
-        plain = [k for k, r in enumerate(requests) if not r.constrain]
-        if plain:
-            for k, res in zip(plain, strategy.run_rows(self, [requests[k] for k in plain], self.decode_rows),
-                              strict=True):
-                results[k] = res
-        items: list[tuple[int, list[int], list[int], InWritingPolicy]] = []
-        for k, r in enumerate(requests):
-            if not r.constrain:
-                continue
-            try:
-                policy = strategy.policy(self, r)
-            except ConstraintError as e:
-                results[k] = Result(strategy=strategy.name, model=self.model_id, text="", error=str(e),
-                                    finish_reason="constraint-error", parse_error=str(e))
-                continue
-            prefix, inner = ([*policy.prefix], policy.inner) if type(policy) is ForcedPrefix else ([], policy)
-            if type(inner) is not InWritingPolicy:
-                raise CapabilityError(f"unexpected InWriting policy {type(inner).__name__}")
-            items.append((k, self._tok.prompt_ids(r.prompt), prefix, inner))
-        t0 = time.perf_counter()
-        first = [self._reply(d) for d in self._post_all([
-            # a free call stopped at EOS/PAD is the switch rule itself, greedy or sampled: the drawn stop token
-            self._body(p + pre, inner.preamble_budget + 1, request_sampling(requests[k]), requests[k].seed,
-                       inner.stop_ids, None)
-            for k, p, pre, inner in items])]
-        switches: list[tuple[list[int], str]] = []
-        for (k, _, _, inner), reply in zip(items, first, strict=True):
-            toks, budget = reply.tokens, inner.preamble_budget
-            if toks and toks[-1] in inner.stop_ids and len(toks) <= budget + 1:
-                switches.append((toks[:-1], "eos"))  # the model wanted to stop here: that EOS is never emitted
-            elif len(toks) > budget:
-                switches.append((toks[:budget], "budget"))
-            else:
-                raise RuntimeError(f"server {self.client.base}: the free call of request {k} ended with "
-                                   f"{reply.finish!r} after {len(toks)} tokens, neither at EOS nor at its budget")
-        prompts2 = [p + pre + preamble for (_, p, pre, _), (preamble, _) in zip(items, switches, strict=True)]
-        masses, data = self._probes(
-            [(p2, inner.answer) for p2, (_, _, _, inner) in zip(prompts2, items, strict=True)],
-            *[self._body(p2, requests[k].max_tokens - len(pre) - len(preamble), request_sampling(requests[k]),
-                         requests[k].seed, inner.answer.eos_ids, requests[k].constraint)
-              for p2, (k, _, pre, inner), (preamble, _) in zip(prompts2, items, switches, strict=True)])
-        second = [self._reply(d) for d in data]
-        wall = time.perf_counter() - t0
-        for (k, p, pre, inner), (preamble, why), p2, call1, reply, (mass, stats) in zip(
-                items, switches, prompts2, first, second, masses, strict=True):
-            budget = requests[k].max_tokens - len(pre) - len(preamble)
-            answer = replay(RowRequest(p2, inner.answer, budget, requests[k].seed), reply.tokens, reply.finish, mass)
-            self._settle(answer, reply, stats)
-            out = RowOutput(prompt_ids=list(p))
-            out.tokens = [*pre, *preamble, *answer.tokens]
-            out.steps = ([Step(t, "rc", True, False) for t in pre]
-                         + [Step(t, "reasoning", False, True) for t in preamble] + answer.steps)
-            out.events = [{"step": len(pre) + len(preamble), "switch": why}] + answer.events
-            out.finish_reason = answer.finish_reason
-            out.masked_mass = answer.masked_mass
-            out.wall_s = wall
-            out.forward_passes = len(call1.tokens) + len(reply.tokens)
-            results[k] = strategy.assemble(self, requests[k], out, wall)
-        return [r for r in results if r is not None]

@@ -1,7 +1,7 @@
 """The vLLM backend (optional extra ``formtax[vllm]``): every strategy, with the same meaning as on transformers.
 
-vLLM owns its decode loop, so this backend has no steppable :class:`~formtax.backends.base.Batch`. It plugs into
-the dispatch hook of ``backends/base.py`` instead and decodes whole rows (:meth:`VLLMBackend.decode_rows`, a
+vLLM owns its decode loop, so this backend has no steppable :class:`~formtax.decoding.engine.Batch`. It is a
+:class:`~formtax.decoding.rowplan.RowEngine` and decodes whole rows (:meth:`VLLMBackend.decode_rows`, a
 ``RowDecoder``), choosing per row the cheapest exact path:
 
 * **free rows** (a FreePolicy behind an optional forced prefix: ``free``, ``short``, NL-to-Format's first call)
@@ -40,9 +40,8 @@ import logging
 import os
 import time
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from formtax.backends.base import Backend, Batch, Capability, TokenizerInfo, require
 from formtax.backends.logits_processor import (
     ROW_KEY,
     LiveRow,
@@ -51,14 +50,14 @@ from formtax.backends.logits_processor import (
     unregister_rows,
 )
 from formtax.backends.model_files import DEFAULT_MODEL, ModelSource, resolve_model
-from formtax.backends.rowplan import RowPlan, lark_grammar, plan_row, replay
 from formtax.constraints.spec import Constraint
+from formtax.decoding.engine import Backend, Batch, Capability, TokenizerInfo
 from formtax.decoding.loop import RowOutput, RowRequest, decode
+from formtax.decoding.lowering import Lowering
+from formtax.decoding.policies import ConstrainedPolicy
+from formtax.decoding.rowplan import RowEngine, RowPlan, lark_grammar, plan_row, replay
 from formtax.decoding.sampling import Sampling
 from formtax.errors import CapabilityError, ConfigError
-
-if TYPE_CHECKING:
-    from formtax.strategies.base import Request, Result, Strategy
 
 log = logging.getLogger(__name__)
 
@@ -103,10 +102,11 @@ def _prepare_environment() -> None:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 
-class VLLMBackend(Backend):
-    """An in-process vLLM engine (``vllm.LLM``) behind the dispatch hook."""
+class VLLMBackend(RowEngine):
+    """An in-process vLLM engine (``vllm.LLM``): a RowEngine whose logits processor steps live policies."""
 
     name = "vllm"
+    lowerings = frozenset({Lowering.FREE, Lowering.GRAMMAR, Lowering.LIVE})
     capabilities = frozenset({Capability.STEP_LOGITS, Capability.GRAMMAR_PARAM, Capability.TOPK_LOGPROBS})
 
     def __init__(self, llm: Any, tok: TokenizerInfo, model_id: str, source: ModelSource | None = None,
@@ -159,7 +159,7 @@ class VLLMBackend(Backend):
     def new_batch(self, prompts: Sequence[Sequence[int]]) -> Batch:
         raise CapabilityError(
             "the vllm backend has no steppable batch: it decodes whole rows inside the engine (strategies reach it "
-            "through run_rows; see backends/base.py)"
+            "through decode_rows; see decoding/rowplan.py)"
         )
 
     def describe(self) -> dict[str, Any]:
@@ -175,23 +175,6 @@ class VLLMBackend(Backend):
             d["origin"] = self.source.origin
             d["path"] = self.source.path
         return d
-
-    # -- the dispatch hook ------------------------------------------------------------------------------------
-    def check_strategy(self, strategy: Strategy, requests: Sequence[Request]) -> bool:
-        require(self, strategy.needs, strategy.name)  # e.g. the suffix strategies' KV_CROP: refused here
-        if not callable(getattr(strategy, "run_rows", None)):
-            raise CapabilityError(
-                f"strategy {strategy.name!r} runs its own decode loop; the vllm backend runs strategies that build "
-                "rows through run_rows(backend, requests, decoder) (every single-pass strategy and nl2format)"
-            )
-        return True
-
-    def run_strategy(self, strategy: Strategy, requests: Sequence[Request]) -> list[Result] | None:
-        run_rows = strategy.run_rows  # type: ignore[attr-defined]  # checked by check_strategy
-        results: list[Result] = run_rows(self, requests, self.decode_rows)
-        for r in results:
-            r.stats.setdefault("backend", self.name)
-        return results
 
     # -- decoding -----------------------------------------------------------------------------------------------
     # The two engine touch points (a test double replaces just these two and runs everything else).
@@ -238,8 +221,6 @@ class VLLMBackend(Backend):
                       sampling: Sampling) -> dict[int, float | None]:
         """The masked mass at the first constrained step of each grammar row, from its raw logits: a one-token
         live row on prompt + forced prefix with a fresh copy of the row's constrained policy."""
-        from formtax.strategies.policies import ConstrainedPolicy
-
         probes: dict[int, LiveRow] = {}
         for k, (row, plan) in enumerate(zip(rows, plans, strict=True)):
             inner = plan.inner

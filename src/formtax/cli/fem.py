@@ -49,7 +49,7 @@ def fem_cmd(args: argparse.Namespace) -> int:
 
     from formtax.api import load_model
     from formtax.fem.artifact import save_fem
-    from formtax.fem.distill import DistillConfig, build_fem
+    from formtax.runner.distill import DistillConfig, build_fem
 
     cfg = DistillConfig(task=args.task, form=args.form, states=args.states, samples=args.samples,
                         max_tokens=args.max_tokens, em_iters=args.em_iters, init=args.init,

@@ -308,7 +308,7 @@ def start_witness(grammar: CompiledGrammar, n_logits: int) -> list[int] | None:
 
 @dataclass
 class Closer:
-    """One request's closing state, owned by its :class:`~formtax.strategies.policies.ConstrainedPolicy`.
+    """One request's closing state, owned by its :class:`~formtax.decoding.policies.ConstrainedPolicy`.
 
     ``limit`` is the number of tokens the policy may emit in all (its row's budget after any forced prefix);
     ``step`` counts from the same origin, so ``limit - step`` tokens are left at a step, the current one included.

@@ -191,7 +191,7 @@ def fill_masks(matchers: list[Matcher]) -> None:
 
 def validate_with_engine(grammar: str, text: str) -> tuple[bool, str | None]:
     """Run the engine on ``text``'s bytes with the byte tokenizer: the oracle for Lark grammars."""
-    from formtax.backends.bytetok import byte_tokenizer
+    from formtax.bytetok import byte_tokenizer
 
     tok = _byte_engine_tokenizer()
     m = llguidance.LLMatcher(tok.ll, grammar)
@@ -212,7 +212,7 @@ _BYTE_TOK: EngineTokenizer | None = None
 def _byte_engine_tokenizer() -> EngineTokenizer:
     global _BYTE_TOK
     if _BYTE_TOK is None:
-        from formtax.backends.bytetok import byte_tokenizer
+        from formtax.bytetok import byte_tokenizer
 
         _BYTE_TOK = EngineTokenizer(byte_tokenizer())
     return _BYTE_TOK

@@ -176,12 +176,12 @@ def _linear_fullmatch(grammar: str, text: str) -> bool:
     return all(m.consume(b) for b in text.encode("utf-8")) and m.error is None and m.accepting
 
 
-BYTE_LOGITS = 260  # 256 bytes + EOS, PAD and two role markers (backends/bytetok.py)
+BYTE_LOGITS = 260  # 256 bytes + EOS, PAD and two role markers (bytetok.py)
 
 
 @functools.lru_cache(maxsize=1)
 def _byte_engine() -> Any:
-    from formtax.backends.bytetok import byte_tokenizer  # a leaf module: tokenizers and transformers only
+    from formtax.bytetok import byte_tokenizer  # a leaf module: tokenizers and transformers only
     from formtax.constraints.compile import EngineTokenizer
 
     return EngineTokenizer(byte_tokenizer(), eos_ids=[256])

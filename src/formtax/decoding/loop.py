@@ -23,13 +23,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from formtax.backends.base import Backend, Batch
 from formtax.constraints.compile import fill_masks
+from formtax.decoding.engine import Backend, Batch
+from formtax.decoding.lowering import Lowering, RowPlan
 from formtax.decoding.sampling import Sampling, as_sampling
 from formtax.tensorops import argmax, argmax_rows, count_true, masked_argmax
 
 if TYPE_CHECKING:
     from formtax.constraints.compile import Matcher
+    from formtax.constraints.spec import Constraint
 
 
 @dataclass
@@ -109,6 +111,12 @@ class Policy(ABC):
         (:func:`~formtax.constraints.compile.fill_masks`). None (the default) leaves the policy to ask its
         matcher itself; either way the plan sees the same set."""
         return None
+
+    def lowered(self, whole: Constraint | None) -> RowPlan:
+        """What this policy becomes on an engine that owns its loop (:mod:`formtax.decoding.lowering`).
+        ``whole``: the constraint that alone governs the row's output, when the strategy names one. The default
+        is ``live`` (the policy is stepped); a policy that is exactly free text or exactly a grammar says so."""
+        return RowPlan(Lowering.LIVE, inner=self)
 
 
 @dataclass

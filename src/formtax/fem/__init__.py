@@ -5,7 +5,7 @@
 - :mod:`~formtax.fem.hmm`: the HMM (pi, A, B), its forward update, initialisation and Baum-Welch.
 - :mod:`~formtax.fem.reweight`: backward tables, the per-step reweighting (with top-k state pruning) and the
   decode-loop policy with its hard mask.
-- :mod:`~formtax.fem.distill`: instruction-aware (Deco-G) and unconditional (Ctrl-G) distillation from the model.
+- distillation from the model lives in :mod:`formtax.runner.distill` (it runs a backend over a task: above this layer).
 - :mod:`~formtax.fem.artifact`: the versioned ``.npz`` + ``.json`` artifact.
 
 The strategies ``decog`` and ``ctrlg`` live in :mod:`formtax.strategies.decog`; ``formtax fem build`` in

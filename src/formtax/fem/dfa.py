@@ -109,7 +109,7 @@ _VOCABS: LRU[str, TokenVocab] = LRU(4)
 
 
 def vocab_for(tokenizer: Any) -> TokenVocab:
-    """The :class:`TokenVocab` of a backend's :class:`~formtax.backends.base.TokenizerInfo` (cached)."""
+    """The :class:`TokenVocab` of a backend's :class:`~formtax.decoding.engine.TokenizerInfo` (cached)."""
     eng = tokenizer.engine
     key = f"{eng.key}:{tokenizer.n_logits}"
     hit = _VOCABS.get(key)

@@ -33,9 +33,9 @@ from typing import Any
 import torch
 
 from formtax.api import from_transformers, resolve_closing, typed_result
-from formtax.backends.base import Backend
 from formtax.backends.logits_processor import LiveRow
 from formtax.constraints.native import as_constraint
+from formtax.decoding.engine import Backend
 from formtax.decoding.loop import RowRequest
 from formtax.errors import ConfigError
 from formtax.strategies import Request, Result, get_strategy

@@ -1,4 +1,4 @@
-"""The planted backend: a real :class:`~formtax.backends.base.Backend` whose "network" is a world file.
+"""The planted backend: a real :class:`~formtax.decoding.engine.Backend` whose "network" is a world file.
 
 Every row's next-token distribution comes from its item's continuation trie (:mod:`formtax.planted.world`), so
 the probability of any output under any strategy is known exactly (:mod:`formtax.planted.exact`). Batches step,
@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from formtax.backends.base import Backend, Batch, Capability, TokenizerInfo
+from formtax.decoding.engine import Backend, Batch, Capability, TokenizerInfo
 from formtax.errors import ConfigError
 from formtax.planted.world import Trie, World, WorldError, build_trie, load_world
 
@@ -32,8 +32,8 @@ def planted_tokenizer(kind: str) -> TokenizerInfo:
     """The tokenizer a world names: ``smollm2`` (the embedded default's, with its EOS set and logits width) or
     ``bytes`` (the fake backend's byte tokenizer)."""
     if kind == "bytes":
-        from formtax.backends.bytetok import byte_tokenizer
         from formtax.backends.fake import EOS, N_LOGITS, PAD
+        from formtax.bytetok import byte_tokenizer
 
         return TokenizerInfo(hf=byte_tokenizer(), eos_ids=frozenset({EOS}), pad_id=PAD, n_logits=N_LOGITS,
                              has_chat_template=True)

@@ -74,13 +74,13 @@ def study_config(world: World, path: Path, strategies: list[str] | None = None, 
 
 def world_fem(world: World, path: Path, out_dir: Path) -> str | None:
     """The FEM a world's study asks for: a file (``"fem": "FILE"``), or one distilled from the planted model
-    itself (``"fem": {"distill": {...}}``: :class:`~formtax.fem.distill.DistillConfig` fields, instruction-aware,
+    itself (``"fem": {"distill": {...}}``: :class:`~formtax.runner.distill.DistillConfig` fields, instruction-aware,
     greedy, n-gram initialisation), written once to ``out_dir/fem.npz`` and reused while the world is unchanged."""
     spec = world.study.get("fem")
     if spec is None or isinstance(spec, str):
         return spec
     from formtax.fem.artifact import load_fem, save_fem
-    from formtax.fem.distill import DistillConfig, build_fem
+    from formtax.runner.distill import DistillConfig, build_fem
 
     target = out_dir / "fem.npz"
     if target.is_file() and load_fem(str(target)).meta.get("world_sha256") == world.sha256:

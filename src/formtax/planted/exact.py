@@ -27,10 +27,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from formtax.backends.base import TokenizerInfo
 from formtax.constraints.compile import Matcher, compile_grammar
 from formtax.constraints.jsonstrings import StringCaps
 from formtax.constraints.spec import Constraint
+from formtax.decoding.engine import TokenizerInfo
 from formtax.planted.backend import RowModel
 
 

@@ -25,7 +25,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from formtax.backends.base import Backend
+from formtax.decoding.engine import Backend
 from formtax.errors import FormtaxError
 from formtax.serve.batcher import Batcher
 from formtax.serve.schema import ABSTAIN, ChatRequest, CompletionRequest, Sampled, chat_constraint
@@ -138,7 +138,7 @@ class _Timeout(Exception):
 
 def _streams(backend: Backend, strategy: str) -> bool:
     """Whether a request can stream live (formtax.stream): a single-pass strategy on a step-wise backend."""
-    from formtax.backends.base import Capability
+    from formtax.decoding.engine import Capability
     from formtax.strategies.base import SinglePass
 
     return isinstance(get_strategy(strategy), SinglePass) and Capability.STEP_LOGITS in backend.capabilities

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from formtax.api import generate_batch
-from formtax.backends.base import Backend
+from formtax.decoding.engine import Backend
 from formtax.strategies.base import Prompt, Result
 
 log = logging.getLogger(__name__)

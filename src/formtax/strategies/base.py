@@ -4,10 +4,12 @@ A strategy is small: it turns a request into per-row policies for the shared dec
 turns the loop's output into a :class:`Result`. The constraint's own Python oracle (``Constraint.validate``) reads
 every constrained answer, so an engine bug shows up as ``parse_ok = False``, never as a silently wrong value.
 
-Backends that cannot step a batch (vLLM, servers) get the dispatch hook of ``backends/base.py``: ``check`` asks
-``Backend.check_strategy`` and ``run`` asks ``Backend.run_strategy`` first. Single-pass strategies and NL-to-Format
-expose ``run_rows(backend, requests, decoder)``: the same row building and assembly, with the decode loop replaced
-by any :data:`RowDecoder` (vLLM's runs the very same Policy objects inside its logits processor).
+Engines that own their decode loop (vLLM, servers: :class:`~formtax.decoding.rowplan.RowEngine`) decode whole
+rows. A strategy says itself how it runs there (:meth:`Strategy.check_on_engine`, ``run_on_engine``): single-pass
+strategies and NL-to-Format build the same rows and hand them to the engine's ``decode_rows`` in place of the
+decode loop (``run_rows(backend, requests, decoder)``; vLLM's runs the very same Policy objects inside its logits
+processor); InWriting owns its two-call form for engines that cannot step a policy live. No backend imports a
+strategy.
 """
 
 from __future__ import annotations
@@ -20,12 +22,15 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, Field
 
-from formtax.backends.base import Backend, Capability, require
 from formtax.constraints.compile import compile_grammar
 from formtax.constraints.spec import Constraint
+from formtax.decoding.engine import Backend, Capability, require
 from formtax.decoding.loop import Policy, RowOutput, RowRequest, decode
+from formtax.decoding.lowering import Lowering
+from formtax.decoding.policies import ConstrainedPolicy, ForcedPrefix
+from formtax.decoding.rowplan import RowEngine, plan_row
 from formtax.decoding.sampling import GREEDY, Sampling
-from formtax.errors import ConfigError, ConstraintError
+from formtax.errors import CapabilityError, ConfigError, ConstraintError
 
 Prompt = str | list[dict[str, str]]
 
@@ -130,7 +135,9 @@ class Strategy(ABC):
         """Refuse before any model call: bad sampling settings, capabilities, a missing constraint, a budget the
         answer cannot fit."""
         batch_sampling(requests)
-        if not backend.check_strategy(self, requests):  # a backend's native path checks itself (dispatch hook)
+        if isinstance(backend, RowEngine):
+            self.check_on_engine(backend, requests)
+        else:
             require(backend, self.needs, self.name)
         for r in requests:
             if self.requires_constraint and r.constraint is None:
@@ -174,8 +181,32 @@ class Strategy(ABC):
         """
         return None
 
+    def check_on_engine(self, engine: RowEngine, requests: Sequence[Request]) -> None:
+        """Refuse what this strategy cannot do on an engine that owns its loop. The default: a strategy that
+        runs its own decode loop (the suffix searches, Deco-G) does not run there at all."""
+        require(engine, self.needs, self.name)
+        raise CapabilityError(
+            f"strategy {self.name!r} runs its own decode loop; backend {engine.name!r} decodes whole rows itself "
+            "and runs the strategies that build rows (every single-pass strategy, inwriting and nl2format)"
+        )
+
+    def error_result(self, backend: Backend, error: ConstraintError) -> Result:
+        """The result of a request whose constraint cannot be decoded with this tokenizer (the batch goes on)."""
+        return Result(strategy=self.name, model=backend.model_id, text="", error=str(error),
+                      finish_reason="constraint-error", parse_error=str(error))
+
     @abstractmethod
     def run(self, backend: Backend, requests: Sequence[Request]) -> list[Result]: ...
+
+
+def engine_results(engine: RowEngine, results: list[Result]) -> list[Result]:
+    """Results decoded by an engine that owns its loop: its statistics recorded, and a row the replay caught
+    outside its constraint made an error."""
+    for res in results:
+        res.stats.update(engine.engine_stats())
+        if engine.ignored_constraint is not None and res.stats.get("constraint_ignored"):
+            res.error = engine.ignored_constraint
+    return results
 
 
 _REGISTRY: dict[str, type[Strategy]] = {}
@@ -259,8 +290,6 @@ def closing_limit(backend: Backend, request: Request) -> int | None:
 
 
 def with_prefix(backend: Backend, request: Request, policy: Policy) -> Policy:
-    from formtax.strategies.policies import ForcedPrefix
-
     ids = prefix_ids(backend, request)
     return ForcedPrefix(ids, policy) if ids else policy
 
@@ -357,8 +386,6 @@ class SinglePass(Strategy):
         ConstrainedPolicy (behind an optional ForcedPrefix) decoding ``effective_constraint``. Engines with a
         grammar parameter may then enforce it natively (the policy still replays the output as a check).
         None whenever the policy does anything more (InWriting's switch, a wrapper that records statistics)."""
-        from formtax.strategies.policies import ConstrainedPolicy, ForcedPrefix
-
         inner = policy.inner if isinstance(policy, ForcedPrefix) else policy
         if not request.constrain or type(inner) is not ConstrainedPolicy or inner.closer is not None:
             return None
@@ -366,10 +393,33 @@ class SinglePass(Strategy):
 
     def run(self, backend: Backend, requests: Sequence[Request]) -> list[Result]:
         self.check(backend, requests)
-        native = backend.run_strategy(self, requests)  # the dispatch hook (backends/base.py)
-        if native is not None:
-            return native
+        if isinstance(backend, RowEngine):
+            return engine_results(backend, self.run_on_engine(backend, requests))
         return self.run_rows(backend, requests, loop_decoder)
+
+    def check_on_engine(self, engine: RowEngine, requests: Sequence[Request]) -> None:
+        """Every row must lower onto the engine (a server cannot step a live policy); the engine then checks
+        the rest. An engine that owns its loop gives step logits only through its lowerings, so STEP_LOGITS is
+        not required of it; other needs (KV_CROP) are."""
+        require(engine, self.needs - {Capability.STEP_LOGITS}, self.name)
+        kinds: set[Lowering] = set()
+        for r in requests:
+            try:
+                policy = self.policy(engine, r)
+            except ConstraintError:
+                continue  # an error result for that request, as on every backend
+            plan = plan_row(RowRequest([0], policy, r.max_tokens), self.whole_output_constraint(r, policy))
+            if plan.kind not in engine.lowerings:
+                raise CapabilityError(
+                    f"strategy {self.name!r} cannot run on backend {engine.name!r}: its policy "
+                    f"({type(plan.inner).__name__}) must see the logits of every step, which this engine does not "
+                    "expose")
+            kinds.add(plan.kind)
+        engine.check_rows(self.name, kinds, [request_sampling(r) for r in requests])
+
+    def run_on_engine(self, engine: RowEngine, requests: Sequence[Request]) -> list[Result]:
+        """The rows of :meth:`run_rows`, decoded by the engine itself."""
+        return self.run_rows(engine, requests, engine.decode_rows)
 
     def run_rows(self, backend: Backend, requests: Sequence[Request], decoder: RowDecoder) -> list[Result]:
         """Build one row per request, decode them with ``decoder``, assemble the results (no check here)."""
@@ -381,8 +431,7 @@ class SinglePass(Strategy):
             try:
                 policy = self.policy(backend, r)
             except ConstraintError as e:  # unsatisfiable for this tokenizer: an error result, the batch goes on
-                results[k] = Result(strategy=self.name, model=backend.model_id, text="", error=str(e),
-                                    finish_reason="constraint-error", parse_error=str(e))
+                results[k] = self.error_result(backend, e)
                 continue
             rows.append(RowRequest(backend.tokenizer.prompt_ids(r.prompt), policy, r.max_tokens, r.seed))
             index.append(k)

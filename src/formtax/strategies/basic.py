@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from formtax.backends.base import Backend, Capability
 from formtax.constraints.closing import start_witness
 from formtax.constraints.compile import compile_grammar
 from formtax.constraints.jsonreason import JSON_SCAFFOLD, JsonLayout, JsonReasonAnswer, layout_tokens
 from formtax.constraints.jsonstrings import caps_for
 from formtax.constraints.spec import ChoiceConstraint, Constraint
+from formtax.decoding.engine import Backend, Capability
 from formtax.decoding.loop import Policy
+from formtax.decoding.policies import ConstrainedPolicy, FreePolicy, JsonCapPolicy
 from formtax.strategies.base import (
     DEFAULT_RESERVE,
     Request,
@@ -23,7 +24,6 @@ from formtax.strategies.base import (
 )
 from formtax.strategies.firstmass import EVENT as FIRST_MASS
 from formtax.strategies.firstmass import FirstTokenMass, allowed_first_tokens
-from formtax.strategies.policies import ConstrainedPolicy, FreePolicy, JsonCapPolicy
 
 
 def constrained_policy(backend: Backend, constraint: Constraint, phase: str = "answer",

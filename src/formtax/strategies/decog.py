@@ -32,17 +32,17 @@ from typing import Any, ClassVar
 
 import torch
 
-from formtax.backends.base import Backend
 from formtax.cache import LRU
 from formtax.constraints.spec import ChoiceConstraint, Constraint, TemplateConstraint
 from formtax.constraints.template import Slot, Template
+from formtax.decoding.engine import Backend
 from formtax.decoding.loop import Policy, RowOutput
+from formtax.decoding.policies import FreePolicy
 from formtax.errors import ConfigError
 from formtax.fem.artifact import FemArtifact, check_compatible, load_fem
 from formtax.fem.dfa import FormatSpec, TokenDFA, TokenVocab, token_dfa, vocab_for
 from formtax.fem.reweight import FemPolicy, FemRuntime
 from formtax.strategies.base import Request, Result, SinglePass, prefix_ids, register, with_prefix
-from formtax.strategies.policies import FreePolicy
 
 FEM_STRATEGIES = ("decog", "ctrlg")  # the strategies that read the ``fem`` option (the runner passes it to them)
 PLACEMENTS = {"end": ("line", "none"), "anywhere": ("any", "any")}

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from formtax.backends.base import TokenizerInfo
+from formtax.decoding.engine import TokenizerInfo
 from formtax.decoding.loop import Plan, Policy, relay
 
 TOP_K = 20

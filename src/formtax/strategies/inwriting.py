@@ -1,24 +1,38 @@
-"""InWriting (docs/ALGORITHMS.md section 4; paper 003, Litelines semantics made exact)."""
+"""InWriting (docs/ALGORITHMS.md section 4; paper 003, Litelines semantics made exact).
+
+On an engine that steps policies live (the decode loop, vLLM's logits processor) InWriting is one row per request.
+On an engine that cannot (an OpenAI-compatible server), the EOS switch is exactly two calls per row, which this
+strategy owns (:meth:`InWriting.run_on_engine`): a free call on prompt + forced prefix with EOS/PAD as its stop
+tokens and ``preamble_budget + 1`` tokens, whose drawn stop token (or exhausted budget) *is* the switch rule; then a
+grammar call on prompt + prefix + preamble with what is left of the budget. The policy is replayed over both, so
+the record is the one the decode loop would have written. Trigger switches need every step's logits: refused there.
+"""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
 from typing import Any
 
-from formtax.backends.base import Backend
 from formtax.constraints.spec import Constraint
-from formtax.decoding.loop import Policy
-from formtax.errors import ConfigError
+from formtax.decoding.engine import Backend
+from formtax.decoding.loop import Policy, RowOutput, RowRequest, Step
+from formtax.decoding.lowering import Lowering
+from formtax.decoding.policies import ForcedPrefix, FreePolicy, InWritingPolicy
+from formtax.decoding.rowplan import RowEngine
+from formtax.errors import CapabilityError, ConfigError, ConstraintError
 from formtax.strategies.base import (
     Request,
     Result,
     SinglePass,
     answer_reserve,
+    batch_sampling,
     register,
     request_reserve,
+    request_sampling,
     with_prefix,
 )
 from formtax.strategies.basic import constrained_policy
-from formtax.strategies.policies import FreePolicy, InWritingPolicy
 
 
 def trigger_ids(backend: Backend, triggers: tuple[str, ...] | list[str] | Any) -> frozenset[int]:
@@ -71,3 +85,79 @@ class InWriting(SinglePass):
 
     def fill_answer(self, res: Result, request: Request, out: Any, phases: dict[str, str], constrained: bool) -> None:
         res.answer_text = phases.get("answer", "") if constrained else None
+
+    # -- on an engine that cannot step the policy: two calls per row (see the module docstring) ---------------
+    def check_on_engine(self, engine: RowEngine, requests: Sequence[Request]) -> None:
+        if Lowering.LIVE in engine.lowerings:
+            super().check_on_engine(engine, requests)
+            return
+        kinds = {Lowering.FREE}
+        for r in requests:
+            if not r.constrain:
+                continue
+            if r.triggers:
+                raise CapabilityError(f"strategy {self.name!r} cannot run on backend {engine.name!r}: trigger "
+                                      "switches need the logits of every step; only the EOS switch compiles into "
+                                      "requests")
+            kinds.add(Lowering.GRAMMAR)
+        engine.check_rows(self.name, kinds, [request_sampling(r) for r in requests])
+
+    def run_on_engine(self, engine: RowEngine, requests: Sequence[Request]) -> list[Result]:
+        if Lowering.LIVE in engine.lowerings:
+            return super().run_on_engine(engine, requests)
+        results: list[Result | None] = [None] * len(requests)
+        plain = [k for k, r in enumerate(requests) if not r.constrain]
+        if plain:
+            for k, res in zip(plain, self.run_rows(engine, [requests[k] for k in plain], engine.decode_rows),
+                              strict=True):
+                results[k] = res
+        items: list[tuple[int, list[int], list[int], InWritingPolicy]] = []
+        for k, r in enumerate(requests):
+            if not r.constrain:
+                continue
+            try:
+                policy = self.policy(engine, r)
+            except ConstraintError as e:
+                results[k] = self.error_result(engine, e)
+                continue
+            prefix, inner = ([*policy.prefix], policy.inner) if type(policy) is ForcedPrefix else ([], policy)
+            if type(inner) is not InWritingPolicy:
+                raise CapabilityError(f"unexpected InWriting policy {type(inner).__name__}")
+            items.append((k, engine.tokenizer.prompt_ids(r.prompt), prefix, inner))
+        sampling = batch_sampling(requests)
+        t0 = time.perf_counter()
+        # call 1: free, stopped at EOS/PAD (the switch rule itself, greedy or sampled: the drawn stop token)
+        first = engine.decode_rows(engine, [
+            RowRequest(p + pre, FreePolicy(inner.stop_ids, phase="reasoning"), inner.preamble_budget + 1,
+                       requests[k].seed)
+            for k, p, pre, inner in items], sampling, [None] * len(items))
+        switches: list[tuple[list[int], str]] = []
+        for (k, _, _, inner), call1 in zip(items, first, strict=True):
+            toks, budget = call1.tokens, inner.preamble_budget
+            if toks and toks[-1] in inner.stop_ids and len(toks) <= budget + 1:
+                switches.append((toks[:-1], "eos"))  # the model wanted to stop here: that EOS is never emitted
+            elif len(toks) > budget:
+                switches.append((toks[:budget], "budget"))
+            else:
+                raise RuntimeError(f"backend {engine.name!r}: the free call of request {k} ended with "
+                                   f"{call1.finish_reason!r} after {len(toks)} tokens, neither at EOS nor at its "
+                                   "budget")
+        # call 2: the answer's grammar on prompt + prefix + preamble, with what is left of the budget
+        second = engine.decode_rows(engine, [
+            RowRequest(p + pre + preamble, inner.answer, requests[k].max_tokens - len(pre) - len(preamble),
+                       requests[k].seed)
+            for (k, p, pre, inner), (preamble, _) in zip(items, switches, strict=True)],
+            sampling, [requests[k].constraint for k, _, _, _ in items])
+        wall = time.perf_counter() - t0
+        for (k, p, pre, _), (preamble, why), call1, answer in zip(items, switches, first, second, strict=True):
+            out = RowOutput(prompt_ids=list(p))
+            out.tokens = [*pre, *preamble, *answer.tokens]
+            out.steps = ([Step(t, "rc", True, False) for t in pre]
+                         + [Step(t, "reasoning", False, True) for t in preamble] + answer.steps)
+            out.events = [{"step": len(pre) + len(preamble), "switch": why}] + answer.events
+            out.finish_reason = answer.finish_reason
+            out.masked_mass = answer.masked_mass
+            out.wall_s = wall
+            out.forward_passes = call1.forward_passes + answer.forward_passes
+            results[k] = self.assemble(engine, requests[k], out, wall)
+        return [r for r in results if r is not None]

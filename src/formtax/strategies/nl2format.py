@@ -5,9 +5,12 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from formtax.backends.base import Backend
 from formtax.constraints.spec import Constraint
+from formtax.decoding.engine import Backend
 from formtax.decoding.loop import RowRequest
+from formtax.decoding.lowering import Lowering
+from formtax.decoding.policies import FreePolicy
+from formtax.decoding.rowplan import RowEngine
 from formtax.strategies.base import (
     Prompt,
     Request,
@@ -17,15 +20,16 @@ from formtax.strategies.base import (
     batch_sampling,
     call_info,
     counts,
+    engine_results,
     loop_decoder,
     phase_texts,
     read_answer,
     register,
     request_reserve,
+    request_sampling,
     with_prefix,
 )
 from formtax.strategies.basic import constrained_policy
-from formtax.strategies.policies import FreePolicy
 
 
 def default_conversion(request: Request, reasoning: str) -> Prompt:
@@ -67,10 +71,14 @@ class NL2Format(Strategy):
 
     def run(self, backend: Backend, requests: Sequence[Request]) -> list[Result]:
         self.check(backend, requests)
-        native = backend.run_strategy(self, requests)  # the dispatch hook (backends/base.py)
-        if native is not None:
-            return native
+        if isinstance(backend, RowEngine):
+            return engine_results(backend, self.run_rows(backend, requests, backend.decode_rows))
         return self.run_rows(backend, requests, loop_decoder)
+
+    def check_on_engine(self, engine: RowEngine, requests: Sequence[Request]) -> None:
+        """Both calls lower without stepping: free reasoning, then a grammar (or free) extraction."""
+        kinds = {Lowering.FREE} | ({Lowering.GRAMMAR} if any(r.constrain for r in requests) else set())
+        engine.check_rows(self.name, kinds, [request_sampling(r) for r in requests])
 
     def run_rows(self, backend: Backend, requests: Sequence[Request], decoder: RowDecoder) -> list[Result]:
         """The two calls with ``decoder`` in place of the decode loop; call 2's rows name their constraint so a

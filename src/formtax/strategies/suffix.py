@@ -49,11 +49,12 @@ import llguidance
 import numpy as np
 import torch
 
-from formtax.backends.base import Backend, Capability, TokenizerInfo
 from formtax.cache import LRU
 from formtax.constraints.compile import compile_grammar
 from formtax.constraints.spec import Constraint, TemplateConstraint
+from formtax.decoding.engine import Backend, Capability, TokenizerInfo
 from formtax.decoding.loop import Plan, Policy, RowOutput, RowRequest, decode
+from formtax.decoding.policies import ConstrainedPolicy
 from formtax.errors import ConfigError, ConstraintError
 from formtax.strategies.base import (
     ERROR_FINISHES,
@@ -71,7 +72,6 @@ from formtax.strategies.base import (
     register,
 )
 from formtax.strategies.basic import Free
-from formtax.strategies.policies import ConstrainedPolicy
 
 LEADING_WHITESPACE = (" ", "\n")  # what may precede a template (the T' of the module docstring)
 BEAM_RULES = ("last", "min")
@@ -438,8 +438,7 @@ class SuffixStrategy(Strategy):
             try:
                 plans.append((k, self.rows(backend, r)))
             except ConstraintError as e:
-                results[k] = Result(strategy=self.name, model=backend.model_id, text="", error=str(e),
-                                    finish_reason="constraint-error", parse_error=str(e))
+                results[k] = self.error_result(backend, e)
         t0 = time.perf_counter()
         outs = decode(backend, [row for _, p in plans for row in p.rows], temperature=batch_sampling(requests))
         wall = time.perf_counter() - t0

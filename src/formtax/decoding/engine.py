@@ -8,14 +8,9 @@ to an earlier length (``crop``; the suffix strategies need it).
 Capabilities are declared, so a strategy that needs what a backend lacks fails before a run starts
 (:func:`require`), never half-way through a batch.
 
-Engines that cannot hand the loop a steppable :class:`Batch` (vLLM, OpenAI-compatible servers) run strategies
-their own way through one explicit dispatch hook, so the decode loop itself never learns about them:
-
-* :meth:`Backend.check_strategy` is asked first by ``Strategy.check``: True means "I run this strategy natively and
-  have checked these requests" (it raises CapabilityError/ConfigError to refuse, before any model call); False (the
-  default) means "use the decode loop", and the strategy's capability needs are checked as before.
-* :meth:`Backend.run_strategy` is asked by ``Strategy.run`` after the check: a list of results, or None (the default)
-  to run the decode loop over :meth:`Backend.new_batch`.
+Engines that cannot hand the loop a steppable :class:`Batch` (vLLM, OpenAI-compatible servers) are
+instances of :class:`~formtax.decoding.rowplan.RowEngine`: they decode whole rows, each row lowered by its own policy
+(:mod:`formtax.decoding.lowering`). The protocol names no strategy: strategies adapt to engines, never the reverse.
 """
 
 from __future__ import annotations
@@ -24,15 +19,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from formtax.constraints.compile import EngineTokenizer
 from formtax.errors import CapabilityError, ConfigError
-
-if TYPE_CHECKING:  # the strategies import this module: type-only imports avoid the cycle
-    from formtax.strategies.base import Request, Result, Strategy
 
 
 class Capability(StrEnum):
@@ -182,16 +174,6 @@ class Backend(ABC):
     def generation_defaults(self) -> Any | None:
         """The model's own sampling defaults (a :class:`~formtax.decoding.sampling.Sampling`, from its
         ``generation_config``), or None when the backend does not know them."""
-        return None
-
-    # -- the dispatch hook (see the module docstring) --------------------------------------------------------
-    def check_strategy(self, strategy: Strategy, requests: Sequence[Request]) -> bool:
-        """True when this backend runs ``strategy`` natively (and accepts ``requests``; raise to refuse).
-        False: the decode loop runs it, and ``require`` checks the strategy's capability needs."""
-        return False
-
-    def run_strategy(self, strategy: Strategy, requests: Sequence[Request]) -> list[Result] | None:
-        """This backend's own way to run ``strategy`` (called after the check); None: use the decode loop."""
         return None
 
 

@@ -27,12 +27,12 @@ import numpy as np
 import torch
 
 from formtax import __version__
-from formtax.backends.base import Backend
+from formtax.decoding.engine import Backend
 from formtax.decoding.loop import RowRequest, decode
+from formtax.decoding.policies import FreePolicy
 from formtax.errors import ConfigError
 from formtax.fem.artifact import FORMS
 from formtax.fem.hmm import HMM, baum_welch, bigram_labels, counts_hmm, kmeans, spread_empty
-from formtax.strategies.policies import FreePolicy
 from formtax.tasks import Item, Task, get_task
 
 Progress = Callable[[str, int, int], None]

@@ -1,61 +1,69 @@
-"""How an engine without a steppable batch decodes a row: classify its policy, compile it, replay the output.
+"""Engines that own their decode loop: the :class:`RowEngine` protocol, row planning and the replay check.
 
-Shared by the vLLM backend and the OpenAI-compatible server backend. A row (prompt ids + a Policy + a budget) is
-
-* ``free`` when its policy is a FreePolicy behind an optional ForcedPrefix: the prefix joins the prompt (forcing
-  tokens is the same as prompting with them) and the stop set becomes the engine's stop tokens;
-* ``grammar`` when it is a plain ConstrainedPolicy (behind an optional prefix) and the strategy names the
-  constraint that alone governs the output: the engine enforces it through its grammar parameter;
-* ``live`` otherwise: the policy must see the logits at every step (vLLM's logits processor can; a server cannot).
+Shared by the vLLM backend and the OpenAI-compatible server backend. Such an engine decodes whole rows (prompt ids
++ a Policy + a budget); each row is planned by its policy's own lowering (:mod:`formtax.decoding.lowering`:
+``free``, ``grammar`` or ``live``), and the engine says which lowerings it runs.
 
 :func:`replay` then steps the row's policy over the tokens the engine produced. That rebuilds exactly the RowOutput
 the decode loop would have built for those tokens (phases, forced/masked flags, finish reasons such as
 ``constraint-complete``), and it checks them: a token outside the policy's allowed set, i.e. an engine that ignored
 the constraint, ends the row with ``constraint-error`` and is never accepted.
+
+Strategies meet such an engine through :class:`RowEngine` alone (``decode_rows``, ``check_rows``); no backend
+knows a strategy, and a strategy with a multi-call form on servers (InWriting's EOS switch) owns that form.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from abc import abstractmethod
+from collections.abc import Collection, Sequence
+from typing import Any, ClassVar
 
 import torch
 
 from formtax.constraints.spec import Constraint
+from formtax.decoding.engine import Backend
 from formtax.decoding.loop import RowOutput, RowRequest, Step
+from formtax.decoding.lowering import Lowering, RowPlan
+from formtax.decoding.sampling import Sampling
 from formtax.errors import ConfigError
 
 _EMPTY = torch.empty(0)
 
+__all__ = ["Lowering", "RowEngine", "RowPlan", "lark_grammar", "plan_row", "replay"]
 
-@dataclass
-class RowPlan:
-    """How one row is decoded (see the module docstring)."""
 
-    kind: str  # free | grammar | live
-    prefix: list[int] = field(default_factory=list)
-    stop_ids: frozenset[int] = frozenset()
-    constraint: Constraint | None = None
-    inner: Any = None  # the policy behind the prefix
+class RowEngine(Backend):
+    """A backend that decodes whole rows itself instead of handing the loop a steppable batch."""
+
+    lowerings: ClassVar[frozenset[Lowering]] = frozenset({Lowering.FREE, Lowering.GRAMMAR})
+    # the error a result gets when the replay caught the engine ignoring the constraint (None: the finish
+    # reason's own error)
+    ignored_constraint: ClassVar[str | None] = None
+
+    @abstractmethod
+    def decode_rows(self, backend: Backend, rows: Sequence[RowRequest], sampling: Sampling,
+                    whole: Sequence[Constraint | None]) -> list[RowOutput]:
+        """Decode rows to completion (a ``RowDecoder``): ``whole`` names, per row, the constraint that alone
+        governs its output after its forced prefix (None: the policy must be stepped). Rows for another
+        ``backend`` (NL-to-Format's extractor) go through that backend's own path."""
+
+    def check_rows(self, who: str, kinds: Collection[Lowering], samplings: Sequence[Sampling]) -> None:
+        """Refuse, before any model call, rows this engine cannot decode as asked (raise CapabilityError);
+        ``who`` names the strategy in the message. ``kinds`` are the lowerings the rows need."""
+
+    def engine_stats(self) -> dict[str, Any]:
+        """What every result decoded here records about the engine."""
+        return {"backend": self.name}
 
 
 def plan_row(row: RowRequest, whole: Constraint | None) -> RowPlan:
-    """Classify a row by its policy's exact type (a subclass or a wrapper may change what the plan means)."""
-    from formtax.strategies.policies import ConstrainedPolicy, ForcedPrefix, FreePolicy
-
-    policy = row.policy
-    prefix: list[int] = []
-    if type(policy) is ForcedPrefix:
-        prefix, policy = list(policy.prefix), policy.inner
-    if len(prefix) >= row.max_tokens:
-        return RowPlan("live", inner=row.policy)
-    if type(policy) is FreePolicy:
-        return RowPlan("free", prefix, stop_ids=policy.eos_ids | policy.stop_ids, inner=policy)
-    if whole is not None and type(policy) is ConstrainedPolicy:
-        return RowPlan("grammar", prefix, stop_ids=policy.eos_ids, constraint=whole, inner=policy)
-    return RowPlan("live", inner=row.policy)
+    """The row's plan: its policy's lowering, stepped live when a forced prefix alone fills the budget."""
+    plan = row.policy.lowered(whole)
+    if plan.kind is not Lowering.LIVE and len(plan.prefix) >= row.max_tokens:
+        return RowPlan(Lowering.LIVE, inner=row.policy)
+    return plan
 
 
 def lark_grammar(constraint: Constraint) -> str:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -10,7 +12,11 @@ from formtax.constraints.closing import Closer
 from formtax.constraints.compile import Matcher
 from formtax.constraints.jsonstrings import StringCaps
 from formtax.decoding.loop import Divert, Plan, Policy, Veto, relay
+from formtax.decoding.lowering import Lowering, RowPlan
 from formtax.tensorops import any_true, argmax
+
+if TYPE_CHECKING:
+    from formtax.constraints.spec import Constraint
 
 
 class FreePolicy(Policy):
@@ -30,6 +36,11 @@ class FreePolicy(Policy):
         if token in self.stop_ids:
             return "newline"
         return None
+
+    def lowered(self, whole: Constraint | None) -> RowPlan:
+        if type(self) is not FreePolicy:  # a subclass may change what the plan means: stepped
+            return super().lowered(whole)
+        return RowPlan(Lowering.FREE, stop_ids=self.eos_ids | self.stop_ids, inner=self)
 
 
 class ConstrainedPolicy(Policy):
@@ -81,6 +92,11 @@ class ConstrainedPolicy(Policy):
 
     def mask_matcher(self) -> Matcher | None:
         return self.matcher
+
+    def lowered(self, whole: Constraint | None) -> RowPlan:
+        if whole is None or type(self) is not ConstrainedPolicy:
+            return super().lowered(whole)
+        return RowPlan(Lowering.GRAMMAR, stop_ids=self.eos_ids, constraint=whole, inner=self)
 
 
 class JsonCapPolicy(ConstrainedPolicy):
@@ -192,6 +208,15 @@ class ForcedPrefix(Policy):
 
     def _sync(self) -> None:
         self.phase = self.inner.phase
+
+    def lowered(self, whole: Constraint | None) -> RowPlan:
+        """The inner policy's lowering with the prefix joining the prompt (one level of prefix only)."""
+        if type(self) is not ForcedPrefix or type(self.inner) is ForcedPrefix:
+            return super().lowered(whole)
+        plan = self.inner.lowered(whole)
+        if plan.kind is Lowering.LIVE:
+            return super().lowered(whole)
+        return dataclasses.replace(plan, prefix=[*self.prefix, *plan.prefix])
 
     def advance(self, token: int) -> str | None:
         if self.k < len(self.prefix):
