@@ -26,7 +26,7 @@ from decode_loop import NoEos
 from formtax.constraints import compile_grammar
 from formtax.constraints.compile import EngineTokenizer
 from formtax.constraints.jsonreason import JsonReasonAnswer
-from formtax.constraints.spec import parse_spec
+from formtax.constraints.parse import parse_spec
 from formtax.decoding import RowRequest, decode
 from formtax.decoding.policies import ConstrainedPolicy
 

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from formtax.backends.fake import FakeBackend, random_logits, scripted
 from formtax.constraints.compile import compile_grammar
 from formtax.constraints.jsonreason import JsonLayout, JsonReasonAnswer
-from formtax.constraints.spec import parse_spec
+from formtax.constraints.parse import parse_spec
 from formtax.strategies import get_strategy
 from formtax.strategies.base import Request
 

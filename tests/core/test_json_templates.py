@@ -15,7 +15,7 @@ import pytest
 import formtax
 from formtax.backends.fake import FakeBackend, random_logits
 from formtax.constraints.jsonreason import JsonReasonAnswer
-from formtax.constraints.spec import parse_spec
+from formtax.constraints.parse import parse_spec
 from formtax.errors import ConstraintError
 
 Q = "What is 12 + 30?"

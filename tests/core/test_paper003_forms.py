@@ -12,16 +12,17 @@ from hypothesis import strategies as st
 from formtax.backends.fake import FakeBackend, random_logits
 from formtax.constraints.compile import compile_grammar
 from formtax.constraints.jsonreason import JsonAnswerObject
-from formtax.constraints.spec import parse_spec
+from formtax.constraints.parse import parse_spec
 from formtax.errors import ConfigError
-from formtax.parsing.jsontail import trailing_json_object
+from formtax.constraints.jsontail import trailing_json_object
 from formtax.parsing.strict import parse_strict
 from formtax.records.store import read_records
 from formtax.report import write_report
 from formtax.report.combine import write_pooled
 from formtax.report.verify import verify_report
+from formtax.runner.config import RunConfig
 from formtax.runner.grid import parse_strategy_spec
-from formtax.runner.run import RunConfig, run
+from formtax.runner.run import run
 from formtax.tasks import Item, OutputFormat, get_task
 
 TOK = FakeBackend(random_logits(seed=1)).tokenizer

@@ -12,11 +12,8 @@ from hypothesis import strategies as st
 
 from formtax.backends.fake import FakeBackend, random_logits, scripted
 from formtax.constraints.jsonreason import JSON_SCAFFOLD, JsonLayout, JsonReasonAnswer
-from formtax.constraints.spec import (
-    RecordConstraint,
-    parse_spec,
-    record_spec,
-)
+from formtax.constraints.parse import parse_spec, record_spec
+from formtax.constraints.spec import RecordConstraint
 from formtax.constraints.template import Slot, choice_slot, parse_template
 from formtax.decoding.rowplan import lark_grammar
 from formtax.errors import ConstraintError

@@ -85,7 +85,7 @@ def test_regex_oracle_is_never_super_linear(monkeypatch):
     """The issue's ReDoS pattern: Python's re took 7.4 s on 28 characters. The oracle now uses the regex module
     under a time limit and, past it, llguidance's linear matcher: both must give the same verdicts."""
     import formtax.constraints.spec as spec_mod
-    from formtax.constraints.spec import parse_spec
+    from formtax.constraints.parse import parse_spec
 
     c = parse_spec("regex:(x+x+)+y")
     cases = {"x" * 30: False, "x" * 30 + "y": True, "xy": False, "xxy": True, "": False}
@@ -105,7 +105,7 @@ def test_engine_and_oracle_agree_on_integer_slots_and_whitespace():
 
     from formtax.backends.fake import FakeBackend, random_logits
     from formtax.constraints.compile import compile_grammar
-    from formtax.constraints.spec import parse_spec
+    from formtax.constraints.parse import parse_spec
 
     tok = FakeBackend(random_logits(seed=1)).tokenizer
     specs = [parse_spec("{int:0..9}{int:10..99}"), parse_spec("The answer is: {int}"), parse_spec("{int:-5..5} pts")]

@@ -181,7 +181,7 @@ def test_paper_prompt_plan_per_strategy(tmp_path):
 
     from formtax.errors import ConfigError
     from formtax.runner import RunConfig, run
-    from formtax.runner.run import paper_variants
+    from formtax.runner.config import paper_variants
 
     cfg = RunConfig(task="arith", strategies=["json@vc", "inwriting@vc", "nl2format@vc"], backend="fake", limit=2,
                     max_tokens=96, prompt_variants="paper")
@@ -276,8 +276,8 @@ def test_bad_run_settings_are_refused_before_anything_is_written(tmp_path, kwarg
 def test_every_request_samples_from_its_own_seed():
     """The default seeding gives each (item, strategy, variant, seed index) its own sampler seed, so requests are
     independent draws (what the statistics assume); ``index`` keeps the older shared seed index."""
+    from formtax.runner.execute import request_for, sampler_seed
     from formtax.runner.grid import plan_grid
-    from formtax.runner.run import request_for, sampler_seed
     from formtax.tasks import get_task, sample_items
 
     task = get_task("arith")

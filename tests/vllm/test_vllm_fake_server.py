@@ -19,7 +19,7 @@ import pytest
 import formtax
 from formtax.backends import load_backend
 from formtax.backends.openai_backend import ServerRefused, ServerUnavailable
-from formtax.constraints.spec import parse_spec
+from formtax.constraints.parse import parse_spec
 from formtax.errors import CapabilityError, ConfigError, FormtaxError
 from formtax.records import read_records
 from formtax.runner import RunConfig, run

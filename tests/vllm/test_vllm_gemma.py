@@ -11,7 +11,7 @@ import warnings
 import pytest
 
 import formtax
-from formtax.constraints.spec import parse_spec
+from formtax.constraints.parse import parse_spec
 
 pytest.importorskip("vllm.sampling_params")
 pytestmark = [pytest.mark.vllm, pytest.mark.model, pytest.mark.gemma]

@@ -12,7 +12,7 @@ import json
 import pytest
 
 import formtax
-from formtax.constraints.spec import parse_spec
+from formtax.constraints.parse import parse_spec
 from formtax.errors import CapabilityError
 from formtax.strategies import list_strategies
 from formtax.tasks import OutputFormat, get_task, sample_items

@@ -18,7 +18,7 @@ from formtax.backends.fake import FakeBackend, random_logits, scripted
 from formtax.backends.logits_processor import LiveRow, lookup
 from formtax.backends.vllm_backend import VLLMBackend
 from formtax.constraints.compile import compile_grammar
-from formtax.constraints.spec import parse_spec
+from formtax.constraints.parse import parse_spec
 from formtax.decoding.engine import Capability
 from formtax.decoding.loop import RowRequest, decode
 from formtax.decoding.policies import ConstrainedPolicy, ForcedPrefix, FreePolicy

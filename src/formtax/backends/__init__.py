@@ -1,5 +1,10 @@
-"""Model engines behind one small protocol (``base``), registered by name."""
+"""Model engines behind one small protocol (:mod:`formtax.decoding.engine`), registered by name.
 
+An engine defined above this layer (the planted worlds of :mod:`formtax.planted`) is named by module path and
+imported on use, a plugin table in the manner of entry points: ``backends/`` imports none of them.
+"""
+
+import importlib
 from collections.abc import Callable
 from typing import Any
 
@@ -44,11 +49,10 @@ def _openai(model: str | None, device: str, dtype: str, **options: Any) -> Backe
 
 def _planted(model: str | None, device: str, dtype: str) -> Backend:
     """A planted world (``model`` = the world file): exact, known output probabilities for calibration."""
-    from formtax.planted.backend import PlantedBackend
-
     if not model:
         raise ConfigError("backend 'planted' needs a world file: --world W (or --model W)")
-    return PlantedBackend.load(model)
+    backend: Backend = importlib.import_module("formtax.planted.backend").PlantedBackend.load(model)
+    return backend
 
 
 BACKENDS: dict[str, Callable[..., Backend]] = {"hf": _hf, "fake": _fake, "vllm": _vllm, "openai": _openai, "planted": _planted}

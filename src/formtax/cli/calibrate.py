@@ -8,7 +8,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from formtax.cli.main import command
+from formtax.cli.registry import command
 
 
 def _args(p: argparse.ArgumentParser) -> None:

@@ -9,7 +9,7 @@ import warnings
 from pathlib import Path
 
 from formtax.cli.generate import add_model_args
-from formtax.cli.main import command
+from formtax.cli.registry import command
 
 
 def _args(p: argparse.ArgumentParser) -> None:

@@ -7,7 +7,7 @@ import json
 import warnings
 from typing import TYPE_CHECKING
 
-from formtax.cli.main import command
+from formtax.cli.registry import command
 
 FEM_STRATEGIES = ("decog", "ctrlg")  # strategies/decog.py (not imported here: it would load torch for --help)
 

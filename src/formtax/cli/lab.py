@@ -8,7 +8,7 @@ import warnings
 from pathlib import Path
 
 from formtax.cli.generate import add_model_args, add_sampling_args, backend_options, sampling_from_args
-from formtax.cli.main import command
+from formtax.cli.registry import command
 
 
 def _run_args(p: argparse.ArgumentParser) -> None:

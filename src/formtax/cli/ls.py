@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from formtax.cli.main import command
+from formtax.cli.registry import command
 
 
 def _args(p: argparse.ArgumentParser) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from formtax.cli.main import command
+from formtax.cli.registry import command
 
 log = logging.getLogger(__name__)
 

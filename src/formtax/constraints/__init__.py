@@ -27,8 +27,8 @@ _LAZY: dict[str, str] = {
     "RegexConstraint": "formtax.constraints.spec",
     "TemplateConstraint": "formtax.constraints.spec",
     "Validation": "formtax.constraints.spec",
-    "parse_spec": "formtax.constraints.spec",
-    "record_spec": "formtax.constraints.spec",
+    "parse_spec": "formtax.constraints.parse",
+    "record_spec": "formtax.constraints.parse",
     "Slot": "formtax.constraints.template",
     "Template": "formtax.constraints.template",
     "choice_slot": "formtax.constraints.template",
@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from formtax.constraints.compile import CompiledGrammar, EngineTokenizer, Matcher, compile_grammar
     from formtax.constraints.jsonreason import JsonLayout, JsonReasonAnswer
     from formtax.constraints.native import as_constraint, from_pydantic
+    from formtax.constraints.parse import parse_spec, record_spec
     from formtax.constraints.spec import (
         ChoiceConstraint,
         Constraint,
@@ -48,8 +49,6 @@ if TYPE_CHECKING:
         RegexConstraint,
         TemplateConstraint,
         Validation,
-        parse_spec,
-        record_spec,
     )
     from formtax.constraints.template import Slot, Template, choice_slot, parse_template
 

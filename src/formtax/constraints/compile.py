@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from formtax.cache import LRU
+from formtax.constraints.hints import grammar_hints
 from formtax.errors import ConstraintError
 from formtax.tensorops import bitmask_counts, unpack_bitmask
 
@@ -118,8 +119,6 @@ class Matcher:
 
     @property
     def hints(self) -> tuple[bytes, ...]:
-        from formtax.constraints.closing import grammar_hints
-
         return grammar_hints(self.grammar) if self.grammar else ()
 
     # -- state ----------------------------------------------------------------------------------------------

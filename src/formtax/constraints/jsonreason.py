@@ -246,8 +246,8 @@ class JsonAnswerObject(Constraint):
         self._validator = jsonschema.validators.validator_for(self.schema)(self.schema)
 
     def search(self, text: str) -> Validation:
-        """The object the free text ends with (:func:`~formtax.parsing.jsontail.trailing_json_object`)."""
-        from formtax.parsing.jsontail import trailing_json_object
+        """The object the free text ends with (:func:`~formtax.constraints.jsontail.trailing_json_object`)."""
+        from formtax.constraints.jsontail import trailing_json_object
 
         found = trailing_json_object(text)
         if found is None:

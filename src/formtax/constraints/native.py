@@ -23,7 +23,8 @@ import typing
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from formtax.constraints.spec import ChoiceConstraint, Constraint, JsonConstraint, RegexConstraint, parse_spec
+from formtax.constraints.parse import parse_spec
+from formtax.constraints.spec import ChoiceConstraint, Constraint, JsonConstraint, RegexConstraint
 from formtax.errors import ConstraintError
 
 INT_REGEX = r"-?(0|[1-9][0-9]{0,18})"  # bounded (to 19 digits), so strategies can reserve its length

@@ -3,7 +3,7 @@
 D_paired = (b - c) / |S| over item x seed cells: S = both languages right under short, b = of those, only
 language 2 wrong under the constraint, c = only language 1 wrong. It is a joint statistic of four requests per
 cell, so its estimand depends on how those requests are coupled; formtax draws every request independently (its
-default seeding, ``runner.run.sampler_seed``), under which ``E[b - c] / E[S]`` per item is
+default seeding, ``runner.execute.sampler_seed``), under which ``E[b - c] / E[S]`` per item is
 
     s1 s2 (c1 (1 - c2) - (1 - c1) c2) / (s1 s2) = c1 - c2,   weighted by s1 s2 across items,
 

@@ -21,8 +21,9 @@ from formtax.constraints.spec import Constraint
 from formtax.errors import ConfigError
 from formtax.planted.backend import PlantedBackend
 from formtax.planted.exact import Distribution, Kind, Outcome, Semantics, distribution, suffix_distribution
+from formtax.runner.config import RunConfig
+from formtax.runner.execute import make_record, request_for
 from formtax.runner.grid import Planned, parse_strategy_spec, plan_grid
-from formtax.runner.run import RunConfig, make_record, request_for
 from formtax.strategies.base import ERROR_FINISHES, Request, Result, answer_reserve, finish_error
 from formtax.tasks import Task, sample_items
 

@@ -17,7 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from formtax.constraints.spec import Constraint, parse_spec
+from formtax.constraints.parse import parse_spec
+from formtax.constraints.spec import Constraint
 from formtax.errors import ConfigError
 from formtax.strategies import get_strategy
 from formtax.strategies.base import Prompt, Strategy
@@ -114,7 +115,7 @@ class Planned:
     meta: dict[str, Any] = field(default_factory=dict)
     prompt_format: str = ""  # what the prompt describes (check_prompt_identity groups on it); "": output_format
     prompt_style: PromptStyle = PromptStyle.CHAT
-    budget: dict[str, int] | None = None  # set once by runner.run.planned_budget (deterministic in the config)
+    budget: dict[str, int] | None = None  # set once by runner.execute.planned_budget (deterministic in the config)
 
     def constraint(self) -> Constraint | None:
         return parse_spec(self.answer) if self.answer is not None else None

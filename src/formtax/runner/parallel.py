@@ -7,7 +7,7 @@
 * Each actor loads its own backend (one engine per actor: vLLM's own Ray executor is refused on CPU, and
   data-parallel engines are what a grid wants anyway; tensor/pipeline parallelism inside an engine is vLLM's),
   checks every strategy once before any request, and turns a chunk into finished Records with the very function
-  the one-process path uses (``run.chunk_records``).
+  the one-process path uses (:func:`~formtax.runner.execute.execute_chunk`).
 * Only the driver writes ``records.jsonl``. It keeps at most ``IN_FLIGHT`` chunks queued per actor and appends a
   chunk's records the moment they come back, so the resume guarantees are the one-process ones: a killed driver
   loses at most the chunks in flight, a re-run skips every recorded id, nothing is written twice. Records arrive
@@ -32,8 +32,8 @@ from formtax.errors import ConfigError, FormtaxError
 
 if TYPE_CHECKING:
     from formtax.records.schema import Record
+    from formtax.runner.config import RunConfig
     from formtax.runner.grid import Planned
-    from formtax.runner.run import RunConfig
     from formtax.tasks import Task
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,8 @@ class _Worker:
 
     def __init__(self, config: RunConfig, task: Task, samples: Sequence[Planned]) -> None:
         from formtax.backends import load_backend
-        from formtax.runner.run import load_extractor, request_for, strategy_for, thinking_flag
+        from formtax.runner.config import thinking_flag
+        from formtax.runner.execute import load_extractor, request_for, strategy_for
 
         self.config = config
         self.task = task
@@ -69,18 +70,18 @@ class _Worker:
             self.failure = e
 
     def provenance(self) -> dict[str, Any]:
-        from formtax.runner.run import _backend_provenance
+        from formtax.runner.execute import backend_provenance
 
         if self.failure is not None:
             raise self.failure
-        d = _backend_provenance(self.backend)
+        d = backend_provenance(self.backend)
         d["pid"] = os.getpid()
         return d
 
     def run(self, chunk: Sequence[Planned]) -> list[Record]:
-        from formtax.runner.run import chunk_records
+        from formtax.runner.execute import execute_chunk
 
-        return [rec for _, rec, _ in chunk_records(self.backend, self.task, chunk, self.config, self.extractor)]
+        return [rec for _, rec, _ in execute_chunk(self.backend, self.task, chunk, self.config, self.extractor)]
 
 
 def _cause(e: BaseException) -> BaseException:

@@ -23,19 +23,16 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import filelock
-import numpy as np
 
 from formtax import __version__
 from formtax.backends import Backend, load_backend
 from formtax.backends.model_files import check_model_name, has_chat_template
-from formtax.constraints.spec import parse_spec
 from formtax.decoding.sampling import Sampling
 from formtax.errors import ConfigError, DataError, FormtaxError
-from formtax.parsing import ParseResult, parse_all
-from formtax.records.schema import ParseRecord, Record, identity_hash
+from formtax.records.schema import Record, identity_hash
 from formtax.records.store import (
     RECORDS,
     RecordWriter,
@@ -46,132 +43,30 @@ from formtax.records.store import (
     sha256_file,
     write_manifest,
 )
-from formtax.runner.grid import RC_PREFIX, Planned, check_prompt_identity, parse_strategy_spec, plan_grid
-from formtax.scoring import score_all
-from formtax.strategies.base import Request, Result, Strategy
-from formtax.strategies.decog import FEM_STRATEGIES, parse_fem_spec
+from formtax.runner.config import (  # noqa: F401  (RunConfig re-exported: formtax.runner.run.RunConfig)
+    SEEDINGS,
+    ConfigurableTask,
+    RunConfig,
+    thinking_flag,
+)
+from formtax.runner.execute import (
+    backend_provenance,
+    execute_chunk,
+    load_extractor,
+    planned_budget,
+    request_for,
+    strategy_for,
+)
+from formtax.runner.grid import Planned, check_prompt_identity, parse_strategy_spec, plan_grid
 from formtax.tasks import (
-    Item,
-    OutputFormat,
     PromptStyle,
     Task,
     get_task,
-    parse_variant_id,
     resolve_data_dir,
     sample_items,
 )
-from formtax.tasks.base import ConstraintLevel
 
 log = logging.getLogger(__name__)
-
-# Options that change how fast a run goes, not what it computes: they may differ between resumptions.
-NON_IDENTITY = ("batch_size", "device", "workers", "ray_address", "backend_options")
-
-
-@runtime_checkable
-class ConfigurableTask(Protocol):
-    """A task that takes options of its own (e.g. metatool's ``pairs``, ``translations``). ``configure`` may
-    return the task to use instead (the planted task returns the one of its world's answer kind). A task samples
-    its own items (and refuses ``--limit``) unless it sets ``samples_own_items = False``."""
-
-    def configure(self, options: Mapping[str, Any]) -> Task | None: ...
-
-
-@runtime_checkable
-class OwnParsing(Protocol):
-    """A task whose benchmark defines how an output is read (e.g. metatool's mention rules): it returns the
-    per-parser verdicts (at least ``strict`` and ``lenient``) that formtax's parsers would otherwise give."""
-
-    def parse_output(self, text: str, item: Item, output_format: OutputFormat) -> dict[str, ParseResult]: ...
-
-
-@dataclass
-class RunConfig:
-    task: str
-    strategies: list[str]
-    model: str | None = None
-    backend: str = "hf"
-    device: str = "cpu"
-    dtype: str = "float32"
-    limit: int | None = None
-    seeds: int = 1
-    prompt_variants: str = "t1f1"  # "all" or a comma list like "t1f1,t2f3"
-    shots: int = 0
-    # "chat" | "base" (a plain few-shot prompt, paper 000's pre-trained setting); None: base for a model known to
-    # have no chat template (resolve_prompt_style), else chat. The resolved style is what the run records.
-    prompt_style: str | None = None
-    max_tokens: int = 256
-    # paper 003's equal reasoning budget: the reasoning phase of every level of a strategy gets this many tokens,
-    # the answer's reserve on top; None: max_tokens minus the largest reserve of the strategy's levels (FC, VC)
-    reasoning_tokens: int | None = None
-    batch_size: int = 8
-    temperature: float = 0.0
-    top_p: float = 1.0  # sampling filters (decoding/sampling.py)
-    top_k: int = 0
-    min_p: float = 0.0
-    model_defaults: bool = False  # sample with the model's generation_config defaults (resolved at load)
-    thinking: str | None = None  # "on" | "off": the chat template's enable_thinking (paper 003: off); None: as is
-    extractor_model: str | None = None  # NL-to-Format's second call on this model (paper 003: a larger one)
-    extractor_backend: str | None = None  # its engine (default: --backend)
-    item_seed: int = 0
-    data_dir: str | None = None
-    task_options: dict[str, Any] = field(default_factory=dict)  # passed to a ConfigurableTask
-    hypotheses: str | None = None  # pre-registration file, locked into the manifest
-    workers: int = 1  # > 1: shard the chunks over this many Ray actors, one backend each (runner/parallel.py)
-    ray_address: str | None = None  # join this Ray cluster instead of starting a local one
-    backend_options: dict[str, Any] = field(default_factory=dict)  # e.g. server=URL, tensor_parallel_size=2
-    fem: str | None = None  # decog / ctrlg: FEM artifact(s), FILE or NAME=FILE,... (strategies/decog.py)
-    seeding: str = "request"  # how a request's sampler seed is made from its seed index: see sampler_seed
-    json_layout: str = "flexible"  # the json strategy's layout (constraints/jsonreason.py): flexible | compact
-
-    def identity(self) -> dict[str, Any]:
-        d = asdict(self)
-        for k in NON_IDENTITY:
-            d.pop(k)
-        # Unset new options are left out, so run directories made before they existed still resume.
-        if not d["task_options"]:
-            d.pop("task_options")
-        if d["hypotheses"] is None:
-            d.pop("hypotheses")
-        if d["fem"] is None:
-            d.pop("fem")
-        if d["reasoning_tokens"] is None:
-            d.pop("reasoning_tokens")
-        if not any(parse_strategy_spec(s).name == "json" for s in self.strategies):
-            d.pop("json_layout")  # a grid without the json strategy reads no layout
-        if d["prompt_style"] in (None, PromptStyle.CHAT):
-            d.pop("prompt_style")  # chat: the only style before base-model prompting existed
-        if d["seeding"] == "index" or (self.temperature <= 0.0 and not self.model_defaults):
-            d.pop("seeding")  # the rule before it existed; and greedy decoding reads no seed
-        for key, default in (("top_p", 1.0), ("top_k", 0), ("min_p", 0.0), ("model_defaults", False),
-                             ("thinking", None), ("extractor_model", None), ("extractor_backend", None)):
-            if d[key] == default:
-                d.pop(key)
-        return d
-
-    def variants(self, strategy: str | None = None) -> list[tuple[int, int]]:
-        """The (task variant, format variant) pairs of ``strategy`` (a base strategy name; None: any)."""
-        if self.prompt_variants == "paper":
-            return paper_variants(self.task, strategy)
-        if self.prompt_variants == "all":
-            return [(t, f) for t in (1, 2, 3) for f in (1, 2, 3)]
-        return [parse_variant_id(v.strip()) for v in self.prompt_variants.split(",") if v.strip()]
-
-
-PAPER_PLANS = {"inwriting": (3, 3), "nl2format": (3, 3), "json": (3, 1)}
-"""Paper 003's prompt plan (A.2): task x format variants per strategy; AIME uses 1 task x 3 format variants."""
-
-
-def paper_variants(task: str, strategy: str | None) -> list[tuple[int, int]]:
-    """``--prompt-variants paper``: exactly paper 003's plan for ``strategy`` on ``task`` (refused for strategies
-    the paper does not run)."""
-    if strategy is None:  # the union, for callers that ask for every variant in the grid
-        return sorted({v for name in PAPER_PLANS for v in paper_variants(task, name)})
-    if strategy not in PAPER_PLANS:
-        raise ConfigError(f"--prompt-variants paper: paper 003 runs {', '.join(sorted(PAPER_PLANS))}, not "
-                          f"{strategy!r}; give the variants explicitly (e.g. t1f1)")
-    n_task, n_format = (1, 3) if task == "aime" else PAPER_PLANS[strategy]
-    return [(t, f) for t in range(1, n_task + 1) for f in range(1, n_format + 1)]
 
 
 @dataclass
@@ -237,65 +132,6 @@ def machine_load() -> dict[str, Any]:
     except OSError:  # not every platform has a load average
         out["loadavg_1_5_15"] = None
     return out
-
-
-def _sha(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def _item_hash(p: Planned) -> str:
-    it = p.item
-    return _sha(repr((it.id, it.question, it.gold, it.choices)))
-
-
-def _backend_provenance(backend: Backend) -> dict[str, Any]:
-    d = backend.describe()
-    origin = d.get("origin")
-    if origin and Path(origin).is_file():
-        d["origin_sha256"] = sha256_file(Path(origin))
-    try:
-        d["tokenizer_sha256"] = backend.tokenizer.engine.key
-    except Exception:  # noqa: BLE001 - provenance is best effort for exotic tokenizers
-        d["tokenizer_sha256"] = None
-    return d
-
-
-def make_record(task: Task, p: Planned, res: Result | None, prompt_text: str, batch_size: int,
-                model: str, error: str | None = None) -> Record:
-    rec = Record(
-        request_id=p.request_id, task=p.task, item_id=p.item.id, item_hash=_item_hash(p), strategy=p.spec.spec,
-        base_strategy=p.spec.family, level=p.spec.level, rc=p.spec.rc, output_format=p.output_format,
-        prompt_format=p.prompt_format if p.prompt_format not in ("", p.output_format) else None,
-        prompt_variant=p.prompt_variant, seed=p.seed, shots=p.shots, prompt_style=p.prompt_style.value, model=model,
-        batch_size=batch_size,
-        prompt_hash=_sha(prompt_text), prompt=prompt_text, gold=p.item.gold, answer_spec=p.answer, error=error,
-        budget=dict(p.budget or {}),
-        finished_at=time.strftime("%Y-%m-%dT%H:%M:%S"),
-    )
-    if res is None:
-        return rec
-    rec.text, rec.reasoning, rec.answer_text, rec.phases = res.text, res.reasoning, res.answer_text, res.phases
-    rec.finish_reason = res.finish_reason
-    rec.tokens = res.tokens.model_dump()
-    rec.masked_mass = res.masked_mass
-    rec.timings = res.timings
-    rec.stats = dict(res.stats)
-    if res.error:
-        rec.stats["generation_error"] = res.error
-    constrained = p.spec.level != "none" and p.spec.strategy.requires_constraint
-    rec.constraint_ok = res.parse_ok if constrained else None
-    # Parse what the strategy presents as its answer: the constrained part when there is one.
-    text = res.answer_text if res.answer_text is not None else res.text
-    fmt = OutputFormat(p.output_format)
-    if isinstance(task, OwnParsing):
-        parses = task.parse_output(text, p.item, fmt)
-    else:
-        parses = parse_all(text, task, p.item, fmt)
-    if res.stats.get("constraint_ignored"):  # an engine broke the constraint: its text is never scored as parsed
-        parses = {k: ParseResult("invalid", None, v.raw) for k, v in parses.items()}
-    rec.parses = {k: ParseRecord(status=v.status, value=v.value, raw=v.raw) for k, v in parses.items()}
-    rec.scores = score_all(task, p.item, parses)
-    return rec
 
 
 LOCK_FILE = ".formtax.lock"
@@ -447,9 +283,9 @@ def _run(config: RunConfig, out_dir: Path, progress: Callable[[int, int], None] 
         extractor = load_extractor(config)
         for sample in samples:  # refuse a strategy the backend cannot run, before any request
             strategy_for(sample, extractor).check(backend, [request_for(task, sample, config)])
-        provenance = _backend_provenance(backend)
+        provenance = backend_provenance(backend)
         if extractor is not None:
-            provenance["extractor"] = _backend_provenance(extractor)
+            provenance["extractor"] = backend_provenance(extractor)
 
     manifest = manifest or {
         "formtax_version": __version__, "git": git_state(), "packages": package_versions(),
@@ -481,7 +317,7 @@ def _run(config: RunConfig, out_dir: Path, progress: Callable[[int, int], None] 
             else:
                 assert backend is not None
                 local = backend
-                done_chunks = ((c, [rec for _, rec, _ in chunk_records(local, task, c, config, extractor)])
+                done_chunks = ((c, [rec for _, rec, _ in execute_chunk(local, task, c, config, extractor)])
                                for c in chunks)
             for chunk, records in done_chunks:  # one writer: the driver appends each finished chunk at once
                 for rec in records:
@@ -524,7 +360,7 @@ def _hypotheses_lock(config: RunConfig, manifest: dict[str, Any] | None, has_rec
     if not path.is_file():
         raise ConfigError(f"hypotheses file not found: {path}")
     text = path.read_text(encoding="utf-8")
-    entry = {"path": str(path.resolve()), "sha256": _sha(text), "text": text,
+    entry = {"path": str(path.resolve()), "sha256": hashlib.sha256(text.encode()).hexdigest(), "text": text,
              "registered_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
     if manifest is None:
         if has_records:
@@ -537,52 +373,6 @@ def _hypotheses_lock(config: RunConfig, manifest: dict[str, Any] | None, has_rec
                           f"(sha256 {registered.get('sha256')}, now {entry['sha256']}); the pre-registration "
                           "is locked")
     return None
-
-
-def thinking_flag(value: str | None) -> bool | None:
-    """``--thinking on|off`` as the template's ``enable_thinking`` (None: the template's default)."""
-    if value is None:
-        return None
-    if value not in ("on", "off"):
-        raise ConfigError(f"--thinking must be on or off, got {value!r}")
-    return value == "on"
-
-
-def planned_budget(task: Task, p: Planned, config: RunConfig) -> dict[str, int]:
-    """The token budget of one planned request, kept on ``p.budget`` (and in its record).
-
-    For a strategy with a separate reasoning phase (:meth:`Strategy.answer_overhead`) the reasoning budget R is
-    the same at every constraint level (paper 003 compares levels at one ``max_preamble_tokens``): R is
-    ``config.reasoning_tokens``, or else ``max_tokens`` minus the largest overhead among the strategy's levels in
-    the grid for this item (FC's reserve is the larger; the unconstrained level's is VC's, which reads its answer).
-    ``max_tokens`` is then R plus this level's own overhead. Ours: a forced RC prefix is reasoning text and
-    counts inside R. Other strategies get ``max_tokens`` whole.
-    """
-    if p.budget is not None:
-        return p.budget
-    strategy = p.spec.strategy
-    options = strategy_options(p, config)
-    probe = Request(prompt=p.messages, constraint=p.constraint(), max_tokens=config.max_tokens, options=options)
-    overhead = strategy.answer_overhead(probe) if probe.constraint is not None else None
-    if overhead is None:
-        p.budget = {"max_tokens": config.max_tokens}
-        return p.budget
-    if config.reasoning_tokens is not None:
-        reasoning = config.reasoning_tokens
-    else:
-        # the unconstrained level reads its answer with VC's constraint; the answer forms of a strategy (the line,
-        # paper 003's JSON object) share its reasoning budget too, so that they compare on equal reasoning
-        levels: set[tuple[ConstraintLevel, OutputFormat]] = {
-            ("fc" if s.level == "fc" else "vc", s.output_format(task))
-            for s in map(parse_strategy_spec, config.strategies) if s.name == p.spec.name}
-        worst = max(strategy.answer_overhead(Request(prompt=p.messages, constraint=parse_spec(
-            task.answer_spec(level, p.item, fmt)), options=options)) or 0 for level, fmt in sorted(levels))
-        reasoning = config.max_tokens - worst
-        if reasoning < 1:
-            raise ConfigError(f"strategy {p.spec.spec!r}: --max-tokens {config.max_tokens} leaves no reasoning "
-                              f"budget after the answer's {worst} tokens; raise it or pass --reasoning-tokens")
-    p.budget = {"reasoning_tokens": reasoning, "answer_tokens": overhead, "max_tokens": reasoning + overhead}
-    return p.budget
 
 
 def check_equal_reasoning(task: Task, planned: Sequence[Planned], config: RunConfig) -> None:
@@ -598,29 +388,6 @@ def check_equal_reasoning(task: Task, planned: Sequence[Planned], config: RunCon
             raise ConfigError(f"{first[1]} would reason under {first[0]} tokens but {p.spec.spec} under "
                               f"{b['reasoning_tokens']} (item {p.item.id}); the levels of a strategy must share "
                               "one reasoning budget (--reasoning-tokens)")
-
-
-SEEDINGS = ("request", "index")
-
-
-def sampler_seed(p: Planned, seeding: str = "request") -> int:
-    """The seed of one request's sampler.
-
-    ``request`` (the default, our choice): a seed of its own per (task, item, strategy, prompt variant, seed
-    index), derived by ``numpy.random.SeedSequence``, so every request is an independent draw. That is the model
-    the report's statistics and the calibration suite's exact truths assume (items independent, seeds
-    independent within an item). ``index`` (formtax before 0.x, and the common practice of one ``--seed`` for a
-    whole benchmark): the seed index itself, so every item and strategy with seed k reads the same uniform
-    numbers. Those common random numbers couple the items (an item-level bootstrap then misjudges the variance)
-    and make joint statistics such as D_paired depend on the sampler's internals; kept to reproduce older runs.
-    """
-    if seeding == "index":
-        return int(p.seed)
-    if seeding != "request":
-        raise ConfigError(f"unknown seeding {seeding!r}; use one of {', '.join(SEEDINGS)}")
-    key = "\x00".join((p.task, p.item.id, p.spec.spec, p.prompt_variant)).encode("utf-8")
-    words = [int(b) for b in hashlib.sha256(key).digest()[:16]]
-    return int(np.random.SeedSequence([int(p.seed), *words]).generate_state(1, np.uint64)[0] >> 1)
 
 
 def check_adopted(records: Sequence[Record], planned: Sequence[Planned], task: Task, config: RunConfig,
@@ -656,77 +423,3 @@ def check_adopted(records: Sequence[Record], planned: Sequence[Planned], task: T
                             "use a new --out directory")
 
 
-def request_for(task: Task, p: Planned, config: RunConfig) -> Request:
-    """The strategy request of one planned grid entry (also what the calibration truths are computed for)."""
-    max_tokens = planned_budget(task, p, config)["max_tokens"]
-    return Request(prompt=p.messages, constraint=p.constraint(), max_tokens=max_tokens,
-                   seed=sampler_seed(p, config.seeding),
-                   temperature=config.temperature, top_p=config.top_p, top_k=config.top_k, min_p=config.min_p,
-                   reasoning_prefix=RC_PREFIX if p.spec.rc else None,
-                   constrain=p.spec.level != "none", conversion=p.conversion(task),
-                   options=strategy_options(p, config))
-
-
-def strategy_options(p: Planned, config: RunConfig) -> dict[str, Any]:
-    """The strategy-specific settings of one planned request (``Request.options``)."""
-    options: dict[str, Any] = {}
-    if config.fem and p.spec.name in FEM_STRATEGIES:
-        options["fem"] = config.fem
-        # Deco-G's key phrase only has to appear: placed anywhere unless --fem says otherwise
-        if (p.output_format == OutputFormat.REASON_KEYPHRASE
-                and "placement" not in parse_fem_spec(config.fem, p.spec.name)[1]):
-            options["placement"] = "anywhere"
-    if p.spec.name == "json":
-        options["json_layout"] = config.json_layout
-    return options
-
-
-def load_extractor(config: RunConfig) -> Backend | None:
-    """NL-to-Format's extractor backend (``--extractor-model``), or None to extract with the main model."""
-    if config.extractor_model is None and config.extractor_backend is None:
-        return None
-    return load_backend(config.extractor_backend or config.backend, config.extractor_model, device=config.device,
-                        dtype=config.dtype)
-
-
-def strategy_for(p: Planned, extractor: Backend | None) -> Strategy:
-    """The strategy object of a planned entry: NL-to-Format with the run's extractor when there is one."""
-    if extractor is not None and p.spec.name == "nl2format":
-        from formtax.strategies.nl2format import NL2Format
-
-        return NL2Format(extractor=extractor)
-    return p.spec.strategy
-
-
-def chunk_records(backend: Backend, task: Task, chunk: Sequence[Planned], config: RunConfig,
-                  extractor: Backend | None = None) -> list[tuple[Planned, Record, str | None]]:
-    """Run one chunk and make its records (the same in one process and in a parallel worker)."""
-    render = backend.tokenizer.prompt_text
-    cpu0 = time.process_time()
-    done = _run_chunk(backend, task, chunk, config, extractor)
-    cpu = time.process_time() - cpu0  # this process's CPU seconds (all threads) for the batch, beside wall time
-    out = []
-    for p, res, err in done:
-        rec = make_record(task, p, res, render(p.messages), len(chunk), backend.model_id, err)
-        if res is not None:
-            rec.timings = {**rec.timings, "batch_cpu_s": cpu}
-        out.append((p, rec, err))
-    return out
-
-
-def _run_chunk(backend: Backend, task: Task, chunk: Sequence[Planned], config: RunConfig,
-               extractor: Backend | None = None) -> list[tuple[Planned, Result | None, str | None]]:
-    """Run one batch; if the batch fails, run its requests one by one so one bad request costs only itself."""
-    strategy = strategy_for(chunk[0], extractor)
-    try:
-        results = strategy.run(backend, [request_for(task, p, config) for p in chunk])
-        return [(p, r, None) for p, r in zip(chunk, results, strict=True)]
-    except (FormtaxError, RuntimeError, ValueError) as e:
-        if len(chunk) == 1:
-            log.warning("request %s failed: %s", chunk[0].request_id, e)
-            return [(chunk[0], None, f"{type(e).__name__}: {e}")]
-        log.warning("a batch failed (%s); retrying its requests one by one", e)
-        out: list[tuple[Planned, Result | None, str | None]] = []
-        for p in chunk:
-            out.extend(_run_chunk(backend, task, [p], config, extractor))
-        return out

@@ -1,22 +1,9 @@
 """Benchmark tasks: loaders, answer spaces, few-shot examples and prompts.
 
-Importing this package registers every built-in task; look them up with ``get_task(name)``.
+Look tasks up with ``get_task(name)``; the built-in ones are imported on the first lookup
+(:data:`formtax.tasks.registry.BUILTIN_MODULES`).
 """
 
-from formtax.tasks import (  # noqa: F401  (registration)
-    aime,
-    arc,
-    arith,
-    csqa,
-    eae,
-    gsm8k,
-    imdb,
-    jsonl,
-    lastletter,
-    metatool,
-    summeval,
-    svamp,
-)
 from formtax.tasks.base import (
     ANSWER_PREFIX,
     AnswerKind,

@@ -49,7 +49,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, ClassVar
 
-from formtax.constraints.spec import record_spec
+from formtax.constraints.parse import record_spec
 from formtax.constraints.template import choice_slot
 from formtax.errors import DataError
 from formtax.parsing.result import NO_ANSWER, ParseResult

@@ -12,17 +12,32 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
+from typing import Protocol
 
 from formtax.errors import ConfigError
-from formtax.tasks.base import (
+from formtax.tasks.vocab import (
     ANSWER_PREFIX,
     JSON_ANSWER_FORMATS,
     KEY_PHRASE,
     AnswerKind,
     Item,
     OutputFormat,
-    Task,
 )
+
+
+class Task(Protocol):
+    """What the generic prompts read of a task (:class:`formtax.tasks.base.Task` provides it; the prompts are its
+    default ``messages``, so this module cannot import that class)."""
+
+    @property
+    def answer_kind(self) -> AnswerKind: ...
+
+    @property
+    def instructions(self) -> tuple[str, str, str]: ...
+
+    def answer_description(self, item: Item) -> str: ...
+
+    def display_answer(self, item: Item) -> str: ...
 
 N_VARIANTS = 3
 _VARIANT_ID_RE = re.compile(r"t([1-9]\d*)f([1-9]\d*)")

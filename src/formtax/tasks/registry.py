@@ -1,7 +1,13 @@
-"""Task registry: tasks register themselves by name; the CLI and runner look them up here."""
+"""Task registry: tasks register themselves by name; the CLI and runner look them up here.
+
+The built-in tasks are named by module path (:data:`BUILTIN_MODULES`, a plugin table in the manner of entry
+points) and imported on the first lookup, so this module, and the task package, import none of them: a task
+module depends on the registry, never the reverse (the import-layer test checks it).
+"""
 
 from __future__ import annotations
 
+import importlib
 from typing import TypeVar
 
 from formtax.errors import ConfigError
@@ -39,7 +45,11 @@ def list_tasks() -> list[str]:
     return sorted(_TASKS)
 
 
+BUILTIN_MODULES = tuple(f"formtax.tasks.{m}" for m in (
+    "aime", "arc", "arith", "csqa", "eae", "gsm8k", "imdb", "jsonl", "lastletter", "metatool", "summeval", "svamp",
+)) + ("formtax.planted.task",)
+
+
 def _ensure_builtin_tasks() -> None:
-    # Importing the package registers the built-in tasks; done lazily so this module has no import cycle.
-    import formtax.planted.task  # noqa: F401
-    import formtax.tasks  # noqa: F401
+    for module in BUILTIN_MODULES:  # each registers its tasks when first imported
+        importlib.import_module(module)
