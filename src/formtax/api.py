@@ -97,7 +97,7 @@ def generate_batch(
     model_defaults: bool = False,
     raw: bool = False,
     closing: bool | None = None,
-    json_layout: str | None = None,
+    **options: Any,
 ) -> list[Result]:
     """Generate for several prompts in one batch with one strategy and answer constraint.
 
@@ -108,20 +108,13 @@ def generate_batch(
     applies to constrained, json, inwriting and nl2format. Default (None): on where formtax's own loop steps the
     model (transformers, the fake backend), off where the engine enforces grammars itself (vLLM, servers);
     True on vLLM runs the rows through formtax's logits processor; a server cannot close (refused).
-    ``json_layout`` (the json strategy only): ``"flexible"`` (the default: JSON whitespace where a parser allows
-    it) or ``"compact"`` (``json.dumps``' spelling); constraints/jsonreason.py.
+    ``options``: the strategy's own settings, named by its options model (:mod:`formtax.strategies.options`;
+    the same names as ``formtax generate``'s flags): ``json_layout="compact"`` for json, ``tau`` / ``rule`` for
+    the suffix strategies, ``fem`` / ``gamma`` / ``top_k`` / ... for decog and ctrlg. A name the strategy does not
+    take is refused before any model call.
     """
     backend = _backend(model)
     strat = get_strategy(strategy)
-    options: dict[str, Any] = {}
-    if json_layout is not None:
-        if strategy != "json":
-            raise ConfigError(f"json_layout applies to the json strategy, not {strategy!r}")
-        from formtax.constraints.jsonreason import JsonLayout
-
-        if json_layout not in set(JsonLayout):
-            raise ConfigError(f"json_layout must be one of {', '.join(JsonLayout)}, got {json_layout!r}")
-        options["json_layout"] = json_layout
     constraint = as_constraint(answer) if answer is not None else None
     sampling = resolve_sampling(backend, Sampling(temperature, top_p, top_k, min_p), model_defaults)
     closing = resolve_closing(backend, closing)
@@ -177,8 +170,8 @@ def generate(
     model_defaults: bool = False,
     raw: bool = False,
     closing: bool | None = None,
-    json_layout: str | None = None,
+    **options: Any,
 ) -> Result:
     """Generate one output (see :func:`generate_batch` and the module docstring for prompts and answers)."""
     return generate_batch(model, [prompt], strategy, answer, max_tokens, reasoning, triggers, seed, constrain,
-                          temperature, top_p, top_k, min_p, model_defaults, raw, closing, json_layout)[0]
+                          temperature, top_p, top_k, min_p, model_defaults, raw, closing, **options)[0]

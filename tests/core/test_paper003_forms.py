@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 from formtax.backends.fake import FakeBackend, random_logits
 from formtax.constraints.compile import compile_grammar
 from formtax.constraints.jsonreason import JsonAnswerObject
+from formtax.constraints.jsontail import trailing_json_object
 from formtax.constraints.parse import parse_spec
 from formtax.errors import ConfigError
-from formtax.constraints.jsontail import trailing_json_object
 from formtax.parsing.strict import parse_strict
 from formtax.records.store import read_records
 from formtax.report import write_report

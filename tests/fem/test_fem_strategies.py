@@ -73,7 +73,7 @@ def test_a_model_that_never_answers_is_still_put_in_the_format_in_time(fems) -> 
 
 def test_options_placement_gamma_topk_and_rc(fems) -> None:
     backend = FakeBackend(random_logits(seed=4))
-    r = gen(backend, "decog", "The answer is: {int}", fems["decog"], 40, placement="anywhere", gamma=3.0, top_k=2)
+    r = gen(backend, "decog", "The answer is: {int}", fems["decog"], 40, placement="anywhere", gamma=3.0, state_top_k=2)
     assert r.parse_ok and r.stats["fem_top_k"] == 2 and r.stats["fem_gamma"] == 3.0
     assert r.answer_text in r.text and parse_spec("The answer is: {int}").validate(r.answer_text).ok
     assert sum(r.tokens.by_phase.values()) == r.tokens.total
@@ -148,7 +148,7 @@ def test_cli_fem_build_info_and_generate_errors(tmp_path, capsys) -> None:
     assert main(["generate", "-s", "ctrlg", "-a", "The answer is: {int}", "--fem", str(out), "hi"]) == 2
     assert "instruction-aware" in capsys.readouterr().err  # the wrong form, refused before the model loads
     assert main(["generate", "-s", "free", "--fem", str(out), "hi"]) == 2
-    assert "apply to decog and ctrlg" in capsys.readouterr().err
+    assert "--fem applies to ctrlg, decog, not 'free'" in capsys.readouterr().err
 
 
 def test_the_runner_gives_the_fem_option_only_to_fem_strategies(tmp_path, fems) -> None:

@@ -13,9 +13,9 @@ from formtax.backends.fake import FakeBackend
 from formtax.fem.artifact import save_fem
 from formtax.records.schema import ParseRecord, Record
 from formtax.report import verify_report, write_report
-from formtax.report.judge import judge_table, lenient_rating, strict_rating
 from formtax.runner import RunConfig, run
 from formtax.runner.distill import DistillConfig, build_fem, task_only_messages
+from formtax.studies.summeval.judge import judge_table, lenient_rating, strict_rating
 from formtax.tasks import OutputFormat, get_task
 
 

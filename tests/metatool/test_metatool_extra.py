@@ -1,4 +1,4 @@
-"""Paper 002's remaining analyses (report/abstention_extra.py) on hand-made records and planted data: the
+"""Paper 002's remaining analyses (studies/abstention/extra.py) on hand-made records and planted data: the
 retention ratio, the masked-mass breakpoint, the tool-naming shift, and the cell regression with its guard."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import statsmodels.api as sm
 from test_metatool_report import _record
 
 from formtax.report import load_records
-from formtax.report.abstention_extra import (
+from formtax.studies.abstention.extra import (
     GUARD,
     breakpoint_table,
     cells_table,
@@ -86,7 +86,7 @@ def test_the_hinge_recovers_a_planted_breakpoint_and_its_interval_covers_it():
 
 def test_breakpoint_table_on_per_item_masses(monkeypatch):
     """The table fits the per-item penalty against the short masked mass (here a planted hinge)."""
-    import formtax.report.abstention_extra as extra
+    import formtax.studies.abstention.extra as extra
 
     rng = np.random.default_rng(0)
     mass = rng.uniform(0, 1, 40)

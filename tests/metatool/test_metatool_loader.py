@@ -10,8 +10,7 @@ import pytest
 from test_metatool_support import copy_metatool_data
 
 from formtax.errors import ConfigError, DataError
-from formtax.tasks import Item, get_task
-from formtax.tasks.metatool import (
+from formtax.studies.abstention.task import (
     N_ROWS,
     PAIRS,
     SUBTASK3,
@@ -21,6 +20,7 @@ from formtax.tasks.metatool import (
     parse_item_id,
     sample_positions,
 )
+from formtax.tasks import Item, get_task
 
 
 def test_shipped_files_pass_every_check(data_dir):

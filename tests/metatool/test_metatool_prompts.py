@@ -13,8 +13,7 @@ from formtax.backends.fake import FakeBackend
 from formtax.errors import ConfigError, DataError
 from formtax.runner.grid import check_prompt_identity, parse_strategy_spec, plan_grid
 from formtax.strategies.firstmass import allowed_first_tokens, first_token_mass
-from formtax.tasks import OutputFormat
-from formtax.tasks.metatool import (
+from formtax.studies.abstention.task import (
     N_ROWS,
     MetatoolTask,
     Template,
@@ -25,6 +24,7 @@ from formtax.tasks.metatool import (
     sample_positions,
     translate_prompt,
 )
+from formtax.tasks import OutputFormat
 
 SPECS = [parse_strategy_spec(s) for s in ("free", "short", "constrained")]
 

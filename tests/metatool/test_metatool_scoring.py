@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from formtax.scoring.abstention import ABSTAIN, Category, find_mentions, score_output
+from formtax.studies.abstention.scoring import ABSTAIN, Category, find_mentions, score_output
 
 CANDS = ["Zapier", "web_scraper", "WordCloud", "URLTool", "PDF&URLTool", "Chess", "Now", "SSH", "a_b", "News"]
 TOOL_GOLD = "Zapier"

@@ -58,7 +58,7 @@ def copy_metatool_data(src: Path, dst: Path) -> Path:
 
 
 def test_prompt_facts_reads_a_real_prompt(data_dir):
-    from formtax.tasks.metatool import MetatoolTask
+    from formtax.studies.abstention.task import MetatoolTask
 
     task = MetatoolTask()
     task.configure({"pairs": 1})

@@ -1,4 +1,4 @@
-"""formtax.report.eae: the AI/AC/AI+/AC+ table from hand-made records (counts and F1 checked by hand), its
+"""formtax.studies.eae.report: the AI/AC/AI+/AC+ table from hand-made records (counts and F1 checked by hand), its
 bootstrap (paired, deterministic, containing the estimate), errored records, and write_report + verify."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import pytest
 from formtax.errors import DataError
 from formtax.records.schema import ParseRecord, Record
 from formtax.report import load_records, verify_report, write_report
-from formtax.report.analyses import ANALYSES
-from formtax.report.eae import COLUMNS, eae_figure, eae_table
-from formtax.scoring.eae import (
+from formtax.report.analyses import analyses
+from formtax.studies.eae.report import COLUMNS, eae_figure, eae_table
+from formtax.studies.eae.scoring import (
     Attachment,
     RuleHeads,
     encode_gold,
@@ -244,7 +244,7 @@ def test_non_eae_frame_and_mixed_head_methods() -> None:
 
 
 def test_registered_and_figure() -> None:
-    a = ANALYSES["eae"]
+    a = analyses()["eae"]
     assert a.keys == ("task", "strategy", "parser") and a.bootstrap and a.figure is not None
     assert "AI+" in a.description and "attached" in a.description and "head_method" in a.description
     t = eae_table(as_frame(make_records()), n_resamples=50, seed=0)

@@ -1,4 +1,4 @@
-"""formtax.scoring.eae: span keys, heads (rule and a stand-in spaCy parse), record encoding, AI/AC/AI+/AC+ counts."""
+"""formtax.studies.eae.scoring: span keys, heads (rule and a stand-in spaCy parse), record encoding, AI/AC/AI+/AC+ counts."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from formtax.errors import DataError
-from formtax.scoring.eae import (
+from formtax.studies.eae.scoring import (
     Arg,
     Attachment,
     Counts,

@@ -219,4 +219,4 @@ def test_generate_cli_json_carries_t_star_and_delta(capsys):
     text = capsys.readouterr().out
     assert rc == 0 and "[suffix] rule=min" in text
     rc = main(["generate", "--backend", "fake", "--strategy", "free", "--tau", "0.1", "x"])
-    assert rc == 2 and "apply to the suffix-* strategies" in capsys.readouterr().err
+    assert rc == 2 and "--tau applies to suffix-beam, suffix-last, suffix-min, suffix-pipeline, not 'free'" in capsys.readouterr().err

@@ -13,10 +13,10 @@ from formtax.constraints import parse_spec
 from formtax.fem.artifact import save_fem
 from formtax.records import read_records
 from formtax.report import verify_report, write_report
-from formtax.report.eae import eae_table
 from formtax.report.load import load_records
 from formtax.runner import RunConfig, run
 from formtax.runner.distill import DistillConfig, build_fem
+from formtax.studies.eae.report import eae_table
 
 STRATEGIES = ["free", "constrained@fc", "constrained@vc", "json@fc", "json@vc", "inwriting@fc", "inwriting@vc",
               "nl2format@vc", "decog@fc", "decog@vc", "ctrlg@fc"]

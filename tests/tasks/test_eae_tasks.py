@@ -11,10 +11,10 @@ import pytest
 from formtax.constraints import parse_spec
 from formtax.constraints.compile import validate_with_engine
 from formtax.errors import DataError
-from formtax.scoring.eae import decode_gold, decode_prediction
+from formtax.studies.eae.data import ACE05_ROLES, align_tokens, geneva_roles, read_oneie, read_per_mention
+from formtax.studies.eae.scoring import decode_gold, decode_prediction
+from formtax.studies.eae.task import EaeTask, eae_recall_ceiling, passage_spans, role_phrase, role_phrases
 from formtax.tasks import OutputFormat, get_task, resolve_data_dir
-from formtax.tasks.eae import EaeTask, eae_recall_ceiling, passage_spans, role_phrase, role_phrases
-from formtax.tasks.eae_data import ACE05_ROLES, align_tokens, geneva_roles, read_oneie, read_per_mention
 
 DATA = resolve_data_dir(None)
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "ace05_oneie_sample.json"
@@ -233,7 +233,7 @@ def test_strict_and_lenient_readers(wiki) -> None:
 def test_items_carry_their_attachment_and_mentions_of_one_sentence_share_it(wiki) -> None:
     from collections import Counter
 
-    from formtax.scoring.eae import decode_attachment
+    from formtax.studies.eae.scoring import decode_attachment
 
     attachments = [decode_attachment(it.gold) for it in wiki]
     assert all(at is not None for at in attachments)

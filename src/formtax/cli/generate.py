@@ -9,11 +9,8 @@ from typing import TYPE_CHECKING
 
 from formtax.cli.registry import command
 
-FEM_STRATEGIES = ("decog", "ctrlg")  # strategies/decog.py (not imported here: it would load torch for --help)
-
 if TYPE_CHECKING:
     from formtax.decoding.sampling import Sampling
-    from formtax.strategies.base import Request, Strategy
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -80,18 +77,10 @@ def _args(p: argparse.ArgumentParser) -> None:
                    help="let a constrained answer run out of budget unfinished (default on transformers: closing "
                         "mode, the answer always finishes inside --max-tokens; vLLM and servers do not close)")
     p.add_argument("--seed", type=int, default=0, help="sampler seed (only matters when sampling)")
-    p.add_argument("--tau", type=float, default=None,
-                   help="suffix-last / suffix-beam: branch where the bifurcation penalty is <= TAU (default 0)")
-    p.add_argument("--beam-rule", choices=["last", "min"], default=None,
-                   help="suffix-beam: which branch replaces the constrained hypothesis (default last)")
-    p.add_argument("--fem", default=None, metavar="FILE",
-                   help="decog / ctrlg: the HMM artifact (`formtax fem build`), or NAME=FILE,...,OPTION=VALUE")
-    p.add_argument("--json-layout", choices=["flexible", "compact"], default=None,
-                   help="json strategy: JSON whitespace wherever a parser allows it (default) or compact")
-    p.add_argument("--gamma", type=float, default=None, help="decog / ctrlg: control strength (default 1)")
-    p.add_argument("--state-top-k", default=None,
-                   help="decog / ctrlg: hidden states kept per step, a share (default 5%%, the paper's 200 of 4096) "
-                        "or a number (0 = all)")
+    # the strategies' own flags (--tau, --beam-rule, --fem, --json-layout, ...), generated from their options models
+    from formtax.strategies.options import add_option_args
+
+    add_option_args(p)
     add_sampling_args(p)
     p.add_argument("--raw", action="store_true", help="send PROMPT as plain text, without the chat template")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -102,37 +91,30 @@ def _args(p: argparse.ArgumentParser) -> None:
 def generate_cmd(args: argparse.Namespace) -> int:
     from formtax.api import generate, load_model
     from formtax.constraints import parse_spec
+    from formtax.errors import ConfigError
     from formtax.strategies import get_strategy
     from formtax.strategies.base import Request
+    from formtax.strategies.options import options_from_args
 
     strategy = get_strategy(args.strategy)  # unknown names fail before the model loads
     constraint = parse_spec(args.answer) if args.answer is not None else None
     if strategy.requires_constraint and constraint is None:
-        from formtax.errors import ConfigError
-
         raise ConfigError(f"strategy {args.strategy!r} needs --answer SPEC")
-    # strategy options travel in Request.options; a strategy that takes none refuses them before the model loads
-    options = {k: v for k, v in (("tau", args.tau), ("rule", args.beam_rule), ("fem", args.fem),
-                                 ("gamma", args.gamma), ("top_k", args.state_top_k)) if v is not None}
+    # the strategy's options (Request.options), refused before the model loads where it does not take them
+    options = options_from_args(args, args.strategy)
     sampling = sampling_from_args(args)
-    if args.json_layout is not None and args.strategy != "json":
-        from formtax.errors import ConfigError
-
-        raise ConfigError(f"--json-layout applies to the json strategy, not {args.strategy!r}")
     if args.max_tokens < 1:
-        from formtax.errors import ConfigError
-
         raise ConfigError(f"--max-tokens must be at least 1, got {args.max_tokens}")
     if args.backend in ("hf", "vllm"):
         from formtax.backends.model_files import check_model_name
 
         check_model_name(args.model)
     prompt = args.prompt if args.raw else [{"role": "user", "content": args.prompt}]
-    if options or args.strategy in FEM_STRATEGIES:  # decog / ctrlg without --fem fail here, before the model loads
-        request = Request(prompt, constraint, max_tokens=args.max_tokens, seed=args.seed,
-                          reasoning_prefix=args.reasoning, triggers=args.trigger, constrain=not args.no_constrain,
-                          options=options, **sampling.to_json())
-        _check_options(strategy, request)
+    probe = Request(prompt, constraint, max_tokens=args.max_tokens, options=options)
+    strategy.options_of(probe)
+    settings = getattr(strategy, "settings", None)
+    if callable(settings):  # decog / ctrlg: a missing or mismatched --fem fails here, before the model loads
+        settings(probe)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         opts = backend_options(args)
@@ -144,20 +126,10 @@ def generate_cmd(args: argparse.Namespace) -> int:
             model = load_model(args.model, backend=args.backend, device=args.device, dtype=args.dtype)
         if args.thinking is not None:
             model.tokenizer.set_thinking(args.thinking == "on")
-        if options or args.strategy in FEM_STRATEGIES:
-            if args.model_defaults:
-                from dataclasses import replace
-
-                from formtax.api import resolve_sampling
-
-                request = replace(request, **resolve_sampling(model, sampling, True).to_json())
-            r = strategy.run(model, [request])[0]
-        else:
-            r = generate(model, prompt, strategy=args.strategy, answer=constraint, max_tokens=args.max_tokens,
-                         reasoning=args.reasoning, triggers=args.trigger, seed=args.seed,
-                         constrain=not args.no_constrain, model_defaults=args.model_defaults,
-                         closing=False if args.no_closing else None, json_layout=args.json_layout,
-                         **sampling.to_json())
+        r = generate(model, prompt, strategy=args.strategy, answer=constraint, max_tokens=args.max_tokens,
+                     reasoning=args.reasoning, triggers=args.trigger, seed=args.seed,
+                     constrain=not args.no_constrain, model_defaults=args.model_defaults,
+                     closing=False if args.no_closing else None, **sampling.to_json(), **options)
     if args.json:
         out = r.model_dump(exclude={"token_ids"})
         out["tokens_detail"] = out.pop("tokens")
@@ -172,23 +144,3 @@ def generate_cmd(args: argparse.Namespace) -> int:
                   f"({s['free_end_reason']}) candidates={s['n_candidates']} delta(t*)={s['delta_at_t_star']:.4f}")
         print(r.text)
     return 0 if r.error is None else 1
-
-
-def _check_options(strategy: Strategy, request: Request) -> None:
-    """Only strategies that read ``Request.options`` accept --tau / --beam-rule; others would silently ignore them."""
-    from formtax.errors import ConfigError
-    from formtax.strategies.decog import FemStrategy
-    from formtax.strategies.suffix import SuffixStrategy
-
-    fem_keys = {"fem", "gamma", "top_k"}
-    if isinstance(strategy, FemStrategy):
-        if set(request.options) - fem_keys:
-            raise ConfigError(f"--tau / --beam-rule apply to the suffix-* strategies, not {strategy.name!r}")
-        strategy.settings(request)  # a missing or mismatched --fem fails here
-        return
-    if set(request.options) & fem_keys:
-        raise ConfigError(f"--fem / --gamma / --state-top-k apply to decog and ctrlg, not {strategy.name!r}")
-
-    if not isinstance(strategy, SuffixStrategy):
-        raise ConfigError(f"--tau / --beam-rule apply to the suffix-* strategies, not {strategy.name!r}")
-    strategy.options(request)

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import json
 
-from formtax.parsing.common import from_json_answer, from_raw, strip_trailing_period
 from formtax.constraints.jsontail import trailing_json_object
+from formtax.parsing.common import from_json_answer, from_raw, strip_trailing_period
 from formtax.parsing.result import NO_ANSWER, ParseResult
 from formtax.tasks.base import ANSWER_PREFIX, KEY_PHRASE, Item, OutputFormat, Task
 

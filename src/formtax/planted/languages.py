@@ -10,7 +10,7 @@ default seeding, ``runner.execute.sampler_seed``), under which ``E[b - c] / E[S]
 with s, c the exact probabilities of a right answer under short and constrained. The report's estimator, the
 ratio of sums, is consistent for the ratio of the population sums, ``sum_i s1 s2 (c1 - c2) / sum_i s1 s2``; that
 is the truth here. The coverage study draws synthetic studies (pairs of items with replacement, seeds
-independent) from those probabilities and runs the report's own interval, ``report.abstention.d_paired_interval``.
+independent) from those probabilities and runs the report's own interval, ``studies.abstention.language.d_paired_interval``.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def d_paired_coverage(pairs: list[PairTruth], n_studies: int = 400, n_items: int
                       resamplings: tuple[Resampling, ...] = (Resampling.ITEMS_AND_SEEDS, Resampling.ITEMS),
                       progress: Callable[[int], None] | None = None) -> DPairedCoverage:
     """Coverage of the report's D_paired interval over synthetic studies (module docstring)."""
-    from formtax.report.abstention import d_paired_cells, d_paired_interval
+    from formtax.studies.abstention.language import d_paired_cells, d_paired_interval
 
     truth = d_paired_truth(pairs)
     rng = np.random.default_rng(seed)
@@ -108,7 +108,7 @@ def d_paired_estimate(df: object, world_items: dict[str, dict[str, object]], n_r
     report's own functions; NaN when the run lacks a cell."""
     import pandas as pd
 
-    from formtax.report.abstention import d_paired_cells, d_paired_interval
+    from formtax.studies.abstention.language import d_paired_cells, d_paired_interval
 
     assert isinstance(df, pd.DataFrame)
     nan = (math.nan, math.nan, math.nan)

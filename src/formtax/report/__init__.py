@@ -8,7 +8,6 @@ verifier that recomputes every written number from ``records.jsonl``.
 - :func:`verify_report` recomputes the tables and lists every difference from the written files.
 """
 
-from formtax.report import abstention, abstention_extra, eae, fem, judge, paper003  # noqa: F401  (register the study analyses: tool abstention and paper 002's remaining analyses, paper 003 answer forms and IMDb words, event argument extraction, FEM mass, SummEval judge)
 from formtax.report.load import load_records
 from formtax.report.tables import compute_tables
 from formtax.report.verify import verify_report

@@ -4,10 +4,15 @@ The generic tables (accuracy, runs, decomposition, paired, tokens, timing) apply
 own statistics (tool-call abstention, LLM-as-judge correlations, ...) registers an :class:`Analysis` in its own
 module: ``compute`` returns a table when the run is one it applies to (None otherwise), and the report writes,
 renders, plots and *verifies* it exactly like the built-in tables.
+
+The built-in analyses are named by module path (:data:`BUILTIN_MODULES`, in the order their tables appear) and
+imported on the first call to :func:`analyses`: the studies (``formtax.studies``) sit above the generic report
+and import this registry, never the reverse.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -28,14 +33,30 @@ class Analysis:
     across_models: bool = False  # compute reads a pooled report's whole frame (every model), not one model's
 
 
-ANALYSES: dict[str, Analysis] = {}
+_ANALYSES: dict[str, Analysis] = {}
+
+BUILTIN_MODULES = (
+    "formtax.studies.abstention.analyses",  # tool-call abstention (paper 002)
+    "formtax.studies.abstention.extra",  # paper 002's remaining analyses
+    "formtax.studies.eae.report",  # event argument extraction (paper 001)
+    "formtax.report.fem",  # the FEM strategies' masked mass
+    "formtax.studies.summeval.judge",  # SummEval's judge correlations (paper 001)
+    "formtax.report.paper003",  # paper 003's answer forms and IMDb words
+)
 
 
 def register_analysis(a: Analysis) -> Analysis:
-    if a.name in ANALYSES:
+    if a.name in _ANALYSES:
         raise ValueError(f"analysis {a.name!r} registered twice")
-    ANALYSES[a.name] = a
+    _ANALYSES[a.name] = a
     return a
+
+
+def analyses() -> dict[str, Analysis]:
+    """Every registered analysis by table name, the built-in ones first (in :data:`BUILTIN_MODULES` order)."""
+    for module in BUILTIN_MODULES:
+        importlib.import_module(module)
+    return _ANALYSES
 
 
 def table_keys(name: str) -> tuple[str, ...]:
@@ -43,7 +64,7 @@ def table_keys(name: str) -> tuple[str, ...]:
 
     if name in TABLE_KEYS:
         return TABLE_KEYS[name]
-    return ANALYSES[name].keys
+    return analyses()[name].keys
 
 
 MODEL_SEP = " | "  # a pooled report of several models labels each record's task TASK | MODEL (report/combine.py)
@@ -73,7 +94,7 @@ def extra_tables(df: pd.DataFrame, n_resamples: int, seed: int) -> dict[str, pd.
     the rows carry the relabelled task, ``TASK | MODEL``, so the models stand side by side in one table."""
     out: dict[str, pd.DataFrame] = {}
     frames = per_model_frames(df)
-    for name, a in ANALYSES.items():
+    for name, a in analyses().items():
         if a.across_models:
             whole = a.compute(df, n_resamples, seed)
             if whole is not None:

@@ -108,11 +108,11 @@ def tokens_figure(tokens: pd.DataFrame) -> Figure:
 def write_figures(tables: dict[str, pd.DataFrame], out_dir: Path) -> dict[str, Path]:
     """Write ``<stem>.png`` for each of :data:`FIGURES` into ``out_dir``; returns the paths by stem."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    from formtax.report.analyses import ANALYSES
+    from formtax.report.analyses import analyses
 
     makers: dict[str, Any] = {"accuracy": accuracy_figure, "paired": paired_figure, "tokens": tokens_figure}
     stems = list(FIGURES)
-    for name, a in ANALYSES.items():
+    for name, a in analyses().items():
         if a.figure is not None and name in tables:
             makers[name] = a.figure
             stems.append(name)

@@ -70,15 +70,15 @@ class ReportContext:
 
 
 def _captions() -> dict[str, str]:
-    from formtax.report.analyses import ANALYSES
+    from formtax.report.analyses import analyses
 
-    return {**FIGURES, **{n: a.figure_caption for n, a in ANALYSES.items() if a.figure is not None}}
+    return {**FIGURES, **{n: a.figure_caption for n, a in analyses().items() if a.figure is not None}}
 
 
 def _description(name: str) -> str:
-    from formtax.report.analyses import ANALYSES
+    from formtax.report.analyses import analyses
 
-    return DESCRIPTIONS[name] if name in DESCRIPTIONS else ANALYSES[name].description
+    return DESCRIPTIONS[name] if name in DESCRIPTIONS else analyses()[name].description
 
 
 def _covered(name: str, table: pd.DataFrame) -> set[tuple[str, str]]:
@@ -103,17 +103,17 @@ def footer(name: str, table: pd.DataFrame, ctx: ReportContext) -> str:
     sub = ctx.df[mask]
     n, unscored = len(sub), int((~sub["scored"]).sum())
     confidence = f"{100 * CONFIDENCE:g}%"
-    from formtax.report.analyses import ANALYSES
+    from formtax.report.analyses import analyses
 
-    boot = name in _WITH_BOOTSTRAP or (name in ANALYSES and ANALYSES[name].bootstrap)
+    boot = name in _WITH_BOOTSTRAP or (name in analyses() and analyses()[name].bootstrap)
     replicates = ctx.meta["n_resamples"] if boot else 0
     seed = f", bootstrap seed = {ctx.meta['seed']}" if boot else ""
     rule = str(ctx.meta.get("resampling", "items+seeds"))
     resampling = "items and runs jointly" if rule == "items+seeds" else "items, each with all its runs"
-    if name in ANALYSES:
+    if name in analyses():
         return (
             f"n = {n} records ({n - unscored} scored), unscored = {unscored}, replicates = {replicates}, "
-            f"interval = {ANALYSES[name].method}{seed}."
+            f"interval = {analyses()[name].method}{seed}."
         )
     method = {
         "summary": f"{confidence} percentile bootstrap resampling {resampling} (the accuracy table's)",

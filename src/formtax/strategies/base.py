@@ -31,6 +31,7 @@ from formtax.decoding.policies import ConstrainedPolicy, ForcedPrefix
 from formtax.decoding.rowplan import RowEngine, plan_row
 from formtax.decoding.sampling import GREEDY, Sampling
 from formtax.errors import CapabilityError, ConfigError, ConstraintError
+from formtax.strategies.options import StrategyOptions, check_options
 
 Prompt = str | list[dict[str, str]]
 
@@ -130,6 +131,12 @@ class Strategy(ABC):
     prompt_format: ClassVar[str | None] = None
     # True: the task picks the output format (Task.fem_output_format: the FEM strategies, Deco-G's key phrase)
     task_output_format: ClassVar[bool] = False
+    # the strategy's own settings (Request.options), declared once for the API, the CLI and the check
+    Options: ClassVar[type[StrategyOptions]] = StrategyOptions
+
+    def options_of(self, request: Request) -> Any:
+        """The request's options, validated against :attr:`Options` (a ConfigError names a bad one)."""
+        return check_options(self.name, request.options, self.Options)
 
     def check(self, backend: Backend, requests: Sequence[Request]) -> None:
         """Refuse before any model call: bad sampling settings, capabilities, a missing constraint, a budget the
@@ -140,6 +147,7 @@ class Strategy(ABC):
         else:
             require(backend, self.needs, self.name)
         for r in requests:
+            self.options_of(r)
             if self.requires_constraint and r.constraint is None:
                 raise ConfigError(f"strategy {self.name!r} needs an answer constraint (--answer)")
             if r.max_tokens <= 0:

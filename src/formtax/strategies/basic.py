@@ -24,6 +24,7 @@ from formtax.strategies.base import (
 )
 from formtax.strategies.firstmass import EVENT as FIRST_MASS
 from formtax.strategies.firstmass import FirstTokenMass, allowed_first_tokens
+from formtax.strategies.options import JsonOptions
 
 
 def constrained_policy(backend: Backend, constraint: Constraint, phase: str = "answer",
@@ -115,15 +116,10 @@ class Json(SinglePass):
     def _answer_bound(c: Constraint) -> int:
         return JsonReasonAnswer.answer_bound(c, DEFAULT_RESERVE)
 
-    @staticmethod
-    def layout(request: Request) -> JsonLayout:
-        from formtax.errors import ConfigError
+    Options = JsonOptions
 
-        value = request.options.get("json_layout", JsonLayout.FLEXIBLE)
-        try:
-            return JsonLayout(value)
-        except ValueError:
-            raise ConfigError(f"json_layout must be one of {', '.join(JsonLayout)}, got {value!r}") from None
+    def layout(self, request: Request) -> JsonLayout:
+        return JsonLayout(self.options_of(request).json_layout)
 
     def min_budget(self, request: Request) -> int:
         return (self.answer_overhead(request) or 0) + 1

@@ -7,7 +7,7 @@ format is the request's answer template placed as the *last line* of a free reas
 instead requires the key phrase to appear anywhere (text may follow it), as Deco-G does for GSM8K.
 
 * ``decog``: an instruction-aware HMM (``formtax fem build --form instruction-aware``), top-k state pruning
-  keeping 5% of the states by default (the paper keeps 200 of 4096; ``top_k=200`` gives an absolute k), gamma =
+  keeping 5% of the states by default (the paper keeps 200 of 4096; ``state_top_k=200`` gives an absolute k), gamma =
   1 (the paper tunes it per model; ours is a starting point). Each record keeps the retained mass per step
   (``stats.fem_mass``); the report's ``fem_mass`` table and figure show it per step (the paper's
   hidden-state concentration figure).
@@ -16,7 +16,7 @@ instead requires the key phrase to appear anywhere (text may follow it), as Deco
 
 Options (``Request.options``; ``formtax generate --fem``; ``formtax run --fem``): ``fem`` (an artifact path, a
 loaded :class:`~formtax.fem.artifact.FemArtifact`, or a spec ``NAME=FILE,NAME.OPTION=VALUE,OPTION=VALUE`` naming a
-file per strategy), ``gamma``, ``top_k`` (``"5%"``: a fraction of the states; an integer: absolute; 0 or "none" = no pruning), ``placement`` (``end`` | ``anywhere``),
+file per strategy), ``gamma``, ``state_top_k`` (``top_k`` in a spec; ``"5%"``: a fraction of the states; an integer: absolute; 0 or "none" = no pruning), ``placement`` (``end`` | ``anywhere``),
 ``leading_space`` (true), ``slot_tokens`` (``LO..HI``: every slot's token range), ``allow_form`` (true: use an
 artifact of the other distillation form). The artifact's form must match the strategy unless ``allow_form``.
 """
@@ -43,10 +43,12 @@ from formtax.fem.artifact import FemArtifact, check_compatible, load_fem
 from formtax.fem.dfa import FormatSpec, TokenDFA, TokenVocab, token_dfa, vocab_for
 from formtax.fem.reweight import FemPolicy, FemRuntime
 from formtax.strategies.base import Request, Result, SinglePass, prefix_ids, register, with_prefix
+from formtax.strategies.options import FemOptions
 
 FEM_STRATEGIES = ("decog", "ctrlg")  # the strategies that read the ``fem`` option (the runner passes it to them)
 PLACEMENTS = {"end": ("line", "none"), "anywhere": ("any", "any")}
-OPTIONS = ("gamma", "top_k", "placement", "leading_space", "slot_tokens", "allow_form")
+# what a --fem spec may also set (``top_k``: the spec's spelling of state_top_k)
+OPTIONS = (*(k for k in FemOptions.model_fields if k != "fem"), "top_k")
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
@@ -131,9 +133,14 @@ class FemStrategy(SinglePass):
     task_output_format = True  # GSM8K: Deco-G's key phrase "The final answer is ...", placed anywhere
 
     # -- options ---------------------------------------------------------------------------------------------
+    Options = FemOptions
+
     def settings(self, request: Request) -> FemSettings:
-        opts: dict[str, Any] = dict(request.options)
-        fem = opts.pop("fem", None)
+        """The request's options (:class:`~formtax.strategies.options.FemOptions`) with the ``--fem`` spec's
+        extras beneath them, interpreted: the artifact loaded, this strategy's defaults filled in."""
+        given = self.options_of(request)
+        opts: dict[str, Any] = {k: v for k, v in given.model_dump().items() if v is not None and k != "fem"}
+        fem = given.fem
         if isinstance(fem, str):
             path, extra = parse_fem_spec(fem, self.name)
             unknown = sorted(set(extra) - set(OPTIONS))
@@ -155,7 +162,7 @@ class FemStrategy(SinglePass):
             )
         try:
             gamma = float(opts.pop("gamma", self.default_gamma))
-            raw_k = opts.pop("top_k", self.default_top_k)
+            raw_k = opts.pop("state_top_k", opts.pop("top_k", self.default_top_k))
             top_k = resolve_top_k(raw_k, art.h)
         except ValueError as e:
             raise ConfigError(f"strategy {self.name!r}: bad gamma or top_k ({e})") from e

@@ -55,7 +55,7 @@ from formtax.constraints.spec import Constraint, TemplateConstraint
 from formtax.decoding.engine import Backend, Capability, TokenizerInfo
 from formtax.decoding.loop import Plan, Policy, RowOutput, RowRequest, decode
 from formtax.decoding.policies import ConstrainedPolicy
-from formtax.errors import ConfigError, ConstraintError
+from formtax.errors import ConstraintError
 from formtax.strategies.base import (
     ERROR_FINISHES,
     Request,
@@ -72,9 +72,9 @@ from formtax.strategies.base import (
     register,
 )
 from formtax.strategies.basic import Free
+from formtax.strategies.options import SuffixBeamOptions, SuffixOptions
 
 LEADING_WHITESPACE = (" ", "\n")  # what may precede a template (the T' of the module docstring)
-BEAM_RULES = ("last", "min")
 
 # -- the template's start set S ------------------------------------------------------------------------------
 
@@ -389,25 +389,12 @@ class SuffixStrategy(Strategy):
 
     needs = frozenset({Capability.STEP_LOGITS, Capability.KV_CROP})
     rule: ClassVar[str]
-    rule_option: ClassVar[bool] = False  # only suffix-beam takes a ``rule`` option
+    Options: ClassVar[type[SuffixOptions]] = SuffixOptions
 
     def options(self, request: Request) -> tuple[str, float]:
-        opts = dict(request.options)
-        tau = opts.pop("tau", 0.0)
-        rule = opts.pop("rule", None)
-        if opts:
-            raise ConfigError(f"strategy {self.name!r}: unknown option(s) {', '.join(sorted(opts))}")
-        if rule is not None and not self.rule_option:
-            raise ConfigError(f"strategy {self.name!r} takes no rule option (--beam-rule is for suffix-beam)")
-        if rule is not None and rule not in BEAM_RULES:
-            raise ConfigError(f"unknown beam rule {rule!r}; use one of {', '.join(BEAM_RULES)}")
-        try:
-            tau = float(tau)
-        except (TypeError, ValueError):
-            raise ConfigError(f"tau must be a number, got {tau!r}") from None
-        if not tau >= 0.0 or math.isinf(tau):
-            raise ConfigError(f"tau must be a finite number >= 0, got {tau}")
-        return (rule or self.rule), tau
+        """(rule, tau) of a request: suffix-beam's rule is an option, the others' is their own."""
+        o = self.options_of(request)
+        return getattr(o, "rule", self.rule), float(o.tau)
 
     def check(self, backend: Backend, requests: Sequence[Request]) -> None:
         super().check(backend, requests)
@@ -564,7 +551,7 @@ class SuffixBeam(SuffixStrategy):
     name = "suffix-beam"
     summary = "the step-synchronous beam of 2 (free + constrained hypothesis; rule last or min), run as a beam"
     rule = "last"
-    rule_option = True
+    Options = SuffixBeamOptions  # the rule is an option here
 
     def rows(self, backend: Backend, request: Request) -> _Row:
         free, answer, rule, tau = self.start(backend, request)

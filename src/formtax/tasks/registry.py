@@ -46,8 +46,9 @@ def list_tasks() -> list[str]:
 
 
 BUILTIN_MODULES = tuple(f"formtax.tasks.{m}" for m in (
-    "aime", "arc", "arith", "csqa", "eae", "gsm8k", "imdb", "jsonl", "lastletter", "metatool", "summeval", "svamp",
-)) + ("formtax.planted.task",)
+    "aime", "arc", "arith", "csqa", "gsm8k", "imdb", "jsonl", "lastletter", "svamp",
+)) + ("formtax.studies.eae.task", "formtax.studies.abstention.task", "formtax.studies.summeval.task",
+      "formtax.planted.task")
 
 
 def _ensure_builtin_tasks() -> None:

@@ -1,7 +1,7 @@
 """Event argument extraction (paper 001 section 4.2): AI, AC, AI+ and AC+ per strategy and parser, registered
 with the report so ``formtax verify`` recomputes every number from the records.
 
-Everything comes from the records alone (:mod:`formtax.scoring.eae` explains the matching): the gold
+Everything comes from the records alone (:mod:`formtax.studies.eae.scoring` explains the matching): the gold
 arguments and their heads from ``Record.gold``, the prediction and its heads from the parser's ``value``.
 Heads were computed when the run wrote its records, so the table does not depend on whether this machine has
 spaCy, and a task whose records mix head methods (gold or predictions) is refused: the head metrics of two
@@ -16,7 +16,7 @@ Choices, and why:
   a failed request, not an output: it is left out and counted in ``n_unscored``.
 * Micro P/R/F1: the counts of every sentence of the cell are summed (all runs pooled), the usual EAE
   convention (TextEE, OneIE), so sentences with many arguments weigh more. AI / AC / AI+ / AC+ count key sets
-  per sentence and run (:func:`~formtax.scoring.eae.score_sentence`), each with its own predicted and gold
+  per sentence and run (:func:`~formtax.studies.eae.scoring.score_sentence`), each with its own predicted and gold
   totals; the head-word metrics count per mention (``n_pred`` / ``n_gold`` are their totals).
 * Intervals: 95% percentile bootstrap over *sentences* (the unit the attached metrics count in; a sentence of
   one mention is that mention): each replicate draws the task's sentences with replacement and sums the drawn
@@ -50,7 +50,8 @@ from formtax.errors import DataError  # noqa: E402
 from formtax.records.schema import Record  # noqa: E402
 from formtax.report.analyses import Analysis, register_analysis  # noqa: E402
 from formtax.report.matrices import CONFIDENCE, frame  # noqa: E402
-from formtax.scoring.eae import (  # noqa: E402
+from formtax.stats import bootstrap_replicates  # noqa: E402
+from formtax.studies.eae.scoring import (  # noqa: E402
     ATTACHED,
     Arg,
     Attachment,
@@ -62,7 +63,6 @@ from formtax.scoring.eae import (  # noqa: E402
     score_mention,
     score_sentence,
 )
-from formtax.stats import bootstrap_replicates  # noqa: E402
 
 TASK_PREFIX = "eae-"
 PARSERS = ("strict", "lenient")

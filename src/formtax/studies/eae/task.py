@@ -18,7 +18,7 @@ Gold arguments longer than five tokens (none in WikiEvents, 821 of 3,109 in GENE
 either constraint; they stay in the gold, so recall is honest (the ceiling is reported by ``eae_recall_ceiling``).
 A role with several gold fillers gets one slot, as in the paper's template.
 
-Reading an output (:meth:`EaeTask.parse_output`, both parsers' values are :func:`formtax.scoring.eae.encode_prediction`
+Reading an output (:meth:`EaeTask.parse_output`, both parsers' values are :func:`formtax.studies.eae.scoring.encode_prediction`
 JSON, so the report computes AI / AC / AI+ / AC+ from the records alone):
 
 * ``strict``: the last ``len(roles)`` non-empty lines are exactly the role lines in order (answer-only: the whole
@@ -34,7 +34,7 @@ mentions of the other documents, and the shot pool (few-shot examples, and the p
 distilled from) is the dev split, so an HMM never learns from the passages it is evaluated on (as GSM8K distils
 from its train split). Whole documents are held out, so no passage is shared across the split.
 
-Heads for AI+ / AC+ come from :func:`formtax.scoring.eae.get_head_finder` (spaCy when an English pipeline is
+Heads for AI+ / AC+ come from :func:`formtax.studies.eae.scoring.get_head_finder` (spaCy when an English pipeline is
 installed, else the documented rule); gold and predictions record the method.
 """
 
@@ -53,7 +53,17 @@ from formtax.constraints.parse import record_spec
 from formtax.constraints.template import choice_slot
 from formtax.errors import DataError
 from formtax.parsing.result import NO_ANSWER, ParseResult
-from formtax.scoring.eae import (
+from formtax.studies.eae.data import (
+    ACE05_ROLES,
+    MAX_SPAN_WORDS,
+    Mention,
+    geneva_roles,
+    kairos_roles,
+    read_oneie,
+    read_per_mention,
+    read_roles_file,
+)
+from formtax.studies.eae.scoring import (
     Attachment,
     decode_gold,
     decode_prediction,
@@ -64,16 +74,6 @@ from formtax.scoring.eae import (
     sentence_key,
 )
 from formtax.tasks.base import AnswerKind, ConstraintLevel, Item, OutputFormat, Task
-from formtax.tasks.eae_data import (
-    ACE05_ROLES,
-    MAX_SPAN_WORDS,
-    Mention,
-    geneva_roles,
-    kairos_roles,
-    read_oneie,
-    read_per_mention,
-    read_roles_file,
-)
 from formtax.tasks.registry import register_task
 
 FC_SLOT = "{str:%d}" % MAX_SPAN_WORDS

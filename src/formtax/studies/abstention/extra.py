@@ -1,5 +1,5 @@
 """Paper 002's remaining analyses (its sections F, H, H.1 and appendix M), registered with the report beside the
-tables of :mod:`formtax.report.abstention`, whose study frame, matrices and resampling rule they share.
+tables of :mod:`formtax.studies.abstention.tables`, whose study frame, matrices and resampling rule they share.
 
 - ``abstention_retention``: the retention ratio, acc(minuend) / acc(subtrahend) for each of the three contrasts
   (delta_mask's is constrained / short: the share of the unconstrained accuracy the grammar keeps), and for a
@@ -36,22 +36,22 @@ import numpy as np
 import pandas as pd
 import statsmodels.api as sm
 
-from formtax.report.abstention import (
+from formtax.report.analyses import MODEL_SEP, Analysis, per_model_frames, register_analysis
+from formtax.report.matrices import frame
+from formtax.stats import bootstrap_replicates, complete_cases
+from formtax.studies.abstention.frame import (
     CONDITIONS,
     CONTRASTS,
     ITEM_TYPES,
     TASK,
     Matrix,
-    _aligned,
-    _languages,
-    _matrix,
-    _per_item,
-    _quantiles,
+    aligned_cells,
+    cell_matrix,
+    per_item_frame,
+    percentile_bounds,
     study_frame,
+    study_languages,
 )
-from formtax.report.analyses import MODEL_SEP, Analysis, per_model_frames, register_analysis
-from formtax.report.matrices import frame
-from formtax.stats import bootstrap_replicates, complete_cases
 
 NAN = math.nan
 MIN_SIDE = 3  # items the hinge needs on each side of its breakpoint (ours)
@@ -86,7 +86,7 @@ def _pair_languages(sf: pd.DataFrame, first: str, second: str, kind: str, a: str
     seeds: dict[str, list[int]] = {}
     for tag, lang in (("1", first), ("2", second)):
         for cond in (a, b):
-            mats[f"{cond}_{tag}"], positions[tag], seeds[tag] = _matrix(sf, lang, kind, cond)
+            mats[f"{cond}_{tag}"], positions[tag], seeds[tag] = cell_matrix(sf, lang, kind, cond)
     if seeds["1"] != seeds["2"]:
         return None
     common = sorted(set(positions["1"]) & set(positions["2"]))
@@ -104,14 +104,14 @@ def retention_table(df: pd.DataFrame, n_resamples: int, seed: int) -> pd.DataFra
     sf = study_frame(df)
     if sf is None:
         return None
-    langs = _languages(sf)
+    langs = study_languages(sf)
     rows: list[dict[str, Any]] = []
     for language in langs:
         present = _present(sf, language)
         if len(present) < 2:
             continue
         for kind in ITEM_TYPES:
-            cells, dropped = _aligned(sf, language, kind, present)
+            cells, dropped = aligned_cells(sf, language, kind, present)
             shape = next(iter(cells.values())).shape
             reps = bootstrap_replicates(cells, n_resamples, seed) if shape[0] and shape[1] else {}
             for name, (a, b) in CONTRASTS.items():
@@ -126,7 +126,7 @@ def retention_table(df: pd.DataFrame, n_resamples: int, seed: int) -> pd.DataFra
                     row["acc_minuend"], row["acc_subtrahend"] = float(cells[a].mean()), float(cells[b].mean())
                     row["retention"] = float(_ratio(row["acc_minuend"], row["acc_subtrahend"]))
                     r = _ratio(reps[a], reps[b])
-                    row["low"], row["high"] = _quantiles(r)
+                    row["low"], row["high"] = percentile_bounds(r)
                     row["n_replicates_undefined"] = int(np.isnan(r).sum())
                 if language != langs[0]:
                     both = _pair_languages(sf, langs[0], language, kind, a, b)
@@ -136,7 +136,7 @@ def retention_table(df: pd.DataFrame, n_resamples: int, seed: int) -> pd.DataFra
                         rr = bootstrap_replicates(both, n_resamples, seed)
                         diff = _ratio(rr[f"{a}_2"], rr[f"{b}_2"]) - _ratio(rr[f"{a}_1"], rr[f"{b}_1"])
                         row["retention_diff"] = float(point)
-                        row["diff_low"], row["diff_high"] = _quantiles(diff)
+                        row["diff_low"], row["diff_high"] = percentile_bounds(diff)
                 rows.append(row)
     return frame(rows, RETENTION_COLUMNS) if rows else None
 
@@ -188,19 +188,19 @@ def _breakpoint_row(items: pd.DataFrame, language: str, kind: str, n_resamples: 
         f = hinge_fit(x[idx], y[idx])
         if f is not None:
             taus[r] = f[0]
-    row["low"], row["high"] = _quantiles(taus)
+    row["low"], row["high"] = percentile_bounds(taus)
     row["n_replicates_undefined"] = int(np.isnan(taus).sum())
     return row
 
 
 def breakpoint_table(df: pd.DataFrame, n_resamples: int, seed: int) -> pd.DataFrame | None:
     sf = study_frame(df)
-    per_item = _per_item(sf) if sf is not None else None
+    per_item = per_item_frame(sf) if sf is not None else None
     if sf is None or per_item is None:
         return None
     per_item = per_item[per_item["masked_mass"].notna() & per_item["penalty"].notna()]
     rows: list[dict[str, Any]] = []
-    langs = _languages(sf)
+    langs = study_languages(sf)
     for kind in ITEM_TYPES:
         of_kind = per_item[per_item["item_type"] == kind]
         if of_kind.empty:
@@ -227,13 +227,13 @@ def naming_table(df: pd.DataFrame, n_resamples: int, seed: int) -> pd.DataFrame 
     if sf is None:
         return None
     rows: list[dict[str, Any]] = []
-    for language in _languages(sf):
+    for language in study_languages(sf):
         present = _present(sf, language)
         if len(present) < 2:
             continue
         for kind in ITEM_TYPES:
             for measure, column in MEASURES.items():
-                mats = [_matrix(sf, language, kind, c, column)[0] for c in present]
+                mats = [cell_matrix(sf, language, kind, c, column)[0] for c in present]
                 if any(0 in np.shape(m) for m in mats):
                     continue
                 clean, dropped = complete_cases(*mats)
@@ -248,7 +248,7 @@ def naming_table(df: pd.DataFrame, n_resamples: int, seed: int) -> pd.DataFrame 
                                          ("shift_mask", ("constrained", "short"))):
                         if a in cells and b in cells:
                             row[name] = row[a] - row[b]
-                            row[f"{name}_low"], row[f"{name}_high"] = _quantiles(reps[a] - reps[b])
+                            row[f"{name}_low"], row[f"{name}_high"] = percentile_bounds(reps[a] - reps[b])
                 rows.append(row)
     return frame(rows, NAMING_COLUMNS) if rows else None
 
@@ -266,7 +266,7 @@ def _cell(sf: pd.DataFrame, language: str) -> tuple[Matrix, Matrix, int] | None:
     scored in both conditions, and the number of those positions."""
     if not {"short", "constrained"} <= set(_present(sf, language)):
         return None
-    cells, _ = _aligned(sf, language, "abstain", ("short", "constrained"))
+    cells, _ = aligned_cells(sf, language, "abstain", ("short", "constrained"))
     short, con = cells["short"], cells["constrained"]
     if not short.shape[0] or not short.shape[1]:
         return None
@@ -284,7 +284,7 @@ def cells_table(df: pd.DataFrame, n_resamples: int, seed: int) -> pd.DataFrame |
             continue
         label = relabel.get(TASK, TASK)
         model = label.partition(MODEL_SEP)[2] if relabel else ",".join(sorted({r.model for r in sub["record"]}))
-        for language in _languages(sf):
+        for language in study_languages(sf):
             cell = _cell(sf, language)
             if cell is None:
                 continue
@@ -321,7 +321,7 @@ def cells_table(df: pd.DataFrame, n_resamples: int, seed: int) -> pd.DataFrame |
                     ys.append(dm[j])
                 if np.ptp(xs) > 0:
                     slopes[r] = np.polyfit(xs, ys, 1)[0]
-            fit["slope_low"], fit["slope_high"] = _quantiles(slopes)
+            fit["slope_low"], fit["slope_high"] = percentile_bounds(slopes)
     rows.append(fit)
     return frame(rows, CELLS_COLUMNS)
 

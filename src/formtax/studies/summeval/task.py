@@ -9,7 +9,7 @@ has the score in ``answer``. The prompts are ours (the paper's criteria come fro
 a one-sentence task, the aspect's definition in our words, the format instruction, then the article and the summary.
 
 Gold and scoring (our choices): ``Item.gold`` is the expert *mean* written with 4 decimals (the correlation
-analysis, :mod:`formtax.report.judge`, needs it from the records alone), not a normalised answer as for other
+analysis, :mod:`formtax.studies.summeval.judge`, needs it from the records alone), not a normalised answer as for other
 tasks; ``score`` counts a rating as correct when it equals the mean rounded to the nearest integer (means are
 multiples of 1/3, so there are no ties). The study's metric is the summary-level correlation, not this accuracy.
 Note that the shared strict parser reads only ``The answer is: ...`` lines, so its verdicts on this task's

@@ -27,7 +27,7 @@ Why the design is what it is:
   translator may leave a position out with a reason (``"excluded": {"17": "idiom has no Korean equivalent"}``,
   :func:`read_exclusions`): that pair is in the run in English only, the exclusions are written to the run's
   manifest (``task_notes``), and the language table compares the languages on the positions both cover.
-- **The answer is read by the benchmark's rules** (:mod:`formtax.scoring.abstention`), not by formtax's
+- **The answer is read by the benchmark's rules** (:mod:`formtax.studies.abstention.scoring`), not by formtax's
   ``The answer is:`` parsers: :meth:`MetatoolTask.parse_output` gives the strict and lenient verdicts (the
   same: there is one deterministic rule).
 
@@ -49,7 +49,7 @@ import numpy as np
 from formtax.constraints.template import choice_slot
 from formtax.errors import ConfigError, DataError
 from formtax.parsing.result import NO_ANSWER, ParseResult
-from formtax.scoring.abstention import ABSTAIN, Category, score_output
+from formtax.studies.abstention.scoring import ABSTAIN, Category, score_output
 from formtax.tasks.base import AnswerKind, ConstraintLevel, Item, OutputFormat, Task
 from formtax.tasks.io import read_json
 from formtax.tasks.registry import register_task
