@@ -5,7 +5,8 @@ and tells it the emitted token afterwards. vLLM owns its loop, but its v1 logits
 row's full logits before sampling, in the engine process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), and is told which
 request sits at which batch index. So the SAME policy objects run here unchanged:
 
-* :class:`LiveRow` holds one row's policy and its :class:`~formtax.decoding.loop.RowOutput`. At each engine step
+* :class:`LiveRow` holds one row's :class:`~formtax.decoding.plan.RowCursor` (the loop's bookkeeping, shared
+  with the loop and the replay). At each engine step
   it first *catches up*: the tokens the engine emitted since the last step are handed to ``policy.advance`` (with
   the loop's own budget rule), then it *plans*: ``policy.plan(raw logits row, step)`` becomes an in-place edit of
   that row (a forced token, the allowed set, banned tokens, replacement scores), the masked mass is measured on
@@ -28,15 +29,8 @@ from typing import Any
 import torch
 
 from formtax.constraints.compile import fill_masks
-from formtax.decoding.loop import (
-    Plan,
-    RowOutput,
-    RowRequest,
-    Step,
-    choose_vetted,
-    masked_mass,
-    resolve_divert,
-)
+from formtax.decoding.loop import Plan, RowOutput, RowRequest, choose_vetted, masked_mass, resolve_divert
+from formtax.decoding.plan import RowCursor
 from formtax.decoding.sampling import Sampling, as_sampling
 
 ROW_KEY = "formtax_row"  # the SamplingParams.extra_args key naming a registered LiveRow
@@ -53,13 +47,14 @@ class LiveRow:
         self.sampling = as_sampling(sampling)
         # a diverting plan's coin (InWriting's sampled switch), seeded per row like the loop's generator
         self.gen = None if self.sampling.greedy else torch.Generator().manual_seed(int(req.seed))
+        self.cursor = RowCursor(req)  # the loop's own bookkeeping of the row
         self.policy = req.policy
         self.eos_id = eos_id
         self.n_logits = n_logits
-        self.out = RowOutput(prompt_ids=list(req.prompt_ids))
+        self.out = self.cursor.out
         self.n_seen = 0  # engine tokens handled so far (recorded ones plus artefacts after the finish)
         self.n_planned = 0  # plans that expect one engine token each
-        self.pending: tuple[str, bool, bool, int | None] | None = None  # (phase, forced, masked, forced token)
+        self.pending: tuple[bool, bool, int | None] | None = None  # (forced, masked, the forced token)
         self.done = False
         self.error: str | None = None
 
@@ -67,7 +62,7 @@ class LiveRow:
     def finish(self, reason: str, error: str | None = None) -> None:
         if not self.done:
             self.done = True
-            self.out.finish_reason = reason
+            self.cursor.finish(reason)
             if error is not None:
                 self.error = error
 
@@ -81,16 +76,12 @@ class LiveRow:
             if self.pending is None:
                 self.finish("backend-error", "the engine emitted a token no plan was made for")
                 continue
-            phase, forced, masked, want = self.pending
+            forced, masked, want = self.pending
             self.pending = None
             if want is not None and token != want:
                 self.finish("backend-error", f"the engine emitted {token} where {want} was forced")
                 continue
-            self.out.tokens.append(token)
-            self.out.steps.append(Step(token, phase, forced, masked))
-            reason = self.policy.advance(token)
-            if reason is None and len(self.out.tokens) >= self.req.max_tokens:
-                reason = self.policy.budget_exhausted()
+            reason = self.cursor.accept(token, forced, masked)  # the phase is still the planned one
             if reason is not None:
                 self.finish(reason)
 
@@ -106,14 +97,12 @@ class LiveRow:
             self.finish("backend-error", f"logits width {row.shape[-1]} != the tokenizer's {self.n_logits}")
             self._force(row, self.eos_id)
             return
-        step = len(self.out.tokens)
         if view is None:  # policies compute on CPU, as in the loop
             view = row if row.device.type == "cpu" else row.detach().cpu()
-        plan: Plan = self.policy.plan(view, step)
+        plan: Plan = self.cursor.plan(view)
         if plan.divert is not None:  # the engine draws after this edit, so the divert is decided here
             plan = resolve_divert(plan, view, self.sampling, self.gen)
-        if plan.event is not None:
-            self.out.events.append({"step": step, **plan.event})
+        self.cursor.note(plan)
         if plan.stop is not None:
             self.finish(plan.stop)
             self._force(row, self.eos_id)
@@ -122,18 +111,16 @@ class LiveRow:
             self.finish("backend-error", "the vllm backend cannot rewind a row (no KV crop)")
             self._force(row, self.eos_id)
             return
-        if plan.measure_mass and plan.allowed is not None and self.out.masked_mass is None:
-            self.out.masked_mass = masked_mass(view, plan.allowed)
-        phase = self.policy.phase
+        self.cursor.measure(plan, lambda: masked_mass(view, plan.allowed))  # type: ignore[arg-type]
         self.n_planned += 1
         if plan.forced is not None:
-            self.pending = (phase, True, plan.allowed is not None, int(plan.forced))
+            self.pending = (True, plan.allowed is not None, int(plan.forced))
             self._force(row, int(plan.forced))
             return
         if plan.veto is not None:  # the engine cannot ask the veto: choose here as the loop does, then force it
             base = plan.scores if plan.scores is not None else view
             token, masked, forced = choose_vetted(base, plan, self.sampling, self.gen)
-            self.pending = (phase, forced, masked, token)
+            self.pending = (forced, masked, token)
             self._force(row, token)
             return
         if plan.scores is not None:
@@ -144,7 +131,7 @@ class LiveRow:
         if plan.banned:
             row[list(plan.banned)] = float("-inf")
         forced = plan.allowed is not None and plan.allowed_count() == 1
-        self.pending = (phase, forced, masked, None)
+        self.pending = (forced, masked, None)
 
     @staticmethod
     def _force(row: torch.Tensor, token: int) -> None:

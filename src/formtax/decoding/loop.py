@@ -16,156 +16,19 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
 
 import torch
 
 from formtax.constraints.compile import fill_masks
 from formtax.decoding.engine import Backend, Batch
-from formtax.decoding.lowering import Lowering, RowPlan
+from formtax.decoding.plan import Divert, Plan, Policy, RowCursor, RowOutput, RowRequest, Step, Veto, relay
 from formtax.decoding.sampling import Sampling, as_sampling
-from formtax.tensorops import argmax, argmax_rows, count_true, masked_argmax
+from formtax.tensorops import argmax, argmax_rows, masked_argmax
 
-if TYPE_CHECKING:
-    from formtax.constraints.compile import Matcher
-    from formtax.constraints.spec import Constraint
-
-
-@dataclass
-class Plan:
-    """What a policy wants at one step of one row."""
-
-    forced: int | None = None  # emit this token without choosing
-    allowed: torch.Tensor | None = None  # bool [n_logits]; None = unconstrained
-    banned: Sequence[int] = ()  # tokens never chosen at this step (e.g. EOS in InWriting's preamble)
-    measure_mass: bool = False  # record the probability mass outside ``allowed`` (exact, full distribution)
-    scores: torch.Tensor | None = None  # choose from these instead of the raw logits (e.g. Deco-G's reweighting)
-    stop: str | None = None  # finish the row now, without a token (e.g. the grammar is complete)
-    event: dict[str, Any] | None = None  # a strategy statistic to record at this step
-    rewind: int | None = None  # go back to this many generated tokens (see the module docstring); no token now
-    divert: Divert | None = None  # if the token chosen under this plan is in ``divert.tokens``, re-plan (below)
-    veto: Veto | None = None  # a chosen token the policy refuses is masked and the choice made again (below)
-    known_count: tuple[torch.Tensor, int] | None = None  # (allowed, its size) when the policy knows it already
-
-    def allowed_count(self) -> int:
-        """How many tokens ``allowed`` holds (a set of one is a forced token): the policy's count when it was made
-        for this very tensor (a policy that narrows ``allowed`` afterwards gets a fresh count), else counted."""
-        assert self.allowed is not None
-        if self.known_count is not None and self.known_count[0] is self.allowed:
-            return self.known_count[1]
-        return count_true(self.allowed)
-
-
-@dataclass
-class Divert:
-    """Replace a draw: when the token chosen under a plan is one of ``tokens``, it is not emitted; ``then()`` (the
-    policy changing state, e.g. InWriting switching to its answer) gives the plan that chooses instead, at the
-    same step from the same logits. Greedy and sampled decoding follow one rule: under greedy the draw is the
-    argmax."""
-
-    tokens: frozenset[int]
-    then: Callable[[], Plan]
-
-
-@dataclass
-class Veto:
-    """Refuse a chosen token after the fact: when ``accept(token)`` is False, the token is masked out and the
-    choice is made again from the same logits, so greedy takes the best accepted token and sampling draws from
-    the distribution conditioned on an accepted token (rejection). After ``tries`` refusals ``fallback`` is
-    emitted as a forced token. For conditions too costly to evaluate over the whole vocabulary (closing mode asks
-    whether a completion still fits after the token)."""
-
-    accept: Callable[[int], bool]
-    fallback: int
-    tries: int = 8
-
-
-class Policy(ABC):
-    """Per-row strategy state. ``phase`` names the part of the output the next token belongs to.
-
-    ``coupled``: the policy reads another row's state of the same step (suffix-beam's constrained row follows
-    its free row's token). A batch with such a row is stepped row by row (plan, choose, advance, then the next
-    row); every other batch plans all rows, chooses the greedy ones together, then advances them."""
-
-    phase: str = "main"
-    coupled: bool = False
-
-    @abstractmethod
-    def plan(self, logits: torch.Tensor, step: int) -> Plan:
-        """Decide what applies at ``step`` (0-based count of tokens generated so far), seeing raw logits."""
-
-    @abstractmethod
-    def advance(self, token: int) -> str | None:
-        """Take the emitted token; return a finish reason to stop, or None to continue."""
-
-    def budget_exhausted(self) -> str:
-        """Finish reason when the token budget runs out (a policy can report an incomplete constraint)."""
-        return "length"
-
-    def mask_matcher(self) -> Matcher | None:
-        """The grammar matcher whose allowed set this row's next :meth:`plan` reads, if it is known before
-        planning: the loop then computes the masks of all such rows of a step in one call to the engine
-        (:func:`~formtax.constraints.compile.fill_masks`). None (the default) leaves the policy to ask its
-        matcher itself; either way the plan sees the same set."""
-        return None
-
-    def lowered(self, whole: Constraint | None) -> RowPlan:
-        """What this policy becomes on an engine that owns its loop (:mod:`formtax.decoding.lowering`).
-        ``whole``: the constraint that alone governs the row's output, when the strategy names one. The default
-        is ``live`` (the policy is stepped); a policy that is exactly free text or exactly a grammar says so."""
-        return RowPlan(Lowering.LIVE, inner=self)
-
-
-@dataclass
-class Step:
-    token: int
-    phase: str
-    forced: bool
-    masked: bool
-
-
-@dataclass
-class RowRequest:
-    prompt_ids: list[int]
-    policy: Policy
-    max_tokens: int
-    seed: int = 0
-
-
-@dataclass
-class RowOutput:
-    prompt_ids: list[int]
-    tokens: list[int] = field(default_factory=list)
-    steps: list[Step] = field(default_factory=list)
-    finish_reason: str = ""
-    masked_mass: float | None = None
-    events: list[dict[str, Any]] = field(default_factory=list)
-    wall_s: float = 0.0
-    forward_passes: int = 0
-
-    def phase_tokens(self, phase: str) -> list[int]:
-        return [s.token for s in self.steps if s.phase == phase]
-
-    def count(self, phase: str | None = None) -> int:
-        return sum(1 for s in self.steps if phase is None or s.phase == phase)
-
-
-def relay(plan: Plan, sync: Callable[[], None]) -> Plan:
-    """``plan`` as a wrapping policy returns it: if it diverts, ``sync`` runs after the inner policy's switch (so
-    the wrapper's ``phase`` follows the inner one's, as after any other plan)."""
-    if plan.divert is None:
-        return plan
-    inner = plan.divert.then
-
-    def then() -> Plan:
-        replaced = inner()
-        sync()
-        return replaced
-
-    return dataclasses.replace(plan, divert=Divert(plan.divert.tokens, then))
+# the vocabulary lives in decoding/plan.py; re-exported here, where the strategies have always found it
+__all__ = ["Divert", "Plan", "Policy", "RowCursor", "RowOutput", "RowRequest", "Step", "Veto", "choose_vetted",
+           "decode", "masked_mass", "relay", "resolve_divert"]
 
 
 def resolve_divert(plan: Plan, logits: torch.Tensor, sampling: Sampling | float, gen: torch.Generator | None
@@ -331,9 +194,9 @@ class _Step:
     :meth:`begin`. Planning settles forced, drawn and sampled tokens per row; greedy choices wait for
     :meth:`choose_greedy` (all greedy rows at once) unless rows are coupled."""
 
-    def __init__(self, rows: Sequence[RowRequest], outs: list[RowOutput], gens: list[torch.Generator | None],
+    def __init__(self, cursors: Sequence[RowCursor], gens: list[torch.Generator | None],
                  sampling: Sampling, batch: Batch, t0: float, together: bool) -> None:
-        self.rows, self.outs, self.gens, self.sampling, self.batch, self.t0 = rows, outs, gens, sampling, batch, t0
+        self.cursors, self.gens, self.sampling, self.batch, self.t0 = cursors, gens, sampling, batch, t0
         self.together = together
         self.begin(torch.empty(0), 0)
 
@@ -353,9 +216,9 @@ class _Step:
         return self._top
 
     def plan_row(self, pos: int, i: int) -> None:
-        req, out, gen = self.rows[i], self.outs[i], self.gens[i]
+        cur, gen = self.cursors[i], self.gens[i]
         row_logits = self.logits[pos]
-        plan = req.policy.plan(row_logits, len(out.tokens))
+        plan = cur.plan(row_logits)
         drawn: tuple[int, bool] | None = None
         if plan.divert is not None:  # draw first; a diverted token is replaced by the next plan's choice
             if self.sampling.greedy and plan.scores is None and plan.allowed is None and not plan.banned:
@@ -364,13 +227,11 @@ class _Step:
                 drawn = _choose(plan.scores if plan.scores is not None else row_logits, plan, self.sampling, gen)
             if drawn[0] in plan.divert.tokens:
                 plan, drawn = plan.divert.then(), None
-        if plan.event is not None:
-            out.events.append({"step": len(out.tokens), **plan.event})
+        cur.note(plan)
         self.plans[pos] = plan
         if plan.stop is not None or plan.rewind is not None:
             return
-        if plan.measure_mass and plan.allowed is not None and out.masked_mass is None:
-            out.masked_mass = masked_mass(row_logits, plan.allowed)
+        cur.measure(plan, lambda: masked_mass(row_logits, plan.allowed))  # type: ignore[arg-type]
         if plan.forced is not None:
             self.decided[pos] = (plan.forced, plan.allowed is not None, True)
         elif drawn is not None:  # kept from the diverting plan: its divert tokens were in effect masked
@@ -393,31 +254,27 @@ class _Step:
 
     def emit_row(self, pos: int, i: int) -> None:
         """Emit the row's token and advance its policy; then finish the row or keep it."""
-        req, out = self.rows[i], self.outs[i]
+        cur = self.cursors[i]
         plan = self.plans[pos]
         if plan.stop is not None:
-            self._finish(out, plan.stop)
+            self._finish(cur, plan.stop)
             return
         if plan.rewind is not None:  # nothing emitted: the row feeds its last kept token again
             self.keep.append(pos)
-            self.next_tokens.append(_rewind(self.batch, pos, req, out, plan.rewind))
+            self.next_tokens.append(_rewind(self.batch, pos, cur.req, cur.out, plan.rewind))
             return
         token, masked, forced = self.decided[pos]
-        out.tokens.append(token)
-        out.steps.append(Step(token, req.policy.phase, forced, masked))
-        reason = req.policy.advance(token)
-        if reason is None and len(out.tokens) >= req.max_tokens:
-            reason = req.policy.budget_exhausted()
+        reason = cur.accept(token, forced, masked)
         if reason is not None:
-            self._finish(out, reason)
+            self._finish(cur, reason)
             return
         self.keep.append(pos)
         self.next_tokens.append(token)
 
-    def _finish(self, out: RowOutput, reason: str) -> None:
-        out.finish_reason = reason
-        out.wall_s = time.perf_counter() - self.t0
-        out.forward_passes = self.passes
+    def _finish(self, cur: RowCursor, reason: str) -> None:
+        cur.finish(reason)
+        cur.out.wall_s = time.perf_counter() - self.t0
+        cur.out.forward_passes = self.passes
 
 
 def decode(
@@ -429,7 +286,8 @@ def decode(
     """Decode a batch of rows to completion; every row follows its own policy. ``temperature``: a temperature
     (0 = greedy) or a full :class:`~formtax.decoding.sampling.Sampling` (top-k, top-p, min-p)."""
     sampling = as_sampling(temperature)
-    outs = [RowOutput(prompt_ids=list(r.prompt_ids)) for r in rows]
+    cursors = [RowCursor(r) for r in rows]
+    outs = [c.out for c in cursors]
     if not rows:
         return outs
     gens: list[torch.Generator | None] = [None] * len(rows)
@@ -448,7 +306,7 @@ def decode(
         if not live:
             return outs
         batch.keep(live)  # positions equal row indices before the first step
-    step = _Step(rows, outs, gens, sampling, batch, t0, together=not any(_coupled(r.policy) for r in rows))
+    step = _Step(cursors, gens, sampling, batch, t0, together=not any(_coupled(r.policy) for r in rows))
     while live:
         step.begin(logits, passes)
         fill_masks([m for i in live if (m := rows[i].policy.mask_matcher()) is not None])

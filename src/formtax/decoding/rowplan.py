@@ -24,8 +24,9 @@ import torch
 
 from formtax.constraints.spec import Constraint
 from formtax.decoding.engine import Backend
-from formtax.decoding.loop import RowOutput, RowRequest, Step
+from formtax.decoding.loop import RowOutput, RowRequest
 from formtax.decoding.lowering import Lowering, RowPlan
+from formtax.decoding.plan import RowCursor
 from formtax.decoding.sampling import Sampling
 from formtax.errors import ConfigError
 
@@ -92,43 +93,32 @@ def replay(req: RowRequest, tokens: Sequence[int], engine_finish: str | None,
     are given an empty tensor. ``first_mass`` is the masked mass measured separately at the first constrained step
     (a grammar-masked engine row no longer holds the raw distribution).
     """
-    policy = req.policy
-    out = RowOutput(prompt_ids=list(req.prompt_ids))
+    cur = RowCursor(req)
+    out = cur.out
     for token in tokens:
-        step = len(out.tokens)
-        plan = policy.plan(_EMPTY, step)
-        if plan.event is not None:
-            out.events.append({"step": step, **plan.event})
+        plan = cur.plan(_EMPTY)
+        cur.note(plan)
         if plan.stop is not None:
-            out.finish_reason = plan.stop  # e.g. the grammar is complete: the engine's EOS is not part of the output
+            cur.finish(plan.stop)  # e.g. the grammar is complete: the engine's EOS is not part of the output
             break
-        if plan.measure_mass and plan.allowed is not None and out.masked_mass is None:
-            out.masked_mass = first_mass
+        cur.measure(plan, lambda: first_mass)
         if plan.forced is not None:
-            if token != plan.forced:
-                out.finish_reason = "constraint-error"
-                out.events.append({"step": step, "stats": {"constraint_ignored": True, "rejected_token": int(token)}})
-                break
-            forced, masked = True, plan.allowed is not None
+            ok, forced, masked = token == plan.forced, True, plan.allowed is not None
         else:
-            outside = ((plan.allowed is not None and not bool(plan.allowed[token])) or token in plan.banned
-                       or (plan.divert is not None and token in plan.divert.tokens))  # replay cannot divert
-            if outside:  # the engine ignored the constraint: never accept the token, and say so
-                out.finish_reason = "constraint-error"
-                out.events.append({"step": step, "stats": {"constraint_ignored": True, "rejected_token": int(token)}})
-                break
+            ok = not ((plan.allowed is not None and not bool(plan.allowed[token])) or token in plan.banned
+                      or (plan.divert is not None and token in plan.divert.tokens))  # replay cannot divert
             masked = plan.allowed is not None or bool(plan.banned) or plan.divert is not None
             forced = plan.allowed is not None and plan.allowed_count() == 1
-        out.tokens.append(int(token))
-        out.steps.append(Step(int(token), policy.phase, forced, masked))
-        reason = policy.advance(int(token))
-        if reason is None and len(out.tokens) >= req.max_tokens:
-            reason = policy.budget_exhausted()
+        if not ok:  # the engine ignored the constraint: never accept the token, and say so
+            cur.finish("constraint-error")
+            out.events.append({"step": cur.step, "stats": {"constraint_ignored": True, "rejected_token": int(token)}})
+            break
+        reason = cur.accept(int(token), forced, masked)
         if reason is not None:
-            out.finish_reason = reason
+            cur.finish(reason)
             break
     if not out.finish_reason:
-        plan = policy.plan(_EMPTY, len(out.tokens))
+        plan = cur.plan(_EMPTY)
         out.finish_reason = plan.stop or f"engine-{engine_finish or 'stop'}"
     out.forward_passes = len(tokens)
     return out

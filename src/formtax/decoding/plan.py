@@ -1,0 +1,202 @@
+"""The decode loop's vocabulary and one row's cursor, shared by every driver of a policy.
+
+A :class:`Policy` plans each step of one row (a :class:`Plan`) and is told the emitted token. Three drivers step
+policies: the decode loop (:func:`formtax.decoding.loop.decode`), the replay of an engine's own tokens
+(:func:`formtax.decoding.rowplan.replay`) and vLLM's logits processor (``backends/logits_processor.py``). They
+differ only in where a token comes from; what happens around it is :class:`RowCursor`'s, written once: the
+plan's event recorded at its step, the masked mass at the first measured step, a token emitted with its flags
+and the policy advanced under the budget rule, the finish reason named.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from formtax.decoding.lowering import Lowering, RowPlan
+from formtax.tensorops import count_true
+
+if TYPE_CHECKING:
+    from formtax.constraints.compile import Matcher
+    from formtax.constraints.spec import Constraint
+
+
+@dataclass
+class Plan:
+    """What a policy wants at one step of one row."""
+
+    forced: int | None = None  # emit this token without choosing
+    allowed: torch.Tensor | None = None  # bool [n_logits]; None = unconstrained
+    banned: Sequence[int] = ()  # tokens never chosen at this step (e.g. EOS in InWriting's preamble)
+    measure_mass: bool = False  # record the probability mass outside ``allowed`` (exact, full distribution)
+    scores: torch.Tensor | None = None  # choose from these instead of the raw logits (e.g. Deco-G's reweighting)
+    stop: str | None = None  # finish the row now, without a token (e.g. the grammar is complete)
+    event: dict[str, Any] | None = None  # a strategy statistic to record at this step
+    rewind: int | None = None  # go back to this many generated tokens (see the module docstring); no token now
+    divert: Divert | None = None  # if the token chosen under this plan is in ``divert.tokens``, re-plan (below)
+    veto: Veto | None = None  # a chosen token the policy refuses is masked and the choice made again (below)
+    known_count: tuple[torch.Tensor, int] | None = None  # (allowed, its size) when the policy knows it already
+
+    def allowed_count(self) -> int:
+        """How many tokens ``allowed`` holds (a set of one is a forced token): the policy's count when it was made
+        for this very tensor (a policy that narrows ``allowed`` afterwards gets a fresh count), else counted."""
+        assert self.allowed is not None
+        if self.known_count is not None and self.known_count[0] is self.allowed:
+            return self.known_count[1]
+        return count_true(self.allowed)
+
+
+@dataclass
+class Divert:
+    """Replace a draw: when the token chosen under a plan is one of ``tokens``, it is not emitted; ``then()`` (the
+    policy changing state, e.g. InWriting switching to its answer) gives the plan that chooses instead, at the
+    same step from the same logits. Greedy and sampled decoding follow one rule: under greedy the draw is the
+    argmax."""
+
+    tokens: frozenset[int]
+    then: Callable[[], Plan]
+
+
+@dataclass
+class Veto:
+    """Refuse a chosen token after the fact: when ``accept(token)`` is False, the token is masked out and the
+    choice is made again from the same logits, so greedy takes the best accepted token and sampling draws from
+    the distribution conditioned on an accepted token (rejection). After ``tries`` refusals ``fallback`` is
+    emitted as a forced token. For conditions too costly to evaluate over the whole vocabulary (closing mode asks
+    whether a completion still fits after the token)."""
+
+    accept: Callable[[int], bool]
+    fallback: int
+    tries: int = 8
+
+
+class Policy(ABC):
+    """Per-row strategy state. ``phase`` names the part of the output the next token belongs to.
+
+    ``coupled``: the policy reads another row's state of the same step (suffix-beam's constrained row follows
+    its free row's token). A batch with such a row is stepped row by row (plan, choose, advance, then the next
+    row); every other batch plans all rows, chooses the greedy ones together, then advances them."""
+
+    phase: str = "main"
+    coupled: bool = False
+
+    @abstractmethod
+    def plan(self, logits: torch.Tensor, step: int) -> Plan:
+        """Decide what applies at ``step`` (0-based count of tokens generated so far), seeing raw logits."""
+
+    @abstractmethod
+    def advance(self, token: int) -> str | None:
+        """Take the emitted token; return a finish reason to stop, or None to continue."""
+
+    def budget_exhausted(self) -> str:
+        """Finish reason when the token budget runs out (a policy can report an incomplete constraint)."""
+        return "length"
+
+    def mask_matcher(self) -> Matcher | None:
+        """The grammar matcher whose allowed set this row's next :meth:`plan` reads, if it is known before
+        planning: the loop then computes the masks of all such rows of a step in one call to the engine
+        (:func:`~formtax.constraints.compile.fill_masks`). None (the default) leaves the policy to ask its
+        matcher itself; either way the plan sees the same set."""
+        return None
+
+    def lowered(self, whole: Constraint | None) -> RowPlan:
+        """What this policy becomes on an engine that owns its loop (:mod:`formtax.decoding.lowering`).
+        ``whole``: the constraint that alone governs the row's output, when the strategy names one. The default
+        is ``live`` (the policy is stepped); a policy that is exactly free text or exactly a grammar says so."""
+        return RowPlan(Lowering.LIVE, inner=self)
+
+
+@dataclass
+class Step:
+    token: int
+    phase: str
+    forced: bool
+    masked: bool
+
+
+@dataclass
+class RowRequest:
+    prompt_ids: list[int]
+    policy: Policy
+    max_tokens: int
+    seed: int = 0
+
+
+@dataclass
+class RowOutput:
+    prompt_ids: list[int]
+    tokens: list[int] = field(default_factory=list)
+    steps: list[Step] = field(default_factory=list)
+    finish_reason: str = ""
+    masked_mass: float | None = None
+    events: list[dict[str, Any]] = field(default_factory=list)
+    wall_s: float = 0.0
+    forward_passes: int = 0
+
+    def phase_tokens(self, phase: str) -> list[int]:
+        return [s.token for s in self.steps if s.phase == phase]
+
+    def count(self, phase: str | None = None) -> int:
+        return sum(1 for s in self.steps if phase is None or s.phase == phase)
+
+
+def relay(plan: Plan, sync: Callable[[], None]) -> Plan:
+    """``plan`` as a wrapping policy returns it: if it diverts, ``sync`` runs after the inner policy's switch (so
+    the wrapper's ``phase`` follows the inner one's, as after any other plan)."""
+    if plan.divert is None:
+        return plan
+    inner = plan.divert.then
+
+    def then() -> Plan:
+        replaced = inner()
+        sync()
+        return replaced
+
+    return dataclasses.replace(plan, divert=Divert(plan.divert.tokens, then))
+
+
+class RowCursor:
+    """One row being decoded (see the module docstring): its request, its output, and the bookkeeping of a step.
+
+    A driver asks :meth:`plan`, decides the token its own way, then calls :meth:`note` (the final plan's event,
+    after any divert), :meth:`measure` (unless the plan stops or rewinds) and :meth:`accept`."""
+
+    def __init__(self, req: RowRequest) -> None:
+        self.req = req
+        self.policy = req.policy
+        self.out = RowOutput(prompt_ids=list(req.prompt_ids))
+
+    @property
+    def step(self) -> int:
+        """Tokens generated so far: the index of the step being planned."""
+        return len(self.out.tokens)
+
+    def plan(self, logits: torch.Tensor) -> Plan:
+        return self.policy.plan(logits, self.step)
+
+    def note(self, plan: Plan) -> None:
+        """Record the plan's event at this step."""
+        if plan.event is not None:
+            self.out.events.append({"step": self.step, **plan.event})
+
+    def measure(self, plan: Plan, mass: Callable[[], float | None]) -> None:
+        """The masked mass of the row's first measured, masked step (``mass`` is asked only then)."""
+        if plan.measure_mass and plan.allowed is not None and self.out.masked_mass is None:
+            self.out.masked_mass = mass()
+
+    def accept(self, token: int, forced: bool, masked: bool) -> str | None:
+        """Emit ``token`` and advance the policy; the finish reason (the policy's, or the budget's), or None."""
+        self.out.tokens.append(token)
+        self.out.steps.append(Step(token, self.policy.phase, forced, masked))
+        reason = self.policy.advance(token)
+        if reason is None and len(self.out.tokens) >= self.req.max_tokens:
+            reason = self.policy.budget_exhausted()
+        return reason
+
+    def finish(self, reason: str) -> None:
+        self.out.finish_reason = reason
