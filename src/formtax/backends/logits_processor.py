@@ -30,7 +30,7 @@ import torch
 
 from formtax.constraints.compile import fill_masks
 from formtax.decoding.loop import Plan, RowOutput, RowRequest, choose_vetted, masked_mass, resolve_divert
-from formtax.decoding.plan import RowCursor
+from formtax.decoding.plan import Finish, RowCursor
 from formtax.decoding.sampling import Sampling, as_sampling
 
 ROW_KEY = "formtax_row"  # the SamplingParams.extra_args key naming a registered LiveRow
@@ -74,12 +74,12 @@ class LiveRow:
             if self.done:
                 continue  # the EOS forced after a finish: not part of the output
             if self.pending is None:
-                self.finish("backend-error", "the engine emitted a token no plan was made for")
+                self.finish(Finish.BACKEND_ERROR, "the engine emitted a token no plan was made for")
                 continue
             forced, masked, want = self.pending
             self.pending = None
             if want is not None and token != want:
-                self.finish("backend-error", f"the engine emitted {token} where {want} was forced")
+                self.finish(Finish.BACKEND_ERROR, f"the engine emitted {token} where {want} was forced")
                 continue
             reason = self.cursor.accept(token, forced, masked)  # the phase is still the planned one
             if reason is not None:
@@ -89,12 +89,12 @@ class LiveRow:
         """Plan this step and edit the logits row in place (``row`` is the raw float32 row of this request;
         ``view``, its copy on the host when the processor moved the batch's rows there at once)."""
         if self.n_planned > self.n_seen:  # a plan whose token never came (a discarded partial-prefill sample)
-            self.finish("backend-error", "the engine skipped a planned step (chunked prefill must be off)")
+            self.finish(Finish.BACKEND_ERROR, "the engine skipped a planned step (chunked prefill must be off)")
         if self.done:
             self._force(row, self.eos_id)
             return
         if row.shape[-1] != self.n_logits:
-            self.finish("backend-error", f"logits width {row.shape[-1]} != the tokenizer's {self.n_logits}")
+            self.finish(Finish.BACKEND_ERROR, f"logits width {row.shape[-1]} != the tokenizer's {self.n_logits}")
             self._force(row, self.eos_id)
             return
         if view is None:  # policies compute on CPU, as in the loop
@@ -108,7 +108,7 @@ class LiveRow:
             self._force(row, self.eos_id)
             return
         if plan.rewind is not None:
-            self.finish("backend-error", "the vllm backend cannot rewind a row (no KV crop)")
+            self.finish(Finish.BACKEND_ERROR, "the vllm backend cannot rewind a row (no KV crop)")
             self._force(row, self.eos_id)
             return
         self.cursor.measure(plan, lambda: masked_mass(view, plan.allowed))  # type: ignore[arg-type]
@@ -145,9 +145,9 @@ class LiveRow:
             # The engine stopped on its own: at EOS (a policy that let EOS through), or for a reason of its own.
             last = self.out.tokens[-1] if self.out.tokens else None
             if engine_finish == "stop" and last == self.eos_id:
-                self.finish("eos")
+                self.finish(Finish.EOS)
             else:
-                self.finish("backend-error", f"the engine stopped the row ({engine_finish}) before its policy did")
+                self.finish(Finish.BACKEND_ERROR, f"the engine stopped the row ({engine_finish}) before its policy did")
         self.out.forward_passes = len(tokens)
         return self.out
 

@@ -57,6 +57,7 @@ from formtax.constraints.spec import Constraint
 from formtax.decoding.engine import Backend, Batch, Capability, TokenizerInfo
 from formtax.decoding.loop import RowOutput, RowRequest, decode
 from formtax.decoding.lowering import Lowering
+from formtax.decoding.plan import Finish
 from formtax.decoding.rowplan import RowEngine, RowPlan, lark_grammar, plan_row, replay
 from formtax.decoding.sampling import GREEDY, Sampling
 from formtax.errors import CapabilityError, ConfigError, FormtaxError
@@ -364,8 +365,8 @@ class OpenAIBackend(RowEngine):
         if out.finish_reason.startswith("engine-"):
             if self.flavor == "vllm":
                 raise RuntimeError(f"server {self.client.base} ended a row with {reply.finish!r} before its policy")
-            out.finish_reason = {"engine-stop": "eos", "engine-length": "length"}.get(out.finish_reason, "stop")
-        if out.finish_reason == "constraint-error":
+            out.finish_reason = {"engine-stop": Finish.EOS, "engine-length": Finish.LENGTH}.get(out.finish_reason, "stop")
+        if out.finish_reason == Finish.CONSTRAINT_ERROR:
             stats = {**stats, "server_text": reply.text}
         if self.flavor != "vllm":
             stats = {**stats, "token_ids": "retokenized"}

@@ -14,6 +14,7 @@ import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -24,6 +25,32 @@ from formtax.tensorops import count_true
 if TYPE_CHECKING:
     from formtax.constraints.compile import Matcher
     from formtax.constraints.spec import Constraint
+
+
+class Finish(StrEnum):
+    """Why a row ended (``RowOutput.finish_reason``, ``Result.finish_reason``; records keep the value)."""
+
+    EOS = "eos"  # the model's end token (never part of the output's text)
+    NEWLINE = "newline"  # the ``short`` strategy's stop: a token containing a newline
+    LENGTH = "length"  # the token budget ran out (a constrained answer was complete)
+    LENGTH_INCOMPLETE = "length-incomplete"  # the budget ran out before the constraint was complete
+    CONSTRAINT_COMPLETE = "constraint-complete"  # the grammar accepts and allows nothing more
+    CONSTRAINT_ERROR = "constraint-error"  # the grammar engine's error state, or an engine that ignored the mask
+    BACKEND_ERROR = "backend-error"  # an engine that owns its loop broke the plan (vLLM's processor)
+
+
+ERROR_FINISHES = frozenset({Finish.CONSTRAINT_ERROR, Finish.LENGTH_INCOMPLETE})
+"""Finishes that leave a constrained answer incomplete: never parsed as an answer."""
+
+
+class Phase(StrEnum):
+    """The part of an output a token belongs to (``Step.phase``, ``Policy.phase``)."""
+
+    MAIN = "main"
+    FREE = "free"
+    RC = "rc"  # a forced reasoning prefix
+    REASONING = "reasoning"
+    ANSWER = "answer"
 
 
 @dataclass
@@ -82,7 +109,7 @@ class Policy(ABC):
     its free row's token). A batch with such a row is stepped row by row (plan, choose, advance, then the next
     row); every other batch plans all rows, chooses the greedy ones together, then advances them."""
 
-    phase: str = "main"
+    phase: str = Phase.MAIN
     coupled: bool = False
 
     @abstractmethod
@@ -95,7 +122,7 @@ class Policy(ABC):
 
     def budget_exhausted(self) -> str:
         """Finish reason when the token budget runs out (a policy can report an incomplete constraint)."""
-        return "length"
+        return Finish.LENGTH
 
     def mask_matcher(self) -> Matcher | None:
         """The grammar matcher whose allowed set this row's next :meth:`plan` reads, if it is known before

@@ -13,6 +13,7 @@ from formtax.constraints.compile import Matcher
 from formtax.constraints.jsonstrings import StringCaps
 from formtax.decoding.loop import Divert, Plan, Policy, Veto, relay
 from formtax.decoding.lowering import Lowering, RowPlan
+from formtax.decoding.plan import Finish, Phase
 from formtax.tensorops import any_true, argmax
 
 if TYPE_CHECKING:
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
 class FreePolicy(Policy):
     """Unconstrained decoding; stops at EOS, or at the first token containing a newline when ``stop_ids`` say so."""
 
-    def __init__(self, eos_ids: frozenset[int], stop_ids: frozenset[int] = frozenset(), phase: str = "free") -> None:
+    def __init__(self, eos_ids: frozenset[int], stop_ids: frozenset[int] = frozenset(), phase: str = Phase.FREE) -> None:
         self.eos_ids = eos_ids
         self.stop_ids = stop_ids
         self.phase = phase
@@ -32,9 +33,9 @@ class FreePolicy(Policy):
 
     def advance(self, token: int) -> str | None:
         if token in self.eos_ids:
-            return "eos"
+            return Finish.EOS
         if token in self.stop_ids:
-            return "newline"
+            return Finish.NEWLINE
         return None
 
     def lowered(self, whole: Constraint | None) -> RowPlan:
@@ -51,7 +52,7 @@ class ConstrainedPolicy(Policy):
     token after which no completion fits in what is left of those ``closing_limit`` tokens is refused.
     """
 
-    def __init__(self, matcher: Matcher, eos_ids: frozenset[int], phase: str = "answer", measure: bool = True,
+    def __init__(self, matcher: Matcher, eos_ids: frozenset[int], phase: str = Phase.ANSWER, measure: bool = True,
                  closing_limit: int | None = None) -> None:
         self.matcher = matcher
         self.eos_ids = eos_ids
@@ -62,13 +63,13 @@ class ConstrainedPolicy(Policy):
 
     def plan(self, logits: torch.Tensor, step: int) -> Plan:
         if self.matcher.error is not None:
-            return Plan(stop="constraint-error")
+            return Plan(stop=Finish.CONSTRAINT_ERROR)
         if self.matcher.stopped:
-            return Plan(stop="constraint-complete")
+            return Plan(stop=Finish.CONSTRAINT_COMPLETE)
         allowed = self.matcher.allowed_mask()
         known = self.matcher.known_count(allowed)
         if known == 0 or (known is None and not any_true(allowed)):
-            return Plan(stop="constraint-error")
+            return Plan(stop=Finish.CONSTRAINT_ERROR)
         measure = self._measure and self.first
         self.first = False
         veto = None
@@ -80,15 +81,15 @@ class ConstrainedPolicy(Policy):
 
     def advance(self, token: int) -> str | None:
         if token in self.eos_ids:
-            return "eos"
+            return Finish.EOS
         if not self.matcher.consume(token):
-            return "constraint-error"
+            return Finish.CONSTRAINT_ERROR
         if self.closer is not None:
             self.closer.advance(token)
         return None
 
     def budget_exhausted(self) -> str:
-        return "length" if self.matcher.accepting else "length-incomplete"
+        return Finish.LENGTH if self.matcher.accepting else Finish.LENGTH_INCOMPLETE
 
     def mask_matcher(self) -> Matcher | None:
         return self.matcher
@@ -105,7 +106,7 @@ class JsonCapPolicy(ConstrainedPolicy):
     the allowed set is the grammar's and the caps' together, so greedy takes the best token both allow and
     sampling draws from the distribution masked by both."""
 
-    def __init__(self, matcher: Matcher, eos_ids: frozenset[int], caps: StringCaps, phase: str = "answer",
+    def __init__(self, matcher: Matcher, eos_ids: frozenset[int], caps: StringCaps, phase: str = Phase.ANSWER,
                  closing_limit: int | None = None) -> None:
         super().__init__(matcher, eos_ids, phase=phase, closing_limit=closing_limit)
         self.caps = caps
@@ -117,7 +118,7 @@ class JsonCapPolicy(ConstrainedPolicy):
             return plan
         allowed = plan.allowed & extra[: plan.allowed.shape[0]]
         if not any_true(allowed):
-            return Plan(stop="constraint-error")
+            return Plan(stop=Finish.CONSTRAINT_ERROR)
         plan.allowed = allowed
         return plan
 
@@ -153,7 +154,7 @@ class InWritingPolicy(Policy):
         self.banned = sorted(stop_ids)
         self.triggers = triggers
         self.preamble_budget = preamble_budget
-        self.phase = "reasoning"
+        self.phase = Phase.REASONING
         self.switched: tuple[int, str] | None = None
         self.last: int | None = None
         self.n_preamble = 0
@@ -170,7 +171,7 @@ class InWritingPolicy(Policy):
 
     def _switch(self, logits: torch.Tensor, step: int, reason: str) -> Plan:
         self.switched = (step, reason)
-        self.phase = "answer"
+        self.phase = Phase.ANSWER
         plan = self.answer.plan(logits, step)
         plan.event = {"switch": reason}
         return plan
@@ -183,7 +184,7 @@ class InWritingPolicy(Policy):
         return self.answer.advance(token)
 
     def budget_exhausted(self) -> str:
-        return self.answer.budget_exhausted() if self.switched else "length-incomplete"
+        return self.answer.budget_exhausted() if self.switched else Finish.LENGTH_INCOMPLETE
 
     def mask_matcher(self) -> Matcher | None:
         return self.answer.mask_matcher() if self.switched else None
@@ -196,7 +197,7 @@ class ForcedPrefix(Policy):
         self.prefix = list(prefix)
         self.inner = inner
         self.k = 0
-        self.phase = "rc" if self.prefix else inner.phase
+        self.phase = Phase.RC if self.prefix else inner.phase
 
     def plan(self, logits: torch.Tensor, step: int) -> Plan:
         if self.k < len(self.prefix):
@@ -227,7 +228,7 @@ class ForcedPrefix(Policy):
         return self.inner.advance(token)
 
     def budget_exhausted(self) -> str:
-        return self.inner.budget_exhausted() if self.k >= len(self.prefix) else "length"
+        return self.inner.budget_exhausted() if self.k >= len(self.prefix) else Finish.LENGTH
 
     def mask_matcher(self) -> Matcher | None:
         return self.inner.mask_matcher() if self.k >= len(self.prefix) else None

@@ -26,7 +26,7 @@ from formtax.constraints.spec import Constraint
 from formtax.decoding.engine import Backend
 from formtax.decoding.loop import RowOutput, RowRequest
 from formtax.decoding.lowering import Lowering, RowPlan
-from formtax.decoding.plan import RowCursor
+from formtax.decoding.plan import Finish, RowCursor
 from formtax.decoding.sampling import Sampling
 from formtax.errors import ConfigError
 
@@ -110,7 +110,7 @@ def replay(req: RowRequest, tokens: Sequence[int], engine_finish: str | None,
             masked = plan.allowed is not None or bool(plan.banned) or plan.divert is not None
             forced = plan.allowed is not None and plan.allowed_count() == 1
         if not ok:  # the engine ignored the constraint: never accept the token, and say so
-            cur.finish("constraint-error")
+            cur.finish(Finish.CONSTRAINT_ERROR)
             out.events.append({"step": cur.step, "stats": {"constraint_ignored": True, "rejected_token": int(token)}})
             break
         reason = cur.accept(int(token), forced, masked)

@@ -49,6 +49,7 @@ import numpy as np
 import torch
 
 from formtax.decoding.loop import Plan, Policy
+from formtax.decoding.plan import Finish, Phase
 from formtax.fem.dfa import TokenDFA
 from formtax.fem.hmm import HMM
 
@@ -262,7 +263,7 @@ class FemRuntime:
 class FemPolicy(Policy):
     """Deco-G / Ctrl-G decoding for one row: reweight every step by the FEM, hard-mask, update D and the HMM."""
 
-    phase = "main"
+    phase = Phase.MAIN
 
     def __init__(self, runtime: FemRuntime, budget: int, gamma: float = 1.0, top_k: int | None = None,
                  prefix: Sequence[int] = (), min_tokens: int = 0) -> None:
@@ -286,7 +287,7 @@ class FemPolicy(Policy):
 
     def plan(self, logits: torch.Tensor, step: int) -> Plan:
         if self.d == self.rt.dfa.dead or self.tables is None:
-            return Plan(stop="constraint-error")
+            return Plan(stop=Finish.CONSTRAINT_ERROR)
         r_after = self.budget - self.n - 1
         if r_after < 0:
             return Plan(stop=self.budget_exhausted())
@@ -294,7 +295,7 @@ class FemPolicy(Policy):
         res = self.rt.step(logits, self.logf, self.d, r_after, self.tables, self.gamma, self.top_k,
                            eos_ok=self.n >= self.min_tokens)
         if not bool(res.allowed.any()):
-            return Plan(stop="constraint-error")
+            return Plan(stop=Finish.CONSTRAINT_ERROR)
         allowed = res.allowed.to(logits.device)
         measure, self.first = self.first, False
         event = {"fem_mass": res.kept_mass, "fem_s": time.perf_counter() - t0}
@@ -303,10 +304,10 @@ class FemPolicy(Policy):
 
     def advance(self, token: int) -> str | None:
         if token in self.rt.eos_ids:
-            return "eos"
+            return Finish.EOS
         self._consume(token)
         if self.d == self.rt.dfa.dead:
-            return "constraint-error"
+            return Finish.CONSTRAINT_ERROR
         return None
 
     @property
@@ -314,4 +315,4 @@ class FemPolicy(Policy):
         return bool(self.rt.dfa.accepting[self.d])
 
     def budget_exhausted(self) -> str:
-        return "length" if self.accepting else "length-incomplete"
+        return Finish.LENGTH if self.accepting else Finish.LENGTH_INCOMPLETE

@@ -18,13 +18,14 @@ from typing import Any
 import numpy as np
 
 from formtax.constraints.spec import Constraint
+from formtax.decoding.plan import ERROR_FINISHES
 from formtax.errors import ConfigError
 from formtax.planted.backend import PlantedBackend
 from formtax.planted.exact import Distribution, Kind, Outcome, Semantics, distribution, suffix_distribution
 from formtax.runner.config import RunConfig
 from formtax.runner.execute import make_record, request_for
 from formtax.runner.grid import Planned, parse_strategy_spec, plan_grid
-from formtax.strategies.base import ERROR_FINISHES, Request, Result, answer_reserve, finish_error
+from formtax.strategies.base import Request, Result, answer_reserve, finish_error
 from formtax.tasks import Task, sample_items
 
 SUFFIX_RULES = {"suffix-pipeline": "pipeline", "suffix-last": "last", "suffix-min": "min", "suffix-beam": "last"}

@@ -27,6 +27,7 @@ from formtax.constraints.spec import Constraint
 from formtax.decoding.engine import Backend, Capability, require
 from formtax.decoding.loop import Policy, RowOutput, RowRequest, decode
 from formtax.decoding.lowering import Lowering
+from formtax.decoding.plan import ERROR_FINISHES, Finish
 from formtax.decoding.policies import ConstrainedPolicy, ForcedPrefix
 from formtax.decoding.rowplan import RowEngine, plan_row
 from formtax.decoding.sampling import GREEDY, Sampling
@@ -201,7 +202,7 @@ class Strategy(ABC):
     def error_result(self, backend: Backend, error: ConstraintError) -> Result:
         """The result of a request whose constraint cannot be decoded with this tokenizer (the batch goes on)."""
         return Result(strategy=self.name, model=backend.model_id, text="", error=str(error),
-                      finish_reason="constraint-error", parse_error=str(error))
+                      finish_reason=Finish.CONSTRAINT_ERROR, parse_error=str(error))
 
     @abstractmethod
     def run(self, backend: Backend, requests: Sequence[Request]) -> list[Result]: ...
@@ -354,14 +355,11 @@ def read_answer(result: Result, constraint: Constraint | None, constrained: bool
     result.parse_ok, result.parsed, result.parse_error = v.ok, (v.value if v.ok else None), v.error
 
 
-ERROR_FINISHES = {"constraint-error", "length-incomplete"}
-
-
 def finish_error(finish_reason: str) -> str | None:
     """The Result.error of a row that ended without a complete constrained answer (None otherwise)."""
-    if finish_reason == "length-incomplete":
+    if finish_reason == Finish.LENGTH_INCOMPLETE:
         return "the constraint could not be completed within the token budget"
-    if finish_reason == "constraint-error":
+    if finish_reason == Finish.CONSTRAINT_ERROR:
         return "the grammar engine reached an error state (empty allowed set or rejected token)"
     return None
 

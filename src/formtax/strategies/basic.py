@@ -11,6 +11,7 @@ from formtax.constraints.jsonstrings import caps_for
 from formtax.constraints.spec import ChoiceConstraint, Constraint
 from formtax.decoding.engine import Backend, Capability
 from formtax.decoding.loop import Policy
+from formtax.decoding.plan import Phase
 from formtax.decoding.policies import ConstrainedPolicy, FreePolicy, JsonCapPolicy
 from formtax.strategies.base import (
     DEFAULT_RESERVE,
@@ -27,7 +28,7 @@ from formtax.strategies.firstmass import FirstTokenMass, allowed_first_tokens
 from formtax.strategies.options import JsonOptions
 
 
-def constrained_policy(backend: Backend, constraint: Constraint, phase: str = "answer",
+def constrained_policy(backend: Backend, constraint: Constraint, phase: str = Phase.ANSWER,
                        closing_limit: int | None = None) -> ConstrainedPolicy:
     """The constraint's policy; ``closing_limit``: closing mode over that many tokens (the row's budget after
     any forced prefix; constraints/closing.py)."""
@@ -47,7 +48,7 @@ class Free(SinglePass):
     constrained_answer = False
 
     def policy(self, backend: Backend, request: Request) -> Policy:
-        return with_prefix(backend, request, FreePolicy(backend.tokenizer.eos_ids, phase="reasoning"))
+        return with_prefix(backend, request, FreePolicy(backend.tokenizer.eos_ids, phase=Phase.REASONING))
 
 
 @register
@@ -62,7 +63,7 @@ class Short(SinglePass):
 
     def policy(self, backend: Backend, request: Request) -> Policy:
         tok = backend.tokenizer
-        policy: Policy = FreePolicy(tok.eos_ids, tok.newline_ids, phase="answer")
+        policy: Policy = FreePolicy(tok.eos_ids, tok.newline_ids, phase=Phase.ANSWER)
         if isinstance(request.constraint, ChoiceConstraint):  # paper 002's mechanism variable; no mask
             policy = FirstTokenMass(policy, allowed_first_tokens(tok, request.constraint.options))
         return with_prefix(backend, request, policy)
@@ -94,7 +95,7 @@ class Constrained(SinglePass):
     def policy(self, backend: Backend, request: Request) -> Policy:
         assert request.constraint is not None
         if not request.constrain:
-            return with_prefix(backend, request, FreePolicy(backend.tokenizer.eos_ids, phase="answer"))
+            return with_prefix(backend, request, FreePolicy(backend.tokenizer.eos_ids, phase=Phase.ANSWER))
         return with_prefix(backend, request, constrained_policy(backend, request.constraint,
                                                                 closing_limit=closing_limit(backend, request)))
 
@@ -153,7 +154,7 @@ class Json(SinglePass):
         c = self.effective_constraint(request, escapes=self.string_escapes(backend))
         assert isinstance(c, JsonReasonAnswer)
         if not request.constrain:
-            return with_prefix(backend, request, FreePolicy(backend.tokenizer.eos_ids, phase="answer"))
+            return with_prefix(backend, request, FreePolicy(backend.tokenizer.eos_ids, phase=Phase.ANSWER))
         limit = closing_limit(backend, request)
         tok = backend.tokenizer
         caps = caps_for(c, tok.engine, tok.n_logits)

@@ -37,6 +37,7 @@ from formtax.constraints.spec import ChoiceConstraint, Constraint, TemplateConst
 from formtax.constraints.template import Slot, Template
 from formtax.decoding.engine import Backend
 from formtax.decoding.loop import Policy, RowOutput
+from formtax.decoding.plan import Phase
 from formtax.decoding.policies import FreePolicy
 from formtax.errors import ConfigError
 from formtax.fem.artifact import FemArtifact, check_compatible, load_fem
@@ -209,13 +210,13 @@ class FemStrategy(SinglePass):
     def policy(self, backend: Backend, request: Request) -> Policy:
         tok = backend.tokenizer
         if not request.constrain:
-            return with_prefix(backend, request, FreePolicy(tok.eos_ids, phase="reasoning"))
+            return with_prefix(backend, request, FreePolicy(tok.eos_ids, phase=Phase.REASONING))
         s, dfa = self._prepare(backend, request)
         device = torch.device(getattr(backend, "device", "cpu"))
         rt = fem_runtime(s.artifact, dfa, sorted(tok.eos_ids), device)
         pre = prefix_ids(backend, request)
         pol = FemPolicy(rt, request.max_tokens, gamma=s.gamma, top_k=s.top_k, prefix=pre)
-        pol.phase = "reasoning"
+        pol.phase = Phase.REASONING
         return with_prefix(backend, request, pol)
 
     def fill_answer(self, res: Result, request: Request, out: RowOutput, phases: dict[str, str],
@@ -243,7 +244,7 @@ class FemStrategy(SinglePass):
                       "answer": res.answer_text}
         if end < len(data):
             res.phases["after"] = data[end:].decode("utf-8", errors="replace")
-        n_rc = sum(1 for st in out.steps if st.phase == "rc")
+        n_rc = sum(1 for st in out.steps if st.phase == Phase.RC)
         pos = n_before = n_answer = 0
         for t in out.tokens:  # a token is counted where it ends
             pos += len(vocab.tokens[t])

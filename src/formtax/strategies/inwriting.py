@@ -18,6 +18,7 @@ from formtax.constraints.spec import Constraint
 from formtax.decoding.engine import Backend
 from formtax.decoding.loop import Policy, RowOutput, RowRequest, Step
 from formtax.decoding.lowering import Lowering
+from formtax.decoding.plan import Phase
 from formtax.decoding.policies import ForcedPrefix, FreePolicy, InWritingPolicy
 from formtax.decoding.rowplan import RowEngine
 from formtax.errors import CapabilityError, ConfigError, ConstraintError
@@ -70,7 +71,7 @@ class InWriting(SinglePass):
         assert request.constraint is not None
         tok = backend.tokenizer
         if not request.constrain:
-            return with_prefix(backend, request, FreePolicy(tok.eos_ids, phase="reasoning"))
+            return with_prefix(backend, request, FreePolicy(tok.eos_ids, phase=Phase.REASONING))
         stop_ids = frozenset(tok.eos_ids | {tok.pad_id})
         rc = len(tok.encode(request.reasoning_prefix)) if request.reasoning_prefix else 0
         preamble = request.max_tokens - request_reserve(backend, request) - rc
@@ -128,7 +129,7 @@ class InWriting(SinglePass):
         t0 = time.perf_counter()
         # call 1: free, stopped at EOS/PAD (the switch rule itself, greedy or sampled: the drawn stop token)
         first = engine.decode_rows(engine, [
-            RowRequest(p + pre, FreePolicy(inner.stop_ids, phase="reasoning"), inner.preamble_budget + 1,
+            RowRequest(p + pre, FreePolicy(inner.stop_ids, phase=Phase.REASONING), inner.preamble_budget + 1,
                        requests[k].seed)
             for k, p, pre, inner in items], sampling, [None] * len(items))
         switches: list[tuple[list[int], str]] = []
@@ -152,8 +153,8 @@ class InWriting(SinglePass):
         for (k, p, pre, _), (preamble, why), call1, answer in zip(items, switches, first, second, strict=True):
             out = RowOutput(prompt_ids=list(p))
             out.tokens = [*pre, *preamble, *answer.tokens]
-            out.steps = ([Step(t, "rc", True, False) for t in pre]
-                         + [Step(t, "reasoning", False, True) for t in preamble] + answer.steps)
+            out.steps = ([Step(t, Phase.RC, True, False) for t in pre]
+                         + [Step(t, Phase.REASONING, False, True) for t in preamble] + answer.steps)
             out.events = [{"step": len(pre) + len(preamble), "switch": why}] + answer.events
             out.finish_reason = answer.finish_reason
             out.masked_mass = answer.masked_mass

@@ -9,6 +9,7 @@ from formtax.constraints.spec import Constraint
 from formtax.decoding.engine import Backend
 from formtax.decoding.loop import RowRequest
 from formtax.decoding.lowering import Lowering
+from formtax.decoding.plan import ERROR_FINISHES, Phase
 from formtax.decoding.policies import FreePolicy
 from formtax.decoding.rowplan import RowEngine
 from formtax.strategies.base import (
@@ -89,7 +90,7 @@ class NL2Format(Strategy):
         first = decoder(
             backend,
             [
-                RowRequest(tok.prompt_ids(r.prompt), with_prefix(backend, r, FreePolicy(tok.eos_ids, phase="reasoning")),
+                RowRequest(tok.prompt_ids(r.prompt), with_prefix(backend, r, FreePolicy(tok.eos_ids, phase=Phase.REASONING)),
                            r.max_tokens, r.seed)
                 for r in requests
             ],
@@ -105,7 +106,7 @@ class NL2Format(Strategy):
                 constrained_policy(ext, r.constraint,
                                    closing_limit=request_reserve(ext, r) if r.closing else None)
                 if r.constrain
-                else FreePolicy(ext.tokenizer.eos_ids, ext.tokenizer.newline_ids, phase="answer")
+                else FreePolicy(ext.tokenizer.eos_ids, ext.tokenizer.newline_ids, phase=Phase.ANSWER)
             )
             second_rows.append(RowRequest(ext.tokenizer.prompt_ids(prompt), policy, request_reserve(ext, r), r.seed))
         second = decoder(ext, second_rows, batch_sampling(requests),
@@ -135,7 +136,7 @@ class NL2Format(Strategy):
                 res.stats.update(e.get("stats", {}))
             res.stats["call1_finish"] = o1.finish_reason
             read_answer(res, r.constraint, r.constrain)
-            if o2.finish_reason in ("constraint-error", "length-incomplete"):
+            if o2.finish_reason in ERROR_FINISHES:
                 res.error = f"the extraction call ended with {o2.finish_reason}"
             results.append(res)
         return results

@@ -54,10 +54,10 @@ from formtax.constraints.compile import compile_grammar
 from formtax.constraints.spec import Constraint, TemplateConstraint
 from formtax.decoding.engine import Backend, Capability, TokenizerInfo
 from formtax.decoding.loop import Plan, Policy, RowOutput, RowRequest, decode
+from formtax.decoding.plan import ERROR_FINISHES, Finish, Phase
 from formtax.decoding.policies import ConstrainedPolicy
 from formtax.errors import ConstraintError
 from formtax.strategies.base import (
-    ERROR_FINISHES,
     Request,
     Result,
     Strategy,
@@ -170,7 +170,7 @@ class FreePass:
         self.end_reason = ""
 
     def phase_at(self, step: int) -> str:
-        return "rc" if step < len(self.prefix) else "reasoning"
+        return Phase.RC if step < len(self.prefix) else Phase.REASONING
 
     def observe(self, logits: torch.Tensor, step: int) -> Plan | None:
         """The plan of free step ``step``, or None when the run ends here (nothing emitted)."""
@@ -185,13 +185,13 @@ class FreePass:
             self.end, self.end_reason = step, "budget"
             return None
         if int(torch.argmax(logits).item()) in self.eos_ids:
-            self.end, self.end_reason = step, "eos"
+            self.end, self.end_reason = step, Finish.EOS
             return None
         return Plan()
 
     def advance(self, token: int) -> None:
         if token in self.eos_ids:  # only under sampling: greedy ends in observe() first
-            self.end, self.end_reason = len(self.tokens), "eos"
+            self.end, self.end_reason = len(self.tokens), Finish.EOS
             return
         self.tokens.append(token)
 
@@ -206,7 +206,7 @@ class Completion(ConstrainedPolicy):
 
     def __init__(self, answer: SuffixAnswer, tok: TokenizerInfo) -> None:
         matcher = compile_grammar(answer.grammar, tok.engine).matcher(tok.n_logits)
-        super().__init__(matcher, tok.eos_ids, phase="answer", measure=False)
+        super().__init__(matcher, tok.eos_ids, phase=Phase.ANSWER, measure=False)
         self.s = answer.start
 
     def plan(self, logits: torch.Tensor, step: int) -> Plan:
@@ -215,7 +215,7 @@ class Completion(ConstrainedPolicy):
         if first and plan.allowed is not None:
             plan.allowed = plan.allowed & self.s
             if not bool(plan.allowed.any()):
-                return Plan(stop="constraint-error")
+                return Plan(stop=Finish.CONSTRAINT_ERROR)
         return plan
 
 
@@ -243,7 +243,7 @@ class LazySuffixPolicy(Policy):
         assert self.free.end is not None
         self.t_star = choose_branch(self.free.deltas, self.free.end, self.rule, self.tau)
         self.answer = Completion(self.answer_lang, self.tok)
-        self.phase = "answer"
+        self.phase = Phase.ANSWER
         if self.t_star == step:  # the row already holds x + y<t*: these logits are p(. | x, y<t*)
             return self.answer.plan(logits, step)
         return Plan(rewind=self.t_star)
@@ -255,7 +255,7 @@ class LazySuffixPolicy(Policy):
         return None
 
     def budget_exhausted(self) -> str:
-        return self.answer.budget_exhausted() if self.answer is not None else "length-incomplete"
+        return self.answer.budget_exhausted() if self.answer is not None else Finish.LENGTH_INCOMPLETE
 
 
 class BeamState:
@@ -345,7 +345,7 @@ class BeamConstrainedPolicy(Policy):
                 self.phase = st.free.phase_at(step)
                 return Plan(forced=st.free.tokens[step])
             self.answer, self.answer_at = Completion(self.answer_lang, self.tok), step
-            self.phase = "answer"
+            self.phase = Phase.ANSWER
         if self.done is None:
             plan = self.answer.plan(logits, step)
             if plan.stop is None:
@@ -365,7 +365,7 @@ class BeamConstrainedPolicy(Policy):
         return reason if self.state.free.end is not None else None
 
     def budget_exhausted(self) -> str:
-        return self.answer.budget_exhausted() if self.answer is not None else "length-incomplete"
+        return self.answer.budget_exhausted() if self.answer is not None else Finish.LENGTH_INCOMPLETE
 
 
 # -- strategies ----------------------------------------------------------------------------------------------
