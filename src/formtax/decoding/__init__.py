@@ -1,4 +1,13 @@
-"""The decode loop, owned by the library: strategies plug in per-row policies."""
+"""Decoding, owned by the library: the engine protocol and everything that steps a policy.
+
+- ``engine``: what a model engine gives the loop (``Backend``, ``Batch``, ``TokenizerInfo``, ``Capability``).
+- ``plan``: the vocabulary (``Plan``, ``Policy``, ``Step``, ``RowRequest``, ``RowOutput``, ``Finish``, ``Phase``)
+  and ``RowCursor``, one row's step bookkeeping shared by the three drivers of a policy.
+- ``policies``: free text, constrained, JSON caps, InWriting, a forced prefix; each says how it lowers.
+- ``loop``: the one batched decode loop (:func:`decode`).
+- ``lowering``, ``rowplan``: engines that own their loop (``RowEngine``): row plans and the replay check.
+- ``sampling``: temperature, top-k, top-p, min-p.
+"""
 
 from formtax.decoding.loop import Plan, Policy, RowOutput, RowRequest, Step, decode, masked_mass
 
