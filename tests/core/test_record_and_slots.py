@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from formtax.backends.fake import FakeBackend, random_logits, scripted
 from formtax.constraints.jsonreason import JSON_SCAFFOLD, JsonLayout, JsonReasonAnswer
 from formtax.constraints.parse import parse_spec, record_spec
-from formtax.constraints.spec import RecordConstraint
+from formtax.constraints.record import RecordConstraint
 from formtax.constraints.template import Slot, choice_slot, parse_template
 from formtax.decoding.rowplan import lark_grammar
 from formtax.errors import ConstraintError

@@ -94,7 +94,7 @@ def test_breakpoint_table_on_per_item_masses(monkeypatch):
                              "item_type": "abstain", "masked_mass": mass,
                              "penalty": np.where(mass > 0.3, -(mass - 0.3), 0.0)})
     monkeypatch.setattr(extra, "study_frame", lambda df: pd.DataFrame({"language": ["en"]}))
-    monkeypatch.setattr(extra, "_per_item", lambda sf: per_item)
+    monkeypatch.setattr(extra, "per_item_frame", lambda sf: per_item)
     t = breakpoint_table(pd.DataFrame(), 300, 0)
     row = t.iloc[0]
     assert row["status"] == "ok" and row["breakpoint"] == pytest.approx(0.3, abs=0.02)

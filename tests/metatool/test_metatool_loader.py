@@ -10,16 +10,16 @@ import pytest
 from test_metatool_support import copy_metatool_data
 
 from formtax.errors import ConfigError, DataError
-from formtax.studies.abstention.task import (
+from formtax.studies.abstention.data import (
     N_ROWS,
     PAIRS,
     SUBTASK3,
-    MetatoolTask,
     check_item_gold,
     load_pairs,
     parse_item_id,
     sample_positions,
 )
+from formtax.studies.abstention.task import MetatoolTask
 from formtax.tasks import Item, get_task
 
 

@@ -13,9 +13,8 @@ from formtax.backends.fake import FakeBackend
 from formtax.errors import ConfigError, DataError
 from formtax.runner.grid import check_prompt_identity, parse_strategy_spec, plan_grid
 from formtax.strategies.firstmass import allowed_first_tokens, first_token_mass
-from formtax.studies.abstention.task import (
+from formtax.studies.abstention.data import (
     N_ROWS,
-    MetatoolTask,
     Template,
     build_prompt,
     parse_item_id,
@@ -24,6 +23,7 @@ from formtax.studies.abstention.task import (
     sample_positions,
     translate_prompt,
 )
+from formtax.studies.abstention.task import MetatoolTask
 from formtax.tasks import OutputFormat
 
 SPECS = [parse_strategy_spec(s) for s in ("free", "short", "constrained")]

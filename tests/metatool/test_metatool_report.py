@@ -19,10 +19,11 @@ from formtax.records import read_records
 from formtax.records.schema import ParseRecord, Record
 from formtax.report import load_records, verify_report, write_report
 from formtax.runner import RunConfig, run
+from formtax.studies.abstention.data import N_ROWS, parse_item_id, sample_positions
 from formtax.studies.abstention.frame import contrast_replicates, study_frame
 from formtax.studies.abstention.language import d_paired_cells, language_table
 from formtax.studies.abstention.tables import transitions_table
-from formtax.studies.abstention.task import N_ROWS, MetatoolTask, parse_item_id, sample_positions
+from formtax.studies.abstention.task import MetatoolTask
 
 REPLICATES = 400
 PAIRS = 4

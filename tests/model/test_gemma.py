@@ -89,7 +89,7 @@ def test_inwriting_is_free_greedy_until_its_switch(gemma_model) -> None:
 
 
 def test_suffix_start_set_holds_the_space_prefixed_tokens(gemma_model) -> None:
-    from formtax.strategies.suffix import suffix_answer
+    from formtax.strategies.suffix_policies import suffix_answer
 
     tok = gemma_model.tokenizer
     s = suffix_answer(parse_spec("The answer is: {int}"), tok).start

@@ -16,7 +16,7 @@ from formtax.decoding.engine import Capability
 from formtax.errors import CapabilityError, ConfigError
 from formtax.strategies import get_strategy
 from formtax.strategies.base import Request
-from formtax.strategies.suffix import choose_branch, suffix_answer
+from formtax.strategies.suffix_policies import choose_branch, suffix_answer
 
 Q = [{"role": "user", "content": "What is 2+3?"}]
 SCRIPT = "Let me think. 2+3=5.\nThe answer is: 5"

@@ -23,7 +23,7 @@ _LAZY: dict[str, str] = {
     "JsonLayout": "formtax.constraints.jsonreason",
     "JsonReasonAnswer": "formtax.constraints.jsonreason",
     "LarkConstraint": "formtax.constraints.spec",
-    "RecordConstraint": "formtax.constraints.spec",
+    "RecordConstraint": "formtax.constraints.record",
     "RegexConstraint": "formtax.constraints.spec",
     "TemplateConstraint": "formtax.constraints.spec",
     "Validation": "formtax.constraints.spec",
@@ -40,12 +40,12 @@ if TYPE_CHECKING:
     from formtax.constraints.jsonreason import JsonLayout, JsonReasonAnswer
     from formtax.constraints.native import as_constraint, from_pydantic
     from formtax.constraints.parse import parse_spec, record_spec
+    from formtax.constraints.record import RecordConstraint
     from formtax.constraints.spec import (
         ChoiceConstraint,
         Constraint,
         JsonConstraint,
         LarkConstraint,
-        RecordConstraint,
         RegexConstraint,
         TemplateConstraint,
         Validation,

@@ -34,14 +34,8 @@ from typing import Any
 import jsonschema
 import llguidance
 
-from formtax.constraints.spec import (
-    JSON_OPTIONS,
-    NO_ESCAPE_CHAR,
-    Constraint,
-    RecordConstraint,
-    TemplateConstraint,
-    Validation,
-)
+from formtax.constraints.record import RecordConstraint
+from formtax.constraints.spec import JSON_OPTIONS, NO_ESCAPE_CHAR, Constraint, TemplateConstraint, Validation
 from formtax.constraints.template import STR_SLOT_MAX_TOKENS
 
 

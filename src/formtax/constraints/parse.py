@@ -10,16 +10,16 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from formtax.constraints.jsonreason import JsonAnswerObject
+from formtax.constraints.record import RecordConstraint
 from formtax.constraints.spec import (
     ChoiceConstraint,
     Constraint,
+    DuplicateKey,
     JsonConstraint,
     LarkConstraint,
-    RecordConstraint,
     RegexConstraint,
     TemplateConstraint,
-    _DuplicateKey,
-    _no_duplicates,
+    no_duplicate_keys,
 )
 from formtax.constraints.template import Slot, parse_template
 from formtax.errors import ConstraintError
@@ -38,8 +38,8 @@ def _read_arg(arg: str, what: str) -> str:
 def parse_record(text: str) -> RecordConstraint:
     """A record from its fields as a JSON object ``{"key": "{slot}", ...}`` (the argument of ``record:``)."""
     try:
-        obj = json.loads(text, object_pairs_hook=_no_duplicates)
-    except _DuplicateKey as e:
+        obj = json.loads(text, object_pairs_hook=no_duplicate_keys)
+    except DuplicateKey as e:
         raise ConstraintError(f"record: duplicate key {e.key!r}") from e
     except json.JSONDecodeError as e:
         raise ConstraintError(f"record: the fields are not valid JSON: {e}") from e

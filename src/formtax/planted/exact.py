@@ -355,7 +355,7 @@ def suffix_distribution(model: RowModel, tok: TokenizerInfo, constraint: Constra
     """Every output of suffix-pipeline / -last / -min / -beam: y<t* then complete_T from there, for every free
     pass (greedy: one). The beam's output equals the lazy form's (section 6) in law as well: its constrained
     row draws from its own generator, so the completion that survives is a fresh draw from x + y<t*."""
-    from formtax.strategies.suffix import suffix_answer  # the template's language T' and its start set S
+    from formtax.strategies.suffix_policies import suffix_answer
 
     ans = suffix_answer(constraint, tok)
     runs, unresolved = free_runs(model, prefix, ans.start, tok.eos_ids, max_tokens - reserve, temperature)

@@ -25,8 +25,8 @@ from formtax.stats import (
     wilson_interval,
 )
 from formtax.strategies.firstmass import EVENT as FIRST_MASS
+from formtax.studies.abstention.data import BASE_LANGUAGE, parse_item_id
 from formtax.studies.abstention.scoring import ABSTAIN, Category, score_output
-from formtax.studies.abstention.task import BASE_LANGUAGE, parse_item_id
 
 TASK = "metatool"
 
