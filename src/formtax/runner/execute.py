@@ -25,7 +25,8 @@ from formtax.runner.config import SEEDINGS, OwnParsing, RunConfig
 from formtax.runner.grid import RC_PREFIX, Planned, parse_strategy_spec
 from formtax.scoring import score_all
 from formtax.strategies.base import Request, Result, Strategy
-from formtax.strategies.decog import FEM_STRATEGIES, parse_fem_spec
+from formtax.strategies.decog import parse_fem_spec
+from formtax.strategies.options import options_model
 from formtax.tasks import OutputFormat, Task
 from formtax.tasks.base import ConstraintLevel
 
@@ -162,13 +163,13 @@ def request_for(task: Task, p: Planned, config: RunConfig) -> Request:
 def strategy_options(p: Planned, config: RunConfig) -> dict[str, Any]:
     """The strategy-specific settings of one planned request (``Request.options``)."""
     options: dict[str, Any] = {}
-    if config.fem and p.spec.name in FEM_STRATEGIES:
+    if config.fem and "fem" in options_model(p.spec.name).model_fields:  # the strategies whose options take it
         options["fem"] = config.fem
         # Deco-G's key phrase only has to appear: placed anywhere unless --fem says otherwise
         if (p.output_format == OutputFormat.REASON_KEYPHRASE
                 and "placement" not in parse_fem_spec(config.fem, p.spec.name)[1]):
             options["placement"] = "anywhere"
-    if p.spec.name == "json":
+    if "json_layout" in options_model(p.spec.name).model_fields:
         options["json_layout"] = config.json_layout
     return options
 

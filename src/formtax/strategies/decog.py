@@ -46,7 +46,7 @@ from formtax.fem.reweight import FemPolicy, FemRuntime
 from formtax.strategies.base import Request, Result, SinglePass, prefix_ids, register, with_prefix
 from formtax.strategies.options import FemOptions
 
-FEM_STRATEGIES = ("decog", "ctrlg")  # the strategies that read the ``fem`` option (the runner passes it to them)
+FEM_STRATEGIES = FemOptions.strategies  # the strategies that read the ``fem`` option (declared by their model)
 PLACEMENTS = {"end": ("line", "none"), "anywhere": ("any", "any")}
 # what a --fem spec may also set (``top_k``: the spec's spelling of state_top_k)
 OPTIONS = (*(k for k in FemOptions.model_fields if k != "fem"), "top_k")
