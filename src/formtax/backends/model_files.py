@@ -18,6 +18,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from formtax.errors import ConfigError
 
@@ -63,9 +64,60 @@ def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+# Bumped whenever a converted folder's contents change, so a folder written by older code (or by another
+# environment's transformers) is converted afresh instead of reused. 2: the GGUF's add_bos/add_eos flags are
+# written into the folder's tokenizer (transformers 5.19's GGUF reader drops Gemma's BOS; 5.24's keeps it).
+CONVERSION_VERSION = 2
+
+
 def _quick_key(path: Path) -> str:
     st = path.stat()
-    return hashlib.sha256(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    ident = f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}:v{CONVERSION_VERSION}"
+    return hashlib.sha256(ident.encode()).hexdigest()[:16]
+
+
+def gguf_special_token_flags(gguf: Path) -> tuple[bool, bool]:
+    """The GGUF's own ``tokenizer.ggml.add_bos_token`` / ``add_eos_token`` (False where absent): whether the
+    tokenizer adds BOS / EOS to an encoded text, which is the model's convention and must survive conversion."""
+    from gguf import GGUFReader
+
+    fields = GGUFReader(str(gguf)).fields
+
+    def flag(name: str) -> bool:
+        field = fields.get(f"tokenizer.ggml.{name}")
+        return bool(field is not None and field.data and field.parts[field.data[0]][0])
+
+    return flag("add_bos_token"), flag("add_eos_token")
+
+
+def _special_tokens_added(tok: Any) -> tuple[bool, bool]:
+    ids = list(tok.encode("a", add_special_tokens=True))
+    bare = list(tok.encode("a", add_special_tokens=False))
+    bos, eos = tok.bos_token_id, tok.eos_token_id
+    return (bos is not None and ids[:1] == [bos] and bare[:1] != [bos],
+            eos is not None and ids[-1:] == [eos] and bare[-1:] != [eos])
+
+
+def honour_special_token_flags(tok: Any, add_bos: bool, add_eos: bool) -> None:
+    """Make ``tok`` add BOS / EOS exactly as the GGUF says, by rewriting its fast tokenizer's post-processor.
+
+    Written here because transformers' GGUF reader is not consistent across releases (5.19 drops Gemma's BOS,
+    5.24 keeps it), and the converted folder is shared by every environment that loads the model: without BOS
+    the pre-trained Gemma is far off its training distribution. Raises when the tokenizer cannot be made to agree.
+    """
+    if _special_tokens_added(tok) == (add_bos, add_eos):
+        return
+    from tokenizers import processors
+
+    bos, eos = tok.bos_token, tok.eos_token
+    single = " ".join([*(["$A"] if not add_bos else [f"{bos}", "$A"]), *([f"{eos}"] if add_eos else [])])
+    pair = single + " " + " ".join(
+        [*([f"{bos}:1"] if add_bos else []), "$B:1", *([f"{eos}:1"] if add_eos else [])])
+    special = [(t, i) for flag, t, i in ((add_bos, bos, tok.bos_token_id), (add_eos, eos, tok.eos_token_id)) if flag]
+    tok.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single=single, pair=pair, special_tokens=special)
+    if _special_tokens_added(tok) != (add_bos, add_eos):
+        raise RuntimeError(f"could not make the converted tokenizer add BOS={add_bos} EOS={add_eos}")
 
 
 def convert_gguf(gguf: Path, out: Path) -> None:
@@ -75,6 +127,8 @@ def convert_gguf(gguf: Path, out: Path) -> None:
 
     log.info("converting %s to safetensors in %s (once; about 20 s)", gguf.name, out)
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    flags = gguf_special_token_flags(gguf)
+    honour_special_token_flags(tok, *flags)
     quantised = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     config = quantised.config
     if hasattr(config, "quantization_config"):
@@ -87,6 +141,8 @@ def convert_gguf(gguf: Path, out: Path) -> None:
     try:
         plain.save_pretrained(tmp)
         tok.save_pretrained(tmp)
+        if _special_tokens_added(AutoTokenizer.from_pretrained(tmp)) != flags:
+            raise RuntimeError(f"the tokenizer saved from {gguf.name} does not add BOS/EOS as the GGUF says {flags}")
         (tmp / "SOURCE").write_text(f"{gguf}\n", encoding="utf-8")
         if out.exists():
             shutil.rmtree(out)
