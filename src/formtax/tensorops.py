@@ -33,6 +33,12 @@ def argmax_rows(x: torch.Tensor) -> list[int]:
     return [int(t) for t in a.argmax(axis=-1).tolist()]
 
 
+def holds(mask: torch.Tensor, token: int) -> bool:
+    """Whether the bool mask [V] holds ``token`` (read through numpy on the host: indexing a tensor is not free)."""
+    a = _numpy(mask)
+    return bool(mask[token]) if a is None else bool(a[token])
+
+
 def argmax(x: torch.Tensor) -> int:
     """The argmax of one row [V] (the first maximal index, as ``torch.argmax``)."""
     a = _numpy(x)

@@ -9,6 +9,7 @@ error result.
 from __future__ import annotations
 
 import hashlib
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -180,12 +181,26 @@ def fill_masks(matchers: list[Matcher]) -> None:
             continue  # nothing to share: the matcher computes its own mask when asked
         if _EXECUTOR is None:
             _EXECUTOR = llguidance.LLExecutor()
-        bitmask = torch.full(llguidance.torch.get_bitmask_shape(len(ms), vocab), -1, dtype=torch.int32)
+        bitmask = _bitmask_buffer(len(ms), vocab)
         llguidance.torch.fill_next_token_bitmask_par(_EXECUTOR, [(m._ll, k) for k, m in enumerate(ms)], bitmask)
-        rows = unpack_bitmask(bitmask, n_logits, vocab)
+        rows = unpack_bitmask(bitmask, n_logits, vocab).unbind(0)  # fresh tensors: the buffer is reused
         counts = bitmask_counts(bitmask, n_logits, vocab)
-        for k, m in enumerate(ms):
-            m._prefilled = (m._version, rows[k], int(counts[k]))
+        for m, row, count in zip(ms, rows, counts, strict=True):
+            m._prefilled = (m._version, row, count)
+
+
+_BITMASKS = threading.local()  # per thread: decode loops in several threads (a server) never share a buffer
+
+
+def _bitmask_buffer(n: int, vocab: int) -> torch.Tensor:
+    """The first ``n`` rows of a preallocated int32 bitmask for ``vocab`` tokens (grown as batches grow): every
+    row handed to the engine is written whole, and allocating a fresh one per step costs more than the fill."""
+    rows, words = llguidance.torch.get_bitmask_shape(n, vocab)
+    held: dict[int, torch.Tensor] = _BITMASKS.__dict__.setdefault("by_words", {})
+    buf = held.get(words)
+    if buf is None or buf.shape[0] < rows:
+        buf = held[words] = torch.full((max(rows, 64), words), -1, dtype=torch.int32)
+    return buf[:rows]
 
 
 def validate_with_engine(grammar: str, text: str) -> tuple[bool, str | None]:

@@ -24,7 +24,7 @@ from formtax.constraints.compile import fill_masks
 from formtax.decoding.engine import Backend, Batch
 from formtax.decoding.plan import Divert, Plan, Policy, RowCursor, RowOutput, RowRequest, Step, Veto, relay
 from formtax.decoding.sampling import Sampling, as_sampling
-from formtax.tensorops import argmax, argmax_rows, masked_argmax
+from formtax.tensorops import argmax, argmax_rows, holds, masked_argmax
 
 # the vocabulary lives in decoding/plan.py; re-exported here, where the strategies have always found it
 __all__ = ["Divert", "Plan", "Policy", "RowCursor", "RowOutput", "RowRequest", "Step", "Veto", "choose_vetted",
@@ -95,12 +95,12 @@ def _vetted(logits: torch.Tensor, plan: Plan, sampling: Sampling, gen: torch.Gen
     return veto.fallback, True, True
 
 
-def _greedy_batch(logits: torch.Tensor, chosen: list[tuple[int, Plan]], top: Callable[[], list[int]]
+def _greedy_batch(logits: Sequence[torch.Tensor], chosen: list[tuple[int, Plan]], top: Callable[[], list[int]]
                   ) -> list[tuple[int, bool, bool]]:
     """The greedy choice of several rows at once; token for token what :func:`_choose` gives row by row.
 
     ``top()`` is the argmax of every row of the step's raw logits, computed once for the step (one host
-    transfer). A row without a mask takes its top token. A masked row whose top token is allowed and not banned
+    transfer); ``logits`` are the step's rows (views). A row without a mask takes its top token. A masked row whose top token is allowed and not banned
     takes it too: the first maximal index overall, when allowed, is the first maximal index among the allowed
     ones, so this is exactly the masked argmax, without touching the logits. The other masked rows (and rows
     choosing from their own scores) take the first maximal index among their allowed ids, read on the host
@@ -115,7 +115,7 @@ def _greedy_batch(logits: torch.Tensor, chosen: list[tuple[int, Plan]], top: Cal
         token = top()[pos]
         if plan.allowed is None and not plan.banned:
             out[k] = (token, False, False)
-        elif (plan.allowed is None or bool(plan.allowed[token])) and token not in plan.banned:
+        elif (plan.allowed is None or holds(plan.allowed, token)) and token not in plan.banned:
             out[k] = _masked_choice(plan, token)
         else:
             rest.append(k)
@@ -202,6 +202,7 @@ class _Step:
 
     def begin(self, logits: torch.Tensor, passes: int) -> None:
         self.logits, self.passes = logits, passes
+        self.rows: Sequence[torch.Tensor] = logits.unbind(0)  # one call for every row's view (indexing is not free)
         self.decided: dict[int, tuple[int, bool, bool]] = {}  # pos -> (token, masked, forced)
         self.plans: dict[int, Plan] = {}
         self.greedy: list[tuple[int, Plan]] = []
@@ -217,7 +218,7 @@ class _Step:
 
     def plan_row(self, pos: int, i: int) -> None:
         cur, gen = self.cursors[i], self.gens[i]
-        row_logits = self.logits[pos]
+        row_logits = self.rows[pos]
         plan = cur.plan(row_logits)
         drawn: tuple[int, bool] | None = None
         if plan.divert is not None:  # draw first; a diverted token is replaced by the next plan's choice
@@ -246,9 +247,9 @@ class _Step:
         """The greedy rows choose together; a row whose veto refuses its choice goes on alone."""
         if not self.greedy:
             return
-        for (pos, plan), first in zip(self.greedy, _greedy_batch(self.logits, self.greedy, self.top), strict=True):
+        for (pos, plan), first in zip(self.greedy, _greedy_batch(self.rows, self.greedy, self.top), strict=True):
             if plan.veto is not None:
-                base = plan.scores if plan.scores is not None else self.logits[pos]
+                base = plan.scores if plan.scores is not None else self.rows[pos]
                 first = _vetted(base, plan, self.sampling, None, *first)
             self.decided[pos] = first
 
