@@ -196,7 +196,9 @@ def _bitmask_buffer(n: int, vocab: int) -> torch.Tensor:
     """The first ``n`` rows of a preallocated int32 bitmask for ``vocab`` tokens (grown as batches grow): every
     row handed to the engine is written whole, and allocating a fresh one per step costs more than the fill."""
     rows, words = llguidance.torch.get_bitmask_shape(n, vocab)
-    held: dict[int, torch.Tensor] = _BITMASKS.__dict__.setdefault("by_words", {})
+    if not hasattr(_BITMASKS, "by_words"):
+        _BITMASKS.by_words = {}
+    held: dict[int, torch.Tensor] = _BITMASKS.by_words
     buf = held.get(words)
     if buf is None or buf.shape[0] < rows:
         buf = held[words] = torch.full((max(rows, 64), words), -1, dtype=torch.int32)

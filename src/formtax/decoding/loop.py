@@ -100,12 +100,13 @@ def _greedy_batch(logits: Sequence[torch.Tensor], chosen: list[tuple[int, Plan]]
     """The greedy choice of several rows at once; token for token what :func:`_choose` gives row by row.
 
     ``top()`` is the argmax of every row of the step's raw logits, computed once for the step (one host
-    transfer); ``logits`` are the step's rows (views). A row without a mask takes its top token. A masked row whose top token is allowed and not banned
-    takes it too: the first maximal index overall, when allowed, is the first maximal index among the allowed
-    ones, so this is exactly the masked argmax, without touching the logits. The other masked rows (and rows
-    choosing from their own scores) take the first maximal index among their allowed ids, read on the host
-    (:func:`~formtax.tensorops.masked_argmax`); on a device, one masked fill over their stacked logits and one
-    argmax. Allowed sets are counted (a set of one is a forced token) by :meth:`Plan.allowed_count`."""
+    transfer); ``logits`` are the step's rows (views). A row without a mask takes its top token. A masked row
+    whose top token is allowed and not banned takes it too: the first maximal index overall, when allowed, is
+    the first maximal index among the allowed ones, so this is exactly the masked argmax, without touching the
+    logits. The other masked rows (and rows choosing from their own scores) take the first maximal index among
+    their allowed ids, read on the host (:func:`~formtax.tensorops.masked_argmax`); on a device, one masked fill
+    over their stacked logits and one argmax. Allowed sets are counted (a set of one is a forced token) by
+    :meth:`Plan.allowed_count`."""
     out: list[tuple[int, bool, bool]] = [(0, False, False)] * len(chosen)
     rest: list[int] = []
     for k, (pos, plan) in enumerate(chosen):

@@ -163,13 +163,14 @@ def request_for(task: Task, p: Planned, config: RunConfig) -> Request:
 def strategy_options(p: Planned, config: RunConfig) -> dict[str, Any]:
     """The strategy-specific settings of one planned request (``Request.options``)."""
     options: dict[str, Any] = {}
-    if config.fem and "fem" in options_model(p.spec.name).model_fields:  # the strategies whose options take it
+    fields = options_model(p.spec.name).model_fields  # what the strategy's options model takes
+    if config.fem and "fem" in fields:
         options["fem"] = config.fem
         # Deco-G's key phrase only has to appear: placed anywhere unless --fem says otherwise
         if (p.output_format == OutputFormat.REASON_KEYPHRASE
                 and "placement" not in parse_fem_spec(config.fem, p.spec.name)[1]):
             options["placement"] = "anywhere"
-    if "json_layout" in options_model(p.spec.name).model_fields:
+    if "json_layout" in fields:
         options["json_layout"] = config.json_layout
     return options
 
