@@ -296,3 +296,22 @@ def test_the_cli_names_an_unreachable_server(server, tmp_path, capsys):
     rc = main(["run", "--task", "arith", "--strategies", "free", "--limit", "2", "--backend", "openai",
                "--server", url, "--engine-opt", "retries=0", "--out", str(tmp_path / "run")])
     assert rc == 2 and url in capsys.readouterr().err
+
+
+def test_a_local_server_computes_on_every_core_unless_told_otherwise(monkeypatch):
+    """serve()'s environment on CPUs: the engine's threads bound to every core this process may use (vLLM's own
+    default reserves one for its API process), and a variable the user set is kept."""
+    import os
+
+    from formtax.backends.vllm_backend import _server_cpu_env
+
+    for k in ("VLLM_CPU_NUM_OF_RESERVED_CPU", "OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND"):
+        monkeypatch.delenv(k, raising=False)
+    cores = sorted(os.sched_getaffinity(0))
+    env = _server_cpu_env(cpu=True)
+    assert env["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
+    assert env["OMP_NUM_THREADS"] == str(len(cores))
+    assert [int(c) for c in env["VLLM_CPU_OMP_THREADS_BIND"].split(",")] == cores
+    assert "OMP_NUM_THREADS" not in _server_cpu_env(cpu=False)  # a GPU server keeps vLLM's defaults
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert _server_cpu_env(cpu=True)["OMP_NUM_THREADS"] == "1"

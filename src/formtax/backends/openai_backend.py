@@ -133,7 +133,7 @@ class OpenAIBackend(RowEngine):
     capabilities = frozenset({Capability.GRAMMAR_PARAM, Capability.TOPK_LOGPROBS})
 
     def __init__(self, client: _Client, tok: TokenizerInfo, served_model: str, flavor: str,
-                 server_version: str | None = None, top_logprobs: int = 20, concurrency: int = 16,
+                 server_version: str | None = None, top_logprobs: int = 20, concurrency: int = 64,
                  tokenizer_path: str | None = None) -> None:
         self.client = client
         self._tok = tok
@@ -149,7 +149,7 @@ class OpenAIBackend(RowEngine):
     @classmethod
     def connect(cls, model: str | None = None, server: str | None = None, served_model: str | None = None,
                 api_key: str | None = None, timeout: float = 300.0, retries: int = 4, backoff: float = 0.5,
-                concurrency: int = 16, flavor: str = "auto", top_logprobs: int = 20) -> OpenAIBackend:
+                concurrency: int = 64, flavor: str = "auto", top_logprobs: int = 20) -> OpenAIBackend:
         """Connect to ``server`` (or ``$FORMTAX_SERVER``); ``model`` names the local tokenizer (the server's model:
         the embedded default when None). Fails at once, with the reason, when the server cannot be reached."""
         from formtax.backends.vllm_backend import tokenizer_info
@@ -250,7 +250,9 @@ class OpenAIBackend(RowEngine):
         return _Reply(tokens, choice.get("finish_reason"), text)
 
     def _post_all(self, bodies: Sequence[dict[str, Any]]) -> list[Any]:
-        """Send the requests concurrently (the server batches them); the first failure cancels the rest."""
+        """Send the requests concurrently (the server batches them); the first failure cancels the rest. The default
+        ``concurrency`` (64) covers a chunk of the runner's default batch with a probe per row, so no generation
+        waits in the pool for a slot."""
         if not bodies:
             return []
         url = self.client.base + "/completions"
