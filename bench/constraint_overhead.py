@@ -6,7 +6,9 @@ SentencePiece) in the same run; ``ratio`` is SmolLM2's, ``ratio_gemma`` Gemma's 
 
 ratio = constrained wall time per token / free wall time per token at batch 1 (target <= 1.05); ``ratio_b8`` the
 same at batch 8 (8 prompts decoded together, both ways). Equal lengths: each free row runs exactly as many steps as
-its constrained twin did (EOS banned, budget = that length), so both sides decode the same batch shapes.
+its constrained twin did (EOS banned, budget = that length), so both sides decode the same batch shapes. After an
+untimed round of both, three rounds alternate which side goes first; the ratio is the median round's
+(``ratios_b1`` / ``ratios_b8`` list every round).
 The mask path, along the constrained output's own tokens: ``engine_us_p50`` is llguidance filling its bitmask alone,
 ``mask_us_p50`` formtax's whole ``Matcher.allowed_mask()`` (the engine's fill and the bool mask the loop reads),
 each on its own matcher in the same state, interleaved in the same run; ``mask_vs_engine`` = their p50 ratio
@@ -17,6 +19,7 @@ converted here to a fast tokenizer; masks only, same grammar).
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import llguidance.torch
 import numpy as np
@@ -72,45 +75,66 @@ def large_vocab_masks(grammar: str) -> dict[str, object]:
     qt = PreTrainedTokenizerFast(tokenizer_object=conv.converted(), eos_token="<|endoftext|>")
     eng = EngineTokenizer(qt)
     text = '{"reason": "We add the numbers step by step and check the result twice over", "answer": 42}'
-    e, w = [], []
+    alone: list[float] = []
+    whole: list[float] = []
     for _ in range(5):
         a, b = mask_times(eng, grammar, qt.encode(text, add_special_tokens=False), eng.vocab_size)
-        e, w = e + a, w + b
-    return {"vocab_large": eng.vocab_size, "mask_us_p50_large": _p(w, 50), "mask_us_p90_large": _p(w, 90),
-            "engine_us_p50_large": _p(e, 50), "engine_us_p90_large": _p(e, 90)}
+        alone, whole = alone + a, whole + b
+    return {"vocab_large": eng.vocab_size, "mask_us_p50_large": _p(whole, 50), "mask_us_p90_large": _p(whole, 90),
+            "engine_us_p50_large": _p(alone, 50), "engine_us_p90_large": _p(alone, 90)}
 
 
-def measure(m) -> dict[str, float]:  # type: ignore[no-untyped-def]
+def measure(m: Any, repeats: int = 3) -> dict[str, Any]:
+    """Both ways once untimed (the model's first call at each batch shape, the grammar's first matcher), then
+    ``repeats`` rounds, constrained first in even rounds and free first in odd ones (neither side always gets the
+    warmer machine); a round's ratio is its per-token times' ratio, the result the median round."""
     tok = m.tokenizer
     ids = [tok.prompt_ids([{"role": "user", "content": p}]) for p in PROMPTS]
     grammar_c = JsonReasonAnswer(parse_spec("{int:0..}"), reason_tokens=N - 12)
     compiled = compile_grammar(grammar_c.grammar, tok.engine)
-    t_free = {1: 0.0, 8: 0.0}
-    t_cons = {1: 0.0, 8: 0.0}
-    n_free = {1: 0, 8: 0}
-    n_cons = {1: 0, 8: 0}
+    batches = (ids[:1], ids[1:2], ids[2:3], ids[3:4], ids)  # batch 1 four times, then batch 8
+
+    def constrained(batch: list[list[int]]) -> list[list[int]]:
+        rows = [RowRequest(p, ConstrainedPolicy(compiled.matcher(tok.n_logits), tok.eos_ids), N) for p in batch]
+        return [o.tokens for o in decode(m, rows)]
+
+    def free(batch: list[list[int]], lengths: list[int]) -> None:  # stops where the constrained rows did
+        decode(m, [RowRequest(p, NoEos(tok.eos_ids), n) for p, n in zip(batch, lengths, strict=True)])
+
+    paths = [constrained(b) for b in batches]  # the warm-up round; greedy: every round takes these tokens
+    lengths = [[len(t) for t in ts] for ts in paths]
+    for batch, ls in zip(batches, lengths, strict=True):
+        free(batch, ls)
+    rounds: dict[int, list[tuple[float, float]]] = {1: [], 8: []}  # (constrained, free) seconds per token
     engine: list[float] = []
     whole: list[float] = []
-    for _ in range(2):
-        for batch in (ids[:1], ids[1:2], ids[2:3], ids[3:4], ids):  # batch 1 four times, then batch 8
+    for r in range(repeats):
+        t_free = {1: 0.0, 8: 0.0}
+        t_cons = {1: 0.0, 8: 0.0}
+        n = {1: 0, 8: 0}
+        for batch, ls, toks in zip(batches, lengths, paths, strict=True):
             b = len(batch)
-            t = time.perf_counter()
-            outs = decode(m, [RowRequest(p, ConstrainedPolicy(compiled.matcher(tok.n_logits), tok.eos_ids), N)
-                              for p in batch])
-            t_cons[b] += time.perf_counter() - t
-            n_cons[b] += sum(len(o.tokens) for o in outs)
-            lengths = [len(o.tokens) for o in outs]  # free rows stop where the constrained ones did: same batches
-            t = time.perf_counter()
-            free = decode(m, [RowRequest(p, NoEos(tok.eos_ids), n) for p, n in zip(batch, lengths, strict=True)])
-            t_free[b] += time.perf_counter() - t
-            n_free[b] += sum(len(o.tokens) for o in free)
+            for side in ("cons", "free") if r % 2 == 0 else ("free", "cons"):
+                t = time.perf_counter()
+                if side == "cons":
+                    constrained(batch)
+                    t_cons[b] += time.perf_counter() - t
+                else:
+                    free(batch, ls)
+                    t_free[b] += time.perf_counter() - t
+            n[b] += sum(ls)
             if b == 1:
-                a, w = mask_times(tok.engine, grammar_c.grammar, outs[0].tokens, tok.n_logits)
+                a, w = mask_times(tok.engine, grammar_c.grammar, toks[0], tok.n_logits)
                 engine, whole = engine + a, whole + w
-    per = {b: (t_cons[b] / n_cons[b]) / (t_free[b] / n_free[b]) for b in (1, 8)}
-    return {"ratio": per[1], "ratio_b8": per[8], "free": t_free[1] / n_free[1], "cons": t_cons[1] / n_cons[1],
-            "free_b8": t_free[8] / n_free[8], "cons_b8": t_cons[8] / n_cons[8],
-            "free_n": n_free[1], "cons_n": n_cons[1], "p50": _p(whole, 50), "p90": _p(whole, 90),
+        for b in (1, 8):
+            rounds[b].append((t_cons[b] / n[b], t_free[b] / n[b]))
+    med = {b: sorted(rounds[b], key=lambda cf: cf[0] / cf[1])[len(rounds[b]) // 2] for b in (1, 8)}
+    per = {b: med[b][0] / med[b][1] for b in (1, 8)}
+    return {"ratio": per[1], "ratio_b8": per[8], "free": med[1][1], "cons": med[1][0],
+            "free_b8": med[8][1], "cons_b8": med[8][0], "rounds": repeats,
+            "ratios_b1": [round(c / f, 3) for c, f in rounds[1]], "ratios_b8": [round(c / f, 3) for c, f in rounds[8]],
+            "free_n": sum(map(sum, lengths[:4])), "cons_n": sum(map(sum, lengths[:4])),
+            "p50": _p(whole, 50), "p90": _p(whole, 90),
             "engine_p50": _p(engine, 50), "engine_p90": _p(engine, 90), "vocab": tok.n_logits,
             "grammar": grammar_c.grammar}
 
@@ -123,13 +147,15 @@ def main() -> None:
            "engine_us_p50_49k": r["engine_p50"], "engine_us_p90_49k": r["engine_p90"],
            "mask_vs_engine": round(r["p50"] / r["engine_p50"], 2), "mask_vs_engine_target": 2.0,
            "ratio_b8": round(r["ratio_b8"], 3), "free_s_per_token_b8": round(r["free_b8"], 5),
-           "constrained_s_per_token_b8": round(r["cons_b8"], 5)}
+           "constrained_s_per_token_b8": round(r["cons_b8"], 5), "rounds": r["rounds"],
+           "ratios_b1": r["ratios_b1"], "ratios_b8": r["ratios_b8"]}
     gemma = load_gemma()
     if gemma is None:
         out["gemma"] = "not measured: pip install 'formtax[gemma]'"
     else:
         g = measure(gemma)
         out |= {"ratio_gemma": round(g["ratio"], 3), "ratio_b8_gemma": round(g["ratio_b8"], 3),
+                "ratios_b1_gemma": g["ratios_b1"], "ratios_b8_gemma": g["ratios_b8"],
                 "free_s_per_token_gemma": round(g["free"], 5),
                 "constrained_s_per_token_gemma": round(g["cons"], 5), "vocab_gemma": g["vocab"],
                 "mask_us_p50_gemma": g["p50"], "mask_us_p90_gemma": g["p90"],
