@@ -64,6 +64,7 @@ log = logging.getLogger(__name__)
 # Engine settings formtax's exactness depends on (a user option cannot override them).
 FIXED_ENGINE: dict[str, Any] = {"enable_chunked_prefill": False, "async_scheduling": False}
 DEFAULT_ENGINE: dict[str, Any] = {"enable_prefix_caching": True, "max_model_len": 4096, "seed": 0}
+CPU_KVCACHE_GIB = "1"  # VLLM_CPU_KVCACHE_SPACE unless set: the in-process engine's and serve()'s alike
 
 
 def tokenizer_info(path: str) -> TokenizerInfo:
@@ -103,7 +104,7 @@ def _prepare_environment() -> None:
     if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0") != "0":
         log.warning("VLLM_ENABLE_V1_MULTIPROCESSING=0 is forced: formtax's logits processor must run in-process")
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KVCACHE_GIB)
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 
@@ -309,7 +310,7 @@ def _server_cpu_env(cpu: bool) -> dict[str, str]:
     the engine (the API process then shares them; it is idle while the engine steps). Ours, and why: the
     server's own defaults suit a machine serving many clients; this helper starts a server next to formtax for
     one run. A variable already set in the environment is kept."""
-    out = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+    out = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", CPU_KVCACHE_GIB)}
     if not cpu:
         return out
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
