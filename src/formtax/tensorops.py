@@ -99,6 +99,8 @@ def unpack_bitmask(words: torch.Tensor | np.ndarray, n: int, vocab_size: int) ->
     vocabulary (the last word's spare bits, and logits the tokenizer does not name). One vectorised call for
     the whole batch."""
     bits = np.unpackbits(_words(words).view(np.uint8), axis=-1, bitorder="little")  # little-endian words: bytes in bit order
+    if bits.shape[-1] == n <= vocab_size:  # the common case (n a multiple of 32): nothing to cut or pad
+        return torch.from_numpy(bits).view(torch.bool)
     bits = bits[..., : min(n, vocab_size)]
     if n > bits.shape[-1]:
         pad = np.zeros((*bits.shape[:-1], n - bits.shape[-1]), dtype=np.uint8)

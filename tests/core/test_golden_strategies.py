@@ -103,7 +103,22 @@ def _compare(section: str, got: dict[str, Any]) -> None:
     want = golden[section]
     assert sorted(got) == sorted(want)
     for key in sorted(want):
-        assert got[key] == want[key], f"{section} {key}"
+        assert _exact(got[key], section) == _exact(want[key], section), f"{section} {key}"
+        if section.startswith("default-model"):  # its masked masses to float32 ulps (below)
+            masses = [(g["masked_mass"], w["masked_mass"]) for g, w in zip(got[key], want[key], strict=True)]
+            assert all((g is None) == (w is None) and (g is None or abs(g - w) <= MASS_ULPS) for g, w in masses)
+
+
+MASS_ULPS = 2e-6
+"""The default model's masked masses are compared to this: its float32 forward pass differs in the last bits
+between CPUs (another machine's matmul kernels), which moves the 6th digit of a mass; its tokens never move."""
+
+
+def _exact(outputs: Any, section: str) -> Any:
+    """What must be identical: everything, less the default model's masked masses (compared to MASS_ULPS)."""
+    if not section.startswith("default-model"):
+        return outputs
+    return [{k: v for k, v in o.items() if k != "masked_mass"} for o in outputs]
 
 
 @pytest.mark.parametrize("seed", [0, 1])

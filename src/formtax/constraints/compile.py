@@ -15,7 +15,6 @@ from typing import Any
 
 import llguidance
 import llguidance.hf
-import llguidance.torch
 import numpy as np
 import torch
 
@@ -182,8 +181,9 @@ def fill_masks(matchers: list[Matcher]) -> None:
             continue  # nothing to share: the matcher computes its own mask when asked
         if _EXECUTOR is None:
             _EXECUTOR = llguidance.LLExecutor()
-        bitmask = _bitmask_buffer(len(ms), vocab)
-        llguidance.torch.fill_next_token_bitmask_par(_EXECUTOR, [(m._ll, k) for k, m in enumerate(ms)], bitmask)
+        bitmask = _bitmask_buffer(len(ms), vocab)  # one call for the batch, as llguidance.torch's *_par does
+        _EXECUTOR.unsafe_compute_mask_ptr([(m._ll, k) for k, m in enumerate(ms)], bitmask.data_ptr(),
+                                          bitmask.shape[1] * 4, len(ms))
         rows = unpack_bitmask(bitmask, n_logits, vocab).unbind(0)  # fresh tensors: the buffer is reused
         counts = bitmask_counts(bitmask, n_logits, vocab)
         for m, row, count in zip(ms, rows, counts, strict=True):
@@ -196,7 +196,7 @@ _BITMASKS = threading.local()  # per thread: decode loops in several threads (a 
 def _bitmask_buffer(n: int, vocab: int) -> torch.Tensor:
     """The first ``n`` rows of a preallocated int32 bitmask for ``vocab`` tokens (grown as batches grow): every
     row handed to the engine is written whole, and allocating a fresh one per step costs more than the fill."""
-    rows, words = llguidance.torch.get_bitmask_shape(n, vocab)
+    rows, words = n, (vocab + 31) // 32  # llguidance's bitmask shape: 32 tokens a word
     if not hasattr(_BITMASKS, "by_words"):
         _BITMASKS.by_words = {}
     held: dict[int, torch.Tensor] = _BITMASKS.by_words

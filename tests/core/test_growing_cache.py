@@ -1,0 +1,76 @@
+"""The hf backend's in-place KV cache (backends/hf.py ``GrowingLayer``) gives the very logits transformers' own
+``DynamicCache`` gives: through prefill, steps past the buffer's spare columns (it grows), finished rows leaving
+the batch (``keep``) and a row cropped back (the suffix strategies' rewind). A tiny randomly initialised Llama, so
+the comparison is bitwise and runs in a second."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import DynamicCache, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+from formtax.backends import hf
+from formtax.backends.hf import GROW_COLUMNS, GrowingLayer, HFBatch, growing_cache
+
+
+@pytest.fixture(scope="module")
+def tiny() -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=2048)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def _decode(model: LlamaForCausalLM, steps: int) -> list[torch.Tensor]:
+    """Greedy steps over four left-padded rows with a keep and a crop on the way; every step's logits."""
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(1, 97, (n,), generator=g).tolist() for n in (7, 3, 12, 5)]
+    b = HFBatch(model, prompts, pad_id=0, device=torch.device("cpu"))
+    out = [b.prefill()]
+    live = list(range(4))
+    for s in range(steps):
+        if s == 40:  # rows 1 and 3 finish
+            b.keep([0, 2])
+            live = [0, 2]
+            out[-1] = out[-1][[0, 2]]
+        if s == 60:  # row 0 goes back to its first 10 generated tokens, and row 1 to its prompt less its last token
+            b.crop(0, 10)
+            b.crop(1, -1)
+        out.append(b.step(out[-1].argmax(-1).tolist()))
+    assert len(live) == out[-1].shape[0]
+    return out
+
+
+def test_the_growing_cache_gives_dynamic_caches_logits_bit_for_bit(tiny, monkeypatch) -> None:
+    steps = GROW_COLUMNS + 40  # past the spare columns of the prefill: the buffer grows once at least
+    ours = _decode(tiny, steps)
+    monkeypatch.setattr(hf, "growing_cache", lambda config: DynamicCache(config=config))
+    theirs = _decode(tiny, steps)
+    assert len(ours) == len(theirs) == steps + 1
+    for k, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+        assert torch.equal(a, b), f"step {k} differs by {float((a - b).abs().max())}"
+
+
+def test_the_layer_appends_in_place_and_views_its_filled_part() -> None:
+    layer = GrowingLayer()
+    k = torch.arange(2 * 3 * 4 * 5, dtype=torch.float32).reshape(2, 3, 4, 5)
+    keys, values = layer.update(k, -k)
+    assert torch.equal(keys, k) and torch.equal(values, -k) and layer.get_seq_length() == 4
+    buf = layer._kbuf
+    for t in range(GROW_COLUMNS):  # fills the spare columns without a new buffer
+        keys, _ = layer.update(k[:, :, :1] + t, -k[:, :, :1])
+    assert layer._kbuf is buf and layer.get_seq_length() == 4 + GROW_COLUMNS
+    keys, _ = layer.update(k[:, :, :1], -k[:, :, :1])  # one past: it grows, keeping what it held
+    assert layer._kbuf is not buf and torch.equal(keys[:, :, :4], k) and keys.shape[-2] == 5 + GROW_COLUMNS
+    layer.batch_select_indices(torch.tensor([1]))
+    assert torch.equal(layer.keys[0, :, :4], k[1]) and layer.keys.shape[0] == 1
+    layer.crop(-3)
+    assert layer.get_seq_length() == 2 + GROW_COLUMNS and layer.keys.shape[-2] == 2 + GROW_COLUMNS
+
+
+def test_sliding_window_layers_keep_transformers_own() -> None:
+    cfg = Gemma3TextConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=6,
+                           num_attention_heads=2, num_key_value_heads=1, head_dim=8, sliding_window=4)
+    kinds = [type(layer) for layer in growing_cache(cfg).layers]
+    assert DynamicSlidingWindowLayer in kinds and GrowingLayer in kinds and DynamicLayer not in kinds
