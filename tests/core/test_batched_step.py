@@ -4,10 +4,12 @@ and counts as bit-by-bit reading says; masks computed for a batch at once equal 
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import formtax.constraints.compile as compile_mod
 from formtax.backends.fake import FakeBackend, random_logits
 from formtax.constraints import compile_grammar, parse_spec
 from formtax.constraints.compile import fill_masks
@@ -78,7 +80,9 @@ def test_host_reductions_equal_torchs() -> None:
     assert count_true(torch.tensor([True, False, True])) == 2
 
 
-def test_masks_filled_for_a_batch_equal_each_matchers_own() -> None:
+@pytest.mark.parametrize("pool", [True, False])  # llguidance's thread pool, or row by row in this thread
+def test_masks_filled_for_a_batch_equal_each_matchers_own(pool: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(compile_mod, "_PARALLEL", pool)
     tok = FakeBackend(random_logits(seed=0)).tokenizer
     grammar = parse_spec('json:{"type":"object","properties":{"n":{"type":"integer"}},"required":["n"]}').grammar
     c = compile_grammar(grammar, tok.engine)

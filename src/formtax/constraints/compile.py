@@ -9,6 +9,7 @@ error result.
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -163,11 +164,19 @@ class Matcher:
 
 
 _EXECUTOR: llguidance.LLExecutor | None = None
+PARALLEL_MIN_ROWS = 4
+_PARALLEL = int(0.8 * (os.cpu_count() or 1)) >= 2
+"""When a batch's masks go through llguidance's thread pool (``LLExecutor``); else the rows are filled one by one in
+this thread. Ours, and why: the pool's own threads number 80% of the CPUs, so on a 2-core machine it has one and
+only adds its dispatch (measured here: 12-16 us a call, the whole gain of batching at 8 rows, which made a
+constrained row-step cost 65 us at batch 8 against 33 filled in this thread); below 4 rows the dispatch
+always costs more than it saves."""
 
 
 def fill_masks(matchers: list[Matcher]) -> None:
     """Compute the allowed sets of several matchers at once, before their policies plan: one call into the
-    engine for the batch (``LLExecutor``, parallel over its threads) into one int32 bitmask, and one unpacking
+    engine for the batch (``LLExecutor``, parallel over its threads, where it has several: :data:`_PARALLEL`)
+    into one int32 bitmask, and one unpacking
     of all rows; each matcher's next :meth:`Matcher.allowed_mask` in its present state returns its row (a
     read-only view). Matchers in error or stopped are skipped (their policies stop without a mask). The same
     sets as one :meth:`Matcher.allowed_mask` each: the engine computes each row from that matcher alone."""
@@ -179,11 +188,15 @@ def fill_masks(matchers: list[Matcher]) -> None:
     for (vocab, n_logits), ms in groups.items():
         if len(ms) == 1:
             continue  # nothing to share: the matcher computes its own mask when asked
-        if _EXECUTOR is None:
-            _EXECUTOR = llguidance.LLExecutor()
-        bitmask = _bitmask_buffer(len(ms), vocab)  # one call for the batch, as llguidance.torch's *_par does
-        _EXECUTOR.unsafe_compute_mask_ptr([(m._ll, k) for k, m in enumerate(ms)], bitmask.data_ptr(),
-                                          bitmask.shape[1] * 4, len(ms))
+        bitmask = _bitmask_buffer(len(ms), vocab)
+        row_bytes, ptr = bitmask.shape[1] * 4, bitmask.data_ptr()
+        if len(ms) >= PARALLEL_MIN_ROWS and _PARALLEL:  # one call for the batch, as llguidance.torch's *_par does
+            if _EXECUTOR is None:
+                _EXECUTOR = llguidance.LLExecutor()
+            _EXECUTOR.unsafe_compute_mask_ptr([(m._ll, k) for k, m in enumerate(ms)], ptr, row_bytes, len(ms))
+        else:  # each matcher into its row of the same buffer, in this thread
+            for k, m in enumerate(ms):
+                m._ll.unsafe_compute_mask_ptr(ptr + k * row_bytes, row_bytes)
         rows = unpack_bitmask(bitmask, n_logits, vocab).unbind(0)  # fresh tensors: the buffer is reused
         counts = bitmask_counts(bitmask, n_logits, vocab)
         for m, row, count in zip(ms, rows, counts, strict=True):
