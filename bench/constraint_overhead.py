@@ -7,7 +7,8 @@ SentencePiece) in the same run; ``ratio`` is SmolLM2's, ``ratio_gemma`` Gemma's 
 ratio = constrained wall time per token / free wall time per token at batch 1 (target <= 1.05); ``ratio_b8`` the
 same at batch 8 (8 prompts decoded together, both ways). Equal lengths: each free row runs exactly as many steps as
 its constrained twin did (EOS banned, budget = that length), so both sides decode the same batch shapes. After an
-untimed round of both, three rounds alternate which side goes first; the ratio is the median round's
+untimed round of both, ``--rounds`` rounds (default 5; a batch-8 round times about 4 s a side, and three
+rounds spread 0.86-1.14 on this shared machine) alternate which side goes first; the ratio is the median round's
 (``ratios_b1`` / ``ratios_b8`` list every round).
 The mask path, along the constrained output's own tokens: ``engine_us_p50`` is llguidance filling its bitmask alone,
 ``mask_us_p50`` formtax's whole ``Matcher.allowed_mask()`` (the engine's fill and the bool mask the loop reads),
@@ -140,7 +141,12 @@ def measure(m: Any, repeats: int = 3) -> dict[str, Any]:
 
 
 def main() -> None:
-    r = measure(load_default())
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=5, help="timed rounds after the untimed one (median round)")
+    a = ap.parse_args()
+    r = measure(load_default(), repeats=a.rounds)
     out = {"ratio": round(r["ratio"], 3), "target": 1.05, "better": "lower", "free_s_per_token": round(r["free"], 5),
            "constrained_s_per_token": round(r["cons"], 5), "free_tokens": r["free_n"],
            "constrained_tokens": r["cons_n"], "mask_us_p50_49k": r["p50"], "mask_us_p90_49k": r["p90"],
@@ -153,7 +159,7 @@ def main() -> None:
     if gemma is None:
         out["gemma"] = "not measured: pip install 'formtax[gemma]'"
     else:
-        g = measure(gemma)
+        g = measure(gemma, repeats=a.rounds)
         out |= {"ratio_gemma": round(g["ratio"], 3), "ratio_b8_gemma": round(g["ratio_b8"], 3),
                 "ratios_b1_gemma": g["ratios_b1"], "ratios_b8_gemma": g["ratios_b8"],
                 "free_s_per_token_gemma": round(g["free"], 5),
