@@ -19,6 +19,7 @@ converted here to a fast tokenizer; masks only, same grammar).
 
 from __future__ import annotations
 
+import argparse
 import time
 from typing import Any
 
@@ -141,8 +142,6 @@ def measure(m: Any, repeats: int = 3) -> dict[str, Any]:
 
 
 def main() -> None:
-    import argparse
-
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5, help="timed rounds after the untimed one (median round)")
     a = ap.parse_args()

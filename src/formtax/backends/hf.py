@@ -54,24 +54,32 @@ class GrowingLayer(DynamicLayer):
             self.lazy_initialization(key_states, value_states)
         add = key_states.shape[-2]
         if self._kbuf is None or self._vbuf is None or self._n + add > self._kbuf.shape[-2]:
-            self._grow(key_states, value_states, self._n + add + GROW_COLUMNS)
-        assert self._kbuf is not None and self._vbuf is not None
+            self._kbuf, self._vbuf = (self._moved(buf, new.shape[0], new, self._n + add + GROW_COLUMNS)
+                                      for buf, new in ((self._kbuf, key_states), (self._vbuf, value_states)))
         self._kbuf[..., self._n : self._n + add, :].copy_(key_states)
         self._vbuf[..., self._n : self._n + add, :].copy_(value_states)
         self._n += add
-        self.keys = self._kbuf[..., : self._n, :]
-        self.values = self._vbuf[..., : self._n, :]
-        return self.keys, self.values
+        return self._views()
 
-    def _grow(self, key_states: torch.Tensor, value_states: torch.Tensor, columns: int) -> None:
-        def bigger(old: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
-            buf = new.new_empty((*new.shape[:-2], columns, new.shape[-1]))
-            if old is not None and self._n:
-                buf[..., : self._n, :].copy_(old[..., : self._n, :])
-            return buf
+    def _views(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Point ``keys`` / ``values`` at the buffers' filled columns (what attention and transformers read)."""
+        assert self._kbuf is not None and self._vbuf is not None
+        k, v = self._kbuf[..., : self._n, :], self._vbuf[..., : self._n, :]
+        self.keys, self.values = k, v
+        return k, v
 
-        self._kbuf = bigger(self._kbuf, key_states)
-        self._vbuf = bigger(self._vbuf, value_states)
+    def _moved(self, old: torch.Tensor | None, rows: int, like: torch.Tensor, columns: int,
+               indices: torch.Tensor | None = None) -> torch.Tensor:
+        """A new buffer of ``rows`` x ``columns`` holding ``old``'s filled columns (its rows ``indices``, or all):
+        the one copy behind growing and behind finished rows leaving."""
+        buf = like.new_empty((rows, *like.shape[1:-2], columns, like.shape[-1]))
+        if old is not None and self._n:
+            filled = old[..., : self._n, :]
+            if indices is None:
+                buf[..., : self._n, :].copy_(filled)
+            else:
+                torch.index_select(filled, 0, indices, out=buf[..., : self._n, :])
+        return buf
 
     def get_seq_length(self) -> int:
         return self._n if self.is_initialized else 0
@@ -82,28 +90,23 @@ class GrowingLayer(DynamicLayer):
         if tokens_to_remove == 0 or not self.is_initialized:
             return
         self._n = max(0, self._n + tokens_to_remove)
-        if self._kbuf is not None and self._vbuf is not None:
-            self.keys, self.values = self._kbuf[..., : self._n, :], self._vbuf[..., : self._n, :]
+        if self._kbuf is not None:
+            self._views()
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         """Keep the rows ``indices`` (finished rows leave the batch): only the filled columns are copied."""
         if self._kbuf is None or self._vbuf is None:
             return
-
-        def select(buf: torch.Tensor) -> torch.Tensor:
-            out = buf.new_empty((len(indices), *buf.shape[1:]))
-            torch.index_select(buf[..., : self._n, :], 0, indices, out=out[..., : self._n, :])
-            return out
-
-        self._kbuf, self._vbuf = select(self._kbuf), select(self._vbuf)
-        self.keys, self.values = self._kbuf[..., : self._n, :], self._vbuf[..., : self._n, :]
+        self._kbuf, self._vbuf = (self._moved(buf, len(indices), buf, buf.shape[-2], indices)
+                                  for buf in (self._kbuf, self._vbuf))
+        self._views()
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         if self._kbuf is None or self._vbuf is None:
             return
         self._kbuf = self._kbuf.repeat_interleave(repeats, dim=0)
         self._vbuf = self._vbuf.repeat_interleave(repeats, dim=0)
-        self.keys, self.values = self._kbuf[..., : self._n, :], self._vbuf[..., : self._n, :]
+        self._views()
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         self.batch_select_indices(beam_idx)

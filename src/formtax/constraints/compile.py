@@ -175,9 +175,8 @@ always costs more than it saves."""
 
 def fill_masks(matchers: list[Matcher]) -> None:
     """Compute the allowed sets of several matchers at once, before their policies plan: one call into the
-    engine for the batch (``LLExecutor``, parallel over its threads, where it has several: :data:`_PARALLEL`)
-    into one int32 bitmask, and one unpacking
-    of all rows; each matcher's next :meth:`Matcher.allowed_mask` in its present state returns its row (a
+    engine for the batch into one int32 bitmask (``LLExecutor``, parallel over its threads, where it has
+    several: :data:`_PARALLEL`), and one unpacking of all rows; each matcher's next :meth:`Matcher.allowed_mask` in its present state returns its row (a
     read-only view). Matchers in error or stopped are skipped (their policies stop without a mask). The same
     sets as one :meth:`Matcher.allowed_mask` each: the engine computes each row from that matcher alone."""
     global _EXECUTOR
