@@ -167,14 +167,20 @@ class HFBatch(Batch):
         self.cache = cache
         return out.logits[:, -1, :].float()
 
+    def step_device(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.step(tokens)  # a tensor of ids: fed without a copy back (below)
+
     @torch.inference_mode()
-    def step(self, tokens: Sequence[int]) -> torch.Tensor:
+    def step(self, tokens: Sequence[int] | torch.Tensor) -> torch.Tensor:
         n = self.attn.shape[0]
         if len(tokens) != n:
             raise ValueError(f"step got {len(tokens)} tokens for {n} live rows")
         col = self.attn.shape[1]
         self.attn = torch.cat([self.attn, torch.ones((n, 1), dtype=torch.long, device=self.device)], dim=1)
-        ids = torch.tensor(list(tokens), dtype=torch.long, device=self.device).unsqueeze(1)
+        if isinstance(tokens, torch.Tensor):  # chosen on the device: no copy
+            ids = tokens.to(device=self.device, dtype=torch.long).view(n, 1)
+        else:
+            ids = torch.tensor(list(tokens), dtype=torch.long, device=self.device).unsqueeze(1)
         out = self.model(
             input_ids=ids,
             attention_mask=self.attn,

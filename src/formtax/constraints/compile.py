@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,7 +92,8 @@ class Matcher:
         self.consumed = 0
         self.grammar = ""  # the grammar's text (closing mode's search reads its literals)
         self._version = 0  # bumped by every change of state: a prefilled mask is valid only for its version
-        self._prefilled: tuple[int, torch.Tensor, int] | None = None  # (version, allowed set, its size)
+        # (version, allowed set, its size or None, its packed words): the set of one state, unpacked and packed
+        self._prefilled: tuple[int, torch.Tensor, int | None, np.ndarray] | None = None
 
     # -- the allowed set ------------------------------------------------------------------------------------
     def allowed_mask(self) -> torch.Tensor:
@@ -100,7 +102,15 @@ class Matcher:
         if self._prefilled is not None and self._prefilled[0] == self._version:
             return self._prefilled[1]
         self._ll.unsafe_compute_mask_ptr(self._bitmask_ptr, self._bitmask.nbytes)  # as llguidance.torch does
-        return unpack_bitmask(self._bitmask, self.n_logits, self._tok.vocab_size)
+        mask = unpack_bitmask(self._bitmask, self.n_logits, self._tok.vocab_size)
+        self._prefilled = (self._version, mask, None, self._bitmask.copy())
+        return mask
+
+    def packed(self, mask: torch.Tensor) -> np.ndarray | None:
+        """The packed words (llguidance's int32 layout) of ``mask`` if it is this state's allowed set as
+        :meth:`allowed_mask` returned it (so a device step copies 1 bit a token, not 1 byte)."""
+        pre = self._prefilled
+        return pre[3] if pre is not None and pre[0] == self._version and pre[1] is mask else None
 
     def known_count(self, mask: torch.Tensor) -> int | None:
         """The size of ``mask`` if it is the set :func:`fill_masks` prepared (counted there for the whole batch)."""
@@ -198,8 +208,38 @@ def fill_masks(matchers: list[Matcher]) -> None:
                 m._ll.unsafe_compute_mask_ptr(ptr + k * row_bytes, row_bytes)
         rows = unpack_bitmask(bitmask, n_logits, vocab).unbind(0)  # fresh tensors: the buffer is reused
         counts = bitmask_counts(bitmask, n_logits, vocab)
-        for m, row, count in zip(ms, rows, counts, strict=True):
-            m._prefilled = (m._version, row, count)
+        words = bitmask.numpy().copy()
+        for k, (m, row, count) in enumerate(zip(ms, rows, counts, strict=True)):
+            m._prefilled = (m._version, row, count, words[k])
+
+
+class MaskFill:
+    """The masks of a step's grammar rows, filled while the device runs that step's forward pass (vLLM's overlap).
+
+    The decode loop starts the fill right after it launches the forward pass (asynchronous on an accelerator) and
+    waits for it before planning. With ``background`` the fill runs on one worker thread (llguidance computes
+    masks outside the GIL, over its own pool where :data:`_PARALLEL`), so the host's mask work hides behind the
+    device's; on the host's own device (CPU) the forward pass already uses every core, so it runs inline, after
+    the forward pass, as before. Either way the masks are those :func:`fill_masks` computes."""
+
+    _pool: ThreadPoolExecutor | None = None
+
+    def __init__(self, background: bool) -> None:
+        self.background = background
+        self._pending: Future[None] | None = None
+
+    def start(self, matchers: list[Matcher]) -> None:
+        if not self.background:
+            fill_masks(matchers)
+            return
+        if MaskFill._pool is None:
+            MaskFill._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="formtax-masks")
+        self._pending = MaskFill._pool.submit(fill_masks, matchers)
+
+    def wait(self) -> None:
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.result()
 
 
 _BITMASKS = threading.local()  # per thread: decode loops in several threads (a server) never share a buffer

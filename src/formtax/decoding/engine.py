@@ -141,6 +141,12 @@ class Batch(ABC):
     def step(self, tokens: Sequence[int]) -> torch.Tensor:
         """Append one token per live row; return the next logits [n_live, n_logits]."""
 
+    def step_device(self, tokens: torch.Tensor) -> torch.Tensor:
+        """:meth:`step` with the tokens as a tensor [n_live] on the logits' device (the decode loop's device step
+        chose them there): a batch on an accelerator feeds them to the model without a copy back. The default
+        reads them on the host."""
+        return self.step([int(t) for t in tokens.tolist()])
+
     @abstractmethod
     def keep(self, live_positions: Sequence[int]) -> None:
         """Keep only these live rows (in this order); the others are finished and dropped."""

@@ -18,12 +18,14 @@ import dataclasses
 import time
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
 
-from formtax.constraints.compile import fill_masks
+from formtax.constraints.compile import MaskFill
+from formtax.decoding.devicestep import Entry, clear_bits, device_round, pack_bool, to_host
 from formtax.decoding.engine import Backend, Batch
 from formtax.decoding.plan import Divert, Plan, Policy, RowCursor, RowOutput, RowRequest, Step, Veto, relay
-from formtax.decoding.sampling import Sampling, as_sampling
+from formtax.decoding.sampling import GREEDY, Sampling, as_sampling
 from formtax.tensorops import argmax, argmax_rows, holds, masked_argmax
 
 # the vocabulary lives in decoding/plan.py; re-exported here, where the strategies have always found it
@@ -35,23 +37,25 @@ def resolve_divert(plan: Plan, logits: torch.Tensor, sampling: Sampling | float,
                    ) -> Plan:
     """A diverting plan as one an engine that samples on its own can apply (vLLM's logits processor).
 
-    Greedy: the replacement plan if the argmax is a divert token, else the plan with those tokens banned (whose
-    argmax is the same token). Sampled: the replacement with probability ``p(divert tokens)``, else the plan with
-    them banned, from which the engine's draw is distributed as the loop's kept draw (the model's distribution
-    conditioned on not drawing a divert token). So the outputs have the loop's distribution; the random stream
-    is the engine's.
+    Greedy (or a divert decided by the argmax): the replacement plan if the argmax is a divert token, else the
+    ``otherwise`` plan if there is one, else the plan with those tokens banned (whose argmax is the same token).
+    Sampled: the replacement with probability ``p(divert tokens)``, else as above, from which the engine's draw
+    is distributed as the loop's kept draw (the model's distribution conditioned on not drawing a divert token).
+    So the outputs have the loop's distribution; the random stream is the engine's.
     """
     assert plan.divert is not None
     s = as_sampling(sampling)
-    tokens = plan.divert.tokens
-    if s.greedy:
-        hit = int(torch.argmax(logits).item()) in tokens
+    d = plan.divert
+    if s.greedy or d.by_argmax:
+        hit = int(torch.argmax(logits).item()) in d.tokens
     else:
         p = torch.softmax(s.warp(logits).double(), dim=-1)
-        hit = float(torch.rand((), generator=gen, dtype=torch.float64).item()) < float(p[sorted(tokens)].sum())
+        hit = float(torch.rand((), generator=gen, dtype=torch.float64).item()) < float(p[sorted(d.tokens)].sum())
     if hit:
-        return plan.divert.then()
-    return dataclasses.replace(plan, divert=None, banned=sorted(set(plan.banned) | tokens))
+        return d.then()
+    if d.otherwise is not None:
+        return d.otherwise()
+    return dataclasses.replace(plan, divert=None, banned=sorted(set(plan.banned) | d.tokens))
 
 
 def _choose(
@@ -193,28 +197,42 @@ class _Step:
 
     Kept as an object so the loop in :func:`decode` reads top to bottom; the per-step fields are reset by
     :meth:`begin`. Planning settles forced, drawn and sampled tokens per row; greedy choices wait for
-    :meth:`choose_greedy` (all greedy rows at once) unless rows are coupled."""
+    :meth:`choose_greedy` (all greedy rows at once) unless rows are coupled.
+
+    ``on_device``: the logits live on an accelerator (or a test asks for that path). Then nothing reads a row of
+    them on the host: the unmasked argmax of the batch comes over in one copy when a row needs it before its
+    choice (a free row, or a divert's draw), and every other greedy choice and masked mass is made in one device
+    round (:mod:`formtax.decoding.devicestep`). On the host both are read through numpy, row by row, which is
+    faster there; the tokens are the same."""
 
     def __init__(self, cursors: Sequence[RowCursor], gens: list[torch.Generator | None],
-                 sampling: Sampling, batch: Batch, t0: float, together: bool) -> None:
+                 sampling: Sampling, batch: Batch, t0: float, together: bool, on_device: bool = False) -> None:
         self.cursors, self.gens, self.sampling, self.batch, self.t0 = cursors, gens, sampling, batch, t0
-        self.together = together
+        self.together, self.on_device = together, on_device
+        self.vocab = 0
         self.begin(torch.empty(0), 0)
 
-    def begin(self, logits: torch.Tensor, passes: int) -> None:
-        self.logits, self.passes = logits, passes
+    def begin(self, logits: torch.Tensor, passes: int, live: Sequence[int] = ()) -> None:
+        self.logits, self.passes, self.live = logits, passes, live
         self.rows: Sequence[torch.Tensor] = logits.unbind(0)  # one call for every row's view (indexing is not free)
         self.decided: dict[int, tuple[int, bool, bool]] = {}  # pos -> (token, masked, forced)
         self.plans: dict[int, Plan] = {}
         self.greedy: list[tuple[int, Plan]] = []
+        self.mass_rows: list[int] = []  # device path: rows whose masked mass the round measures
         self.keep: list[int] = []
         self.next_tokens: list[int] = []
         self._top: list[int] | None = None
+        self._top_dev: torch.Tensor | None = None
+        self.device_ids: tuple[torch.Tensor, list[int]] | None = None  # the round's ids, on the device and host
 
     def top(self) -> list[int]:
         """The argmax of every live row's raw logits, computed once per step (at the first row that needs it)."""
         if self._top is None:
-            self._top = argmax_rows(self.logits)
+            if self.on_device:
+                self._top_dev = self.logits.argmax(dim=-1)
+                self._top = [int(t) for t in to_host(self._top_dev).tolist()]
+            else:
+                self._top = argmax_rows(self.logits)
         return self._top
 
     def plan_row(self, pos: int, i: int) -> None:
@@ -223,17 +241,25 @@ class _Step:
         plan = cur.plan(row_logits)
         drawn: tuple[int, bool] | None = None
         if plan.divert is not None:  # draw first; a diverted token is replaced by the next plan's choice
-            if self.sampling.greedy and plan.scores is None and plan.allowed is None and not plan.banned:
+            unmasked = plan.scores is None and plan.allowed is None and not plan.banned
+            if (self.sampling.greedy or plan.divert.by_argmax) and unmasked:
                 drawn = (self.top()[pos], False)  # the unmasked greedy draw: the step's shared argmax
+            elif plan.divert.by_argmax:
+                drawn = _choose(plan.scores if plan.scores is not None else row_logits, plan, GREEDY, None)
             else:
                 drawn = _choose(plan.scores if plan.scores is not None else row_logits, plan, self.sampling, gen)
-            if drawn[0] in plan.divert.tokens:
-                plan, drawn = plan.divert.then(), None
+            replaced = plan.divert.resolve(drawn[0])
+            if replaced is not None:
+                plan, drawn = replaced, None
         cur.note(plan)
         self.plans[pos] = plan
         if plan.stop is not None or plan.rewind is not None:
             return
-        cur.measure(plan, lambda: masked_mass(row_logits, plan.allowed))  # type: ignore[arg-type]
+        if self.on_device and plan.scores is None:  # measured in the step's device round
+            if plan.measure_mass and plan.allowed is not None and cur.out.masked_mass is None:
+                self.mass_rows.append(pos)
+        else:
+            cur.measure(plan, lambda: masked_mass(row_logits, plan.allowed))  # type: ignore[arg-type]
         if plan.forced is not None:
             self.decided[pos] = (plan.forced, plan.allowed is not None, True)
         elif drawn is not None:  # kept from the diverting plan: its divert tokens were in effect masked
@@ -246,6 +272,9 @@ class _Step:
 
     def choose_greedy(self) -> None:
         """The greedy rows choose together; a row whose veto refuses its choice goes on alone."""
+        if self.on_device:
+            self._choose_on_device()
+            return
         if not self.greedy:
             return
         for (pos, plan), first in zip(self.greedy, _greedy_batch(self.rows, self.greedy, self.top), strict=True):
@@ -253,6 +282,81 @@ class _Step:
                 base = plan.scores if plan.scores is not None else self.rows[pos]
                 first = _vetted(base, plan, self.sampling, None, *first)
             self.decided[pos] = first
+
+    def _choose_on_device(self) -> None:
+        """The device path of :meth:`choose_greedy`: unmasked rows take the shared argmax when no round is
+        needed; otherwise one round chooses for every row of the step (forced and drawn rows ride along as
+        forced entries, so the round's ids can feed the next forward pass without a copy back) and measures the
+        masked masses. A veto's refusals are chosen again in further rounds over the refused rows only."""
+        simple = all(p.allowed is None and not p.banned and p.scores is None for _pos, p in self.greedy)
+        if simple and not self.mass_rows:
+            top = self.top() if self.greedy else None
+            for pos, _plan in self.greedy:
+                self.decided[pos] = (top[pos], False, False)  # type: ignore[index]
+            if top is not None and self._top_dev is not None:
+                self.device_ids = (self._top_dev, top)
+            return
+        greedy = dict(self.greedy)
+        order = sorted(set(greedy) | set(self.decided) | set(self.mass_rows))
+        entries, bases = [], []
+        for pos in order:
+            plan = self.plans[pos]
+            bases.append(self._base(plan, pos) if pos in greedy else self.rows[pos])
+            entries.append(self._entry(len(bases) - 1, plan, pos, measure=pos in self.mass_rows))
+            if pos in greedy and plan.veto is not None:
+                entries[-1].ranked = plan.veto.tries
+        got = device_round(bases, entries, self._vocab())
+        by_pos = dict(zip(order, got.ids, strict=True))
+        ranked = {pos: r for pos, r in zip(order, got.ranked, strict=True) if r is not None}
+        for pos, mass in zip(order, got.masses, strict=True):
+            if mass is not None:
+                self.cursors[self.live[pos]].measure(self.plans[pos], lambda m=mass: m)  # type: ignore[misc]
+        refused: list[int] = []
+        for pos, plan in self.greedy:
+            token = by_pos[pos]
+            self.decided[pos] = _masked_choice(plan, token) if (plan.allowed is not None or plan.banned) \
+                else (token, False, False)
+            if plan.veto is not None and not plan.veto.accept(token):
+                refused.append(pos)
+        if refused:
+            self._refuse(refused, ranked)
+        if order == list(range(len(self.rows))):
+            self.device_ids = (got.device_ids, got.ids)
+
+    def _entry(self, base: int, plan: Plan, pos: int, measure: bool = False) -> Entry:
+        """A row of the device round for ``plan``: its packed allowed set less its bans, its forced token (rows
+        decided before the round ride along forced), and whether its masked mass is measured."""
+        n_words = (max(self.logits.shape[1], self._vocab()) + 31) // 32
+        words = plan.packed_words() if plan.allowed is not None else None
+        if plan.allowed is not None and words is None:
+            words = pack_bool(plan.allowed, n_words)
+        measured = words if measure else None
+        if plan.banned:
+            words = clear_bits(words if words is not None else np.full(n_words, -1, dtype=np.int32), plan.banned)
+        forced = self.decided[pos][0] if pos in self.decided else -1
+        return Entry(base, words, forced, measured)
+
+    def _refuse(self, refused: list[int], ranked: dict[int, list[int]]) -> None:
+        """Rows whose veto refused their choice take the next of their ranked ids the veto accepts, up to its
+        ``tries`` choices in all; then its fallback is emitted (forced). The ranked ids are the host's repeated
+        masked argmax, so this is token for token what :func:`_vetted` does row by row, without another round."""
+        for pos in refused:
+            veto = self.plans[pos].veto
+            assert veto is not None
+            self.decided[pos] = (veto.fallback, True, True)
+            for token in ranked[pos][1: veto.tries]:
+                if veto.accept(token):
+                    self.decided[pos] = (token, True, False)
+                    break
+
+    def _base(self, plan: Plan, pos: int) -> torch.Tensor:
+        """What a greedy row chooses from: the plan's own scores, else the row's logits."""
+        return plan.scores if plan.scores is not None else self.rows[pos]
+
+    def _vocab(self) -> int:
+        if not self.vocab:
+            self.vocab = int(self.logits.shape[1])
+        return self.vocab
 
     def emit_row(self, pos: int, i: int) -> None:
         """Emit the row's token and advance its policy; then finish the row or keep it."""
@@ -273,10 +377,24 @@ class _Step:
         self.keep.append(pos)
         self.next_tokens.append(token)
 
+    def forward(self) -> torch.Tensor:
+        """Launch the next forward pass: with the round's ids where they are already on the device and every row
+        goes on with them (no copy back), else with the host's list."""
+        if self.device_ids is not None:
+            dev, ids = self.device_ids
+            if self.keep == list(range(len(self.rows))) and self.next_tokens == ids:
+                return self.batch.step_device(dev)
+        return self.batch.step(self.next_tokens)
+
     def _finish(self, cur: RowCursor, reason: str) -> None:
         cur.finish(reason)
         cur.out.wall_s = time.perf_counter() - self.t0
         cur.out.forward_passes = self.passes
+
+
+DEVICE_STEP: bool | None = None
+"""The default of :func:`decode`'s ``device_step`` (None: by where the logits are); tests set it to run every
+strategy through the device path on CPU."""
 
 
 def decode(
@@ -284,9 +402,12 @@ def decode(
     rows: Sequence[RowRequest],
     temperature: float | Sampling = 0.0,
     on_step: Callable[[int], None] | None = None,
+    device_step: bool | None = None,
 ) -> list[RowOutput]:
     """Decode a batch of rows to completion; every row follows its own policy. ``temperature``: a temperature
-    (0 = greedy) or a full :class:`~formtax.decoding.sampling.Sampling` (top-k, top-p, min-p)."""
+    (0 = greedy) or a full :class:`~formtax.decoding.sampling.Sampling` (top-k, top-p, min-p).
+    ``device_step``: choose on the logits' device (:class:`_Step`); None = wherever the logits are not on the
+    host (the tests force it on CPU to count its transfers and check its tokens against the host path)."""
     sampling = as_sampling(temperature)
     cursors = [RowCursor(r) for r in rows]
     outs = [c.out for c in cursors]
@@ -308,10 +429,15 @@ def decode(
         if not live:
             return outs
         batch.keep(live)  # positions equal row indices before the first step
-    step = _Step(cursors, gens, sampling, batch, t0, together=not any(_coupled(r.policy) for r in rows))
+    device_step = DEVICE_STEP if device_step is None else device_step
+    on_device = logits.device.type != "cpu" if device_step is None else device_step
+    step = _Step(cursors, gens, sampling, batch, t0, together=not any(_coupled(r.policy) for r in rows),
+                 on_device=on_device)
+    fill = MaskFill(background=on_device and logits.device.type != "cpu")
+    fill.start([m for i in live if (m := rows[i].policy.mask_matcher()) is not None])
     while live:
-        step.begin(logits, passes)
-        fill_masks([m for i in live if (m := rows[i].policy.mask_matcher()) is not None])
+        step.begin(logits, passes, live)
+        fill.wait()  # the step's masks, computed while the device ran the forward pass
         if not step.together:  # coupled rows: each row plans, chooses and advances before the next one plans
             for pos, i in enumerate(live):
                 step.plan_row(pos, i)
@@ -328,6 +454,7 @@ def decode(
             break
         batch.keep(step.keep)
         live = [live[p] for p in step.keep]
-        logits = batch.step(step.next_tokens)
+        logits = step.forward()  # launched (asynchronous on a device); the next masks are filled meanwhile
+        fill.start([m for i in live if (m := rows[i].policy.mask_matcher()) is not None])
         passes += 1
     return outs

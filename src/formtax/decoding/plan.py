@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from formtax.decoding.lowering import Lowering, RowPlan
@@ -68,6 +69,14 @@ class Plan:
     divert: Divert | None = None  # if the token chosen under this plan is in ``divert.tokens``, re-plan (below)
     veto: Veto | None = None  # a chosen token the policy refuses is masked and the choice made again (below)
     known_count: tuple[torch.Tensor, int] | None = None  # (allowed, its size) when the policy knows it already
+    packed: tuple[torch.Tensor, np.ndarray] | None = None  # (allowed, its packed int32 words) when already packed
+
+    def packed_words(self) -> np.ndarray | None:
+        """``allowed``'s packed words (llguidance's layout) when the policy handed them over for this very tensor
+        (a device step then copies those; a policy that narrows ``allowed`` afterwards leaves them stale)."""
+        if self.packed is not None and self.allowed is not None and self.packed[0] is self.allowed:
+            return self.packed[1]
+        return None
 
     def allowed_count(self) -> int:
         """How many tokens ``allowed`` holds (a set of one is a forced token): the policy's count when it was made
@@ -83,10 +92,20 @@ class Divert:
     """Replace a draw: when the token chosen under a plan is one of ``tokens``, it is not emitted; ``then()`` (the
     policy changing state, e.g. InWriting switching to its answer) gives the plan that chooses instead, at the
     same step from the same logits. Greedy and sampled decoding follow one rule: under greedy the draw is the
-    argmax."""
+    argmax. With ``otherwise`` every draw is replaced, and the draw only says which plan replaces it (InWriting at
+    the end of its preamble: the switch's reason is whether the model's argmax stops there, ``by_argmax``, so no
+    random number is spent on it)."""
 
     tokens: frozenset[int]
     then: Callable[[], Plan]
+    otherwise: Callable[[], Plan] | None = None  # a draw outside ``tokens`` is replaced by this plan's choice too
+    by_argmax: bool = False  # the "draw" is the unmasked argmax even when sampling (no random number is used)
+
+    def resolve(self, drawn: int) -> Plan | None:
+        """The plan that replaces a draw of ``drawn`` (None: the draw stands)."""
+        if drawn in self.tokens:
+            return self.then()
+        return None if self.otherwise is None else self.otherwise()
 
 
 @dataclass
@@ -184,7 +203,17 @@ def relay(plan: Plan, sync: Callable[[], None]) -> Plan:
         sync()
         return replaced
 
-    return dataclasses.replace(plan, divert=Divert(plan.divert.tokens, then))
+    otherwise = plan.divert.otherwise
+    if otherwise is None:
+        return dataclasses.replace(plan, divert=Divert(plan.divert.tokens, then, by_argmax=plan.divert.by_argmax))
+    first = otherwise
+
+    def other() -> Plan:
+        replaced = first()
+        sync()
+        return replaced
+
+    return dataclasses.replace(plan, divert=Divert(plan.divert.tokens, then, other, plan.divert.by_argmax))
 
 
 class RowCursor:

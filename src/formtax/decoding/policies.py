@@ -14,7 +14,7 @@ from formtax.constraints.jsonstrings import StringCaps
 from formtax.decoding.loop import Divert, Plan, Policy, Veto, relay
 from formtax.decoding.lowering import Lowering, RowPlan
 from formtax.decoding.plan import Finish, Phase
-from formtax.tensorops import any_true, argmax
+from formtax.tensorops import any_true
 
 if TYPE_CHECKING:
     from formtax.constraints.spec import Constraint
@@ -76,8 +76,10 @@ class ConstrainedPolicy(Policy):
         if self.closer is not None and self.closer.current() is not None:  # no witness known: nothing to keep
             closer, left = self.closer, self.closer.limit - step - 1  # tokens left after this one
             veto = Veto(lambda t: closer.accept(t, left), closer.fallback())
+        words = self.matcher.packed(allowed)
         return Plan(allowed=allowed, measure_mass=measure, veto=veto,
-                    known_count=None if known is None else (allowed, known))
+                    known_count=None if known is None else (allowed, known),
+                    packed=None if words is None else (allowed, words))
 
     def advance(self, token: int) -> str | None:
         if token in self.eos_ids:
@@ -163,10 +165,11 @@ class InWritingPolicy(Policy):
         if self.switched is None:
             if self.last is not None and self.last in self.triggers:
                 return self._switch(logits, step, "trigger")
-            if self.n_preamble >= self.preamble_budget:
-                stop = argmax(logits) in self.stop_ids
-                return self._switch(logits, step, "eos" if stop else "budget")
-            return Plan(divert=Divert(self.stop_ids, lambda: self._switch(logits, step, "eos")))
+            eos = Divert(self.stop_ids, lambda: self._switch(logits, step, "eos"))
+            if self.n_preamble >= self.preamble_budget:  # switch whatever is drawn; the draw names the reason
+                return Plan(divert=Divert(eos.tokens, eos.then, lambda: self._switch(logits, step, "budget"),
+                                          by_argmax=True))
+            return Plan(divert=eos)
         return self.answer.plan(logits, step)
 
     def _switch(self, logits: torch.Tensor, step: int, reason: str) -> Plan:

@@ -106,7 +106,8 @@ def replay(req: RowRequest, tokens: Sequence[int], engine_finish: str | None,
             ok, forced, masked = token == plan.forced, True, plan.allowed is not None
         else:
             ok = not ((plan.allowed is not None and not bool(plan.allowed[token])) or token in plan.banned
-                      or (plan.divert is not None and token in plan.divert.tokens))  # replay cannot divert
+                      or (plan.divert is not None  # replay cannot divert
+                          and (token in plan.divert.tokens or plan.divert.otherwise is not None)))
             masked = plan.allowed is not None or bool(plan.banned) or plan.divert is not None
             forced = plan.allowed is not None and plan.allowed_count() == 1
         if not ok:  # the engine ignored the constraint: never accept the token, and say so
