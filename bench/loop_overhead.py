@@ -6,7 +6,8 @@ The model returns one fixed logits tensor (no forward pass), so what is timed is
 choosing, bookkeeping. Rows never stop early (EOS is never the argmax), so every row takes ``--steps`` steps.
 Vocabularies: the embedded default's real 49k tokenizer, and 262k logits over the byte tokenizer (Gemma's width;
 there the constrained mask is over the byte vocabulary, padded, so only free decoding is representative).
-decog (49k only): Deco-G with a random 64-state HMM and top-k = 5% of it, "The answer is: {int:0..}", EOS held off.
+closing (49k only): the constrained JSON row in closing mode over its whole budget (the string must close before
+it ends, so the budget binds in the last steps). decog (49k only): Deco-G with a random 64-state HMM and top-k = 5% of it, "The answer is: {int:0..}", EOS held off.
 ``engine_us``: llguidance computing the same grammar's mask along the same path, alone, in the same run: the
 floor of a constrained step. ratio = free us per row-step at batch 64 (49k) (target <= 15).
 """
@@ -23,6 +24,7 @@ import torch
 from _common import finish
 
 from formtax.constraints import compile_grammar, parse_spec
+from formtax.constraints.closing import start_witness
 from formtax.decoding import RowRequest, decode
 from formtax.decoding.engine import Backend, Batch, TokenizerInfo
 from formtax.decoding.policies import ConstrainedPolicy, FreePolicy, InWritingPolicy
@@ -97,7 +99,13 @@ def policy(kind: str, tok: TokenizerInfo, steps: int) -> Any:
         from formtax.fem.reweight import FemPolicy
 
         return FemPolicy(fem_runtime(tok, steps), steps, gamma=1.0, top_k=max(1, HMM_STATES // 20), min_tokens=steps)
-    m = compile_grammar(parse_spec(SCHEMA).grammar, tok.engine).matcher(tok.n_logits)
+    compiled = compile_grammar(parse_spec(SCHEMA).grammar, tok.engine)
+    m = compiled.matcher(tok.n_logits)
+    if kind == "closing":  # closing mode over the row's whole budget (it binds at the end: the string must close)
+        answer = ConstrainedPolicy(m, tok.eos_ids, closing_limit=steps)
+        assert answer.closer is not None
+        answer.closer.start_from(start_witness(compiled, tok.n_logits))
+        return answer
     answer = ConstrainedPolicy(m, tok.eos_ids)
     if kind == "constrained":
         return answer
@@ -146,8 +154,9 @@ def main() -> None:
     print("|---|---|---|---|")
     for label, tok in (("49k", smol), ("262k", wide)):
         backend = FixedBackend(tok)
-        for kind in ("free", "constrained", "inwriting", "decog") if label == "49k" else ("free", "constrained",
-                                                                                         "inwriting"):
+        kinds = ("free", "constrained", "closing", "inwriting", "decog") if label == "49k" else (
+            "free", "constrained", "inwriting")
+        for kind in kinds:
             for b in (int(x) for x in a.batches.split(",")):
                 us = per_row_step_us(backend, kind, b, a.steps, a.repeats)
                 results[f"{label}_{kind}_b{b}_us"] = round(us, 1)
@@ -155,7 +164,14 @@ def main() -> None:
         results[f"{label}_engine_mask_us"] = round(engine_us(backend, a.steps), 1)
         print(f"| {label} | llguidance mask alone | 1 | {results[f'{label}_engine_mask_us']:.1f} |")
     free64 = results.get("49k_free_b64_us", results.get("49k_free_b1_us"))
-    finish({"bench": "loop_overhead", **results, "ratio": free64, "target": 15.0, "better": "lower"})
+    top = max(int(x) for x in a.batches.split(","))
+    json_us, closing_us = results[f"49k_constrained_b{top}_us"], results[f"49k_closing_b{top}_us"]
+    engine = results["49k_engine_mask_us"]
+    extra = {"closing_over_constrained": round(closing_us / json_us, 3), "closing_target": 1.2,
+             "constrained_over_engine": round(json_us / engine, 2), "constrained_target": 2.0}
+    print(f"at batch {top}, 49k: closing / constrained = {extra['closing_over_constrained']} (target <= 1.2); "
+          f"constrained / llguidance's mask = {extra['constrained_over_engine']} (target <= 2)")
+    finish({"bench": "loop_overhead", **results, **extra, "ratio": free64, "target": 15.0, "better": "lower"})
 
 
 if __name__ == "__main__":

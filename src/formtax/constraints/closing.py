@@ -18,6 +18,17 @@ How "a completion still fits" is decided (ours; llguidance exposes no shortest-c
   real (the matcher accepted every token), so the guarantee rests on the witness, not on the search being
   optimal: the witness is an *upper bound* on the shortest completion. On a byte-level vocabulary it is the
   shortest completion for the grammars in ``tests/core/test_closing.py`` (checked by brute-force enumeration).
+* witnesses are pooled (:class:`WitnessPool`): a state whose own witness does not replay first tries, shortest
+  first, every suffix of the grammar's start witness (shared by every row and request of one compiled grammar)
+  and of the witnesses the row itself found. A check is one ``validate_tokens([token, *witness, EOS])`` on the
+  row's own matcher: the engine accepts the EOS only where the grammar accepts, so it tells whether the witness
+  completes after the token, without copying the matcher. The states a row meets (inside a string, after a
+  value, before the next key) are completed by such suffixes, so the search runs rarely, and a pooled witness
+  is as real as a searched one: the engine checked it from this very state. The pool holds nothing learnt from
+  other requests, so a row's output never depends on what else ran (batch, order, server traffic).
+* the search runs only where the budget does not bind: while the tokens left exceed the current witness by at
+  least :data:`SEARCH_MARGIN`. Nearer the end a token is accepted only with a witness the checks above prove,
+  and refused otherwise without a search (the search would only have looked for a completion just as short).
 * a token whose witness does not fit is refused (:class:`~formtax.decoding.loop.Veto`): the loop masks it and
   chooses again from the same logits, so greedy takes the best token that keeps a completion within budget and
   sampling draws from the model's distribution conditioned on that; after a few refusals the witness's next token
@@ -44,6 +55,7 @@ _UNUSABLE = np.iinfo(np.int64).max
 BEAM_WIDTH = 8  # states kept per depth
 EXPAND = 8  # tokens tried per state
 MAX_DEPTH = 512  # the longest witness searched for (tokens)
+SEARCH_MARGIN = 8  # search for a new witness only while this many more tokens are left than the current one needs
 
 
 @dataclass
@@ -182,6 +194,53 @@ def shortest_known(matcher: Matcher, max_depth: int = MAX_DEPTH) -> list[int] | 
     return search_witness(matcher.ll, matcher.tokenizer, max_depth, matcher.hints)
 
 
+class WitnessPool:
+    """Every suffix of some witnesses (module docstring), distinct and shortest first."""
+
+    def __init__(self, witnesses: Sequence[Sequence[int]] = ()) -> None:
+        self.items: list[tuple[int, ...]] = []
+        for w in witnesses:
+            self.add(w)
+
+    def add(self, witness: Sequence[int] | None) -> None:
+        if not witness:
+            return
+        have = set(self.items)
+        new = [s for k in range(len(witness)) if (s := tuple(witness[k:])) not in have]
+        if new:
+            self.items = sorted({*self.items, *new}, key=lambda w: (len(w), w))
+
+    def first_fit(self, ll: llguidance.LLMatcher, before: Sequence[int], eos: int, left: int,
+                  skip: Sequence[int] | None = None) -> list[int] | None:
+        """The shortest pooled witness of at most ``left`` tokens that completes ``ll``'s state after ``before``
+        (checked by the engine, nothing copied), or None."""
+        for w in self.items:
+            if len(w) > left:
+                break
+            if skip is not None and list(w) == list(skip):
+                continue
+            if fits(ll, before, w, eos):
+                return list(w)
+        return None
+
+
+def fits(ll: llguidance.LLMatcher, before: Sequence[int], witness: Sequence[int], eos: int) -> bool:
+    """Whether ``before`` then ``witness`` take ``ll`` (untouched) to an accepting state: the engine validates
+    them followed by EOS, which it allows only where the grammar accepts."""
+    seq = [*before, *witness, eos]
+    return int(ll.validate_tokens(seq)) == len(seq)
+
+
+_POOLS: LRU[tuple[str, str], WitnessPool] = LRU(256)
+
+
+def witness_pool(grammar: str, tok: EngineTokenizer) -> WitnessPool:
+    """The shared pool of one (grammar, tokenizer): the suffixes of its start witness (:func:`start_witness`
+    fills it, once); empty where none was searched."""
+    hit = _POOLS.get((grammar, tok.key))
+    return hit if hit is not None else WitnessPool()
+
+
 _START: LRU[tuple[str, str], tuple[list[int] | None]] = LRU(256)
 
 
@@ -191,6 +250,7 @@ def start_witness(grammar: CompiledGrammar, n_logits: int) -> list[int] | None:
     hit = _START.get(key)
     if hit is None:
         hit = _START.put(key, (shortest_known(grammar.matcher(n_logits)),))
+        _POOLS.put(key, WitnessPool([] if hit[0] is None else [hit[0]]))
     return None if hit[0] is None else list(hit[0])
 
 
@@ -210,16 +270,35 @@ class Closer:
     _after: dict[int, list[int] | None] = field(default_factory=dict)
     searches: int = 0
     refused: int = 0
+    pooled: int = 0  # witnesses taken from the pools instead of a search
     text: bytes = b""  # the last bytes this policy emitted (for the hints)
+
+    def __post_init__(self) -> None:
+        self._eos = int(self.matcher.tokenizer.ll.eos_token)
+        self._shared = witness_pool(self.matcher.grammar, self.matcher.tokenizer)
+        self._own = WitnessPool()  # the suffixes of the witnesses this row found
+
+    def _pooled(self, before: Sequence[int], left: int, skip: Sequence[int] | None = None) -> list[int] | None:
+        """The shortest witness of the two pools that completes the state after ``before`` in ``left`` tokens."""
+        ll = self.matcher.ll
+        found = [w for pool in (self._shared, self._own) if (w := pool.first_fit(ll, before, self._eos, left, skip))]
+        if not found:
+            return None
+        self.pooled += 1
+        return min(found, key=lambda w: (len(w), w))
 
     def start_from(self, witness: list[int] | None) -> Closer:
         """Begin with a witness already known for the matcher's current state (e.g. :func:`start_witness`)."""
         self.witness, self._known = witness, witness is not None
+        self._shared = witness_pool(self.matcher.grammar, self.matcher.tokenizer)
+        self._own.add(witness)
         return self
 
     def current(self) -> list[int] | None:
         if not self._known:
-            self.witness = self._search(self.matcher.ll, self.limit)
+            self.witness = self._pooled([], self.limit)
+            if self.witness is None:
+                self.witness = self._search(self.matcher.ll, self.limit)
             self._known = True
         return self.witness
 
@@ -227,14 +306,17 @@ class Closer:
         self.searches += 1
         # the search counts its own (often single-byte) tokens; canonical retokenisation shortens its find, so
         # it may look deeper than the tokens that are left
-        return search_witness(ll, self.matcher.tokenizer, max(0, min(4 * depth + 4, MAX_DEPTH)),
-                              self.matcher.hints, self.text)
+        found = search_witness(ll, self.matcher.tokenizer, max(0, min(4 * depth + 4, MAX_DEPTH)),
+                               self.matcher.hints, self.text)
+        self._own.add(found)
+        return found
 
     def fallback(self) -> int:
         """The token to emit when the model's choices are all refused: the witness's next one (EOS once the
         grammar accepts)."""
         w = self.current()
         if w:
+            self._after[w[0]] = w[1:]  # the witness goes on after its own first token
             return w[0]
         return min(self.eos_ids)
 
@@ -247,12 +329,20 @@ class Closer:
         if w and token == w[0]:
             self._after[token] = w[1:]
             return len(w) - 1 <= left
-        child = self.matcher.ll.deep_copy()
-        if not child.consume_token(token):
-            return False
-        if w is not None and len(w) <= left and completes(child, w):
+        ll = self.matcher.ll
+        if w is not None and len(w) <= left and fits(ll, [token], w, self._eos):
             self._after[token] = w
             return True
+        pooled = self._pooled([token], left, skip=w)
+        if pooled is not None:
+            self._after[token] = pooled
+            return True
+        if w is not None and left < len(w) + SEARCH_MARGIN:  # the budget binds: only a proven witness is taken
+            self.refused += 1
+            return False
+        child = ll.deep_copy()
+        if not child.consume_token(token):
+            return False
         self.text, before = self.text + self.matcher.tokenizer.ll.decode_bytes([token]), self.text
         try:
             found = self._search(child, left)
