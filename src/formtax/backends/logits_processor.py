@@ -26,9 +26,11 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from formtax.constraints.compile import fill_masks
+from formtax.decoding.devicestep import Entry, apply_entries, clear_bits, pack_bool
 from formtax.decoding.loop import Plan, RowOutput, RowRequest, choose_vetted, masked_mass, resolve_divert
 from formtax.decoding.plan import Finish, RowCursor
 from formtax.decoding.sampling import Sampling, as_sampling
@@ -87,16 +89,20 @@ class LiveRow:
 
     def apply(self, row: torch.Tensor, view: torch.Tensor | None = None) -> None:
         """Plan this step and edit the logits row in place (``row`` is the raw float32 row of this request;
-        ``view``, its copy on the host when the processor moved the batch's rows there at once)."""
+        ``view``, its copy on the host when the processor moved the batch's rows there at once). One row's
+        :func:`apply_rows`."""
+        apply_rows(row.unsqueeze(0), [(self, 0, view)])
+
+    def edit(self, row: torch.Tensor, view: torch.Tensor | None, index: int) -> Entry | None:
+        """Plan this step: the edit of the row at ``index`` of the batch's logits (None: leave it). Replacement
+        scores are copied into ``row`` here; masks, bans and forced tokens are applied for the whole batch."""
         if self.n_planned > self.n_seen:  # a plan whose token never came (a discarded partial-prefill sample)
             self.finish(Finish.BACKEND_ERROR, "the engine skipped a planned step (chunked prefill must be off)")
         if self.done:
-            self._force(row, self.eos_id)
-            return
+            return Entry(index, forced=self.eos_id)
         if row.shape[-1] != self.n_logits:
             self.finish(Finish.BACKEND_ERROR, f"logits width {row.shape[-1]} != the tokenizer's {self.n_logits}")
-            self._force(row, self.eos_id)
-            return
+            return Entry(index, forced=self.eos_id)
         if view is None:  # policies compute on CPU, as in the loop
             view = row if row.device.type == "cpu" else row.detach().cpu()
         plan: Plan = self.cursor.plan(view)
@@ -105,38 +111,36 @@ class LiveRow:
         self.cursor.note(plan)
         if plan.stop is not None:
             self.finish(plan.stop)
-            self._force(row, self.eos_id)
-            return
+            return Entry(index, forced=self.eos_id)
         if plan.rewind is not None:
             self.finish(Finish.BACKEND_ERROR, "the vllm backend cannot rewind a row (no KV crop)")
-            self._force(row, self.eos_id)
-            return
+            return Entry(index, forced=self.eos_id)
         self.cursor.measure(plan, lambda: masked_mass(view, plan.allowed))  # type: ignore[arg-type]
         self.n_planned += 1
         if plan.forced is not None:
             self.pending = (True, plan.allowed is not None, int(plan.forced))
-            self._force(row, int(plan.forced))
-            return
+            return Entry(index, forced=int(plan.forced))
         if plan.veto is not None:  # the engine cannot ask the veto: choose here as the loop does, then force it
             base = plan.scores if plan.scores is not None else view
             token, masked, forced = choose_vetted(base, plan, self.sampling, self.gen)
             self.pending = (forced, masked, token)
-            self._force(row, token)
-            return
+            return Entry(index, forced=token)
         if plan.scores is not None:
             row.copy_(plan.scores.to(device=row.device, dtype=row.dtype))
         masked = plan.allowed is not None or bool(plan.banned)
-        if plan.allowed is not None:
-            row.masked_fill_(~plan.allowed.to(row.device), float("-inf"))
-        if plan.banned:
-            row[list(plan.banned)] = float("-inf")
         forced = plan.allowed is not None and plan.allowed_count() == 1
         self.pending = (forced, masked, None)
-
-    @staticmethod
-    def _force(row: torch.Tensor, token: int) -> None:
-        row.fill_(float("-inf"))
-        row[token] = 0.0
+        if not masked:
+            return None
+        n_words = (self.n_logits + 31) // 32
+        words = None
+        if plan.allowed is not None:
+            words = plan.packed_words()
+            if words is None:
+                words = pack_bool(plan.allowed, n_words)
+        if plan.banned:
+            words = clear_bits(words if words is not None else np.full(n_words, -1, dtype=np.int32), plan.banned)
+        return Entry(index, words)
 
     def finalize(self, tokens: Sequence[int], engine_finish: str | None) -> RowOutput:
         """After the engine is done with the request: take its last tokens and name the finish."""
@@ -150,6 +154,14 @@ class LiveRow:
                 self.finish(Finish.BACKEND_ERROR, f"the engine stopped the row ({engine_finish}) before its policy did")
         self.out.forward_passes = len(tokens)
         return self.out
+
+
+def apply_rows(logits: torch.Tensor, rows: Sequence[tuple[LiveRow, int, torch.Tensor | None]]) -> None:
+    """Plan every row's step (``(row, its index in logits, its host copy or None)``) and edit the batch's logits
+    in place with one batched application (:func:`~formtax.decoding.devicestep.apply_entries`): the mask fill and
+    the edit cost the same few device operations at any batch size."""
+    entries = [e for row, index, view in rows if (e := row.edit(logits[index], view, index)) is not None]
+    apply_entries(logits, entries, rows[0][0].n_logits if rows else 0)
 
 
 def register_rows(rows: Sequence[LiveRow]) -> list[str]:
@@ -214,7 +226,7 @@ def processor_class() -> type:
         def apply(self, logits: torch.Tensor) -> torch.Tensor:
             """The batch's step as the loop takes it: every row catches up, the grammar masks of all rows are
             computed in one call to the engine, the rows' logits move to the host in one transfer (on a GPU),
-            then each row plans and edits its logits."""
+            each row plans, and one batched application edits the logits (:func:`apply_rows`)."""
             items = list(self.by_index.items())
             for _index, (row, output) in items:
                 row.catch_up(output)
@@ -223,8 +235,7 @@ def processor_class() -> type:
             if items and logits.device.type != "cpu":
                 host = logits[[index for index, _ in items]].detach().cpu()
                 views = list(host.unbind(0))
-            for (index, (row, _output)), view in zip(items, views, strict=True):
-                row.apply(logits[index], view)
+            apply_rows(logits, [(row, index, view) for (index, (row, _o)), view in zip(items, views, strict=True)])
             return logits
 
     _PROCESSOR = PolicyLogitsProcessor

@@ -103,7 +103,7 @@ class Matcher:
             return self._prefilled[1]
         self._ll.unsafe_compute_mask_ptr(self._bitmask_ptr, self._bitmask.nbytes)  # as llguidance.torch does
         mask = unpack_bitmask(self._bitmask, self.n_logits, self._tok.vocab_size)
-        self._prefilled = (self._version, mask, None, self._bitmask.copy())
+        self._prefilled = (self._version, mask, None, exact_words(self._bitmask.copy(), self._tok.vocab_size))
         return mask
 
     def packed(self, mask: torch.Tensor) -> np.ndarray | None:
@@ -208,9 +208,19 @@ def fill_masks(matchers: list[Matcher]) -> None:
                 m._ll.unsafe_compute_mask_ptr(ptr + k * row_bytes, row_bytes)
         rows = unpack_bitmask(bitmask, n_logits, vocab).unbind(0)  # fresh tensors: the buffer is reused
         counts = bitmask_counts(bitmask, n_logits, vocab)
-        words = bitmask.numpy().copy()
+        words = exact_words(bitmask.numpy().copy(), vocab)
         for k, (m, row, count) in enumerate(zip(ms, rows, counts, strict=True)):
             m._prefilled = (m._version, row, count, words[k])
+
+
+def exact_words(words: np.ndarray, vocab: int) -> np.ndarray:
+    """``words`` (llguidance's packed rows, [W] or [B, W], modified in place) with the last word's spare bits past
+    ``vocab`` cleared, so a packed set names only the tokenizer's tokens, as :func:`unpack_bitmask`'s do."""
+    if vocab % 32:
+        u = words.view(np.uint32)
+        u[..., vocab // 32] &= np.uint32((1 << (vocab % 32)) - 1)
+        u[..., vocab // 32 + 1:] = 0
+    return words
 
 
 class MaskFill:

@@ -299,8 +299,18 @@ class JsonConstraint(Constraint):
         self._validator = jsonschema.validators.validator_for(schema)(schema)
 
     @cached_property
+    def _form(self) -> tuple[str, tuple[str, ...]]:
+        return approximate_schema(self.schema)
+
+    @property
     def grammar(self) -> str:
-        return llguidance.LLMatcher.grammar_from_json_schema(self.schema, overrides=JSON_OPTIONS)  # type: ignore[arg-type]
+        return self._form[0]
+
+    @property
+    def approximations(self) -> tuple[str, ...]:
+        """What the grammar leaves to the oracle (empty: the grammar is the schema); see
+        :func:`approximate_schema`. The oracle (``validate``) always checks the schema as given."""
+        return self._form[1]
 
     def validate(self, text: str) -> Validation:
         try:
@@ -330,6 +340,105 @@ class JsonConstraint(Constraint):
     def check(self) -> None:
         super().check()
         _check_number_bounds(self.schema)
+
+
+_UNIMPLEMENTED = re.compile(r'Unimplemented keys: \[(.*?)\]')
+_UNKNOWN_FORMAT = re.compile(r"Unknown format: (.+)")
+APPROXIMATION_ROUNDS = 8
+
+
+def approximate_schema(schema: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
+    """The grammar for ``schema``: exact where the grammar engine implements every keyword, else a flagged
+    approximation, driven by the engine's own errors (ours, issue 36):
+
+    * ``oneOf`` -> ``anyOf`` (llguidance's ``coerce_one_of``): the grammar may admit a value two branches match;
+    * an unknown ``format`` -> a plain string of that type;
+    * a keyword the engine does not implement (``not``, ``uniqueItems``, ``if``/``then``/``else``, ``contains``,
+      ``dependentRequired``, ``propertyNames``, ...) -> dropped from the grammar wherever it stands.
+
+    Each approximation only widens what the grammar admits, and every answer is checked again against the schema
+    as given (:meth:`JsonConstraint.validate`), so an answer that breaks a dropped rule comes back unparsed, never
+    as valid. Returns (grammar, the approximations made, each as a short phrase). Raises ConstraintError for what
+    cannot be approximated (an unresolvable ``$ref``, a schema the engine rejects for another reason)."""
+    options = dict(JSON_OPTIONS)
+    work: Any = _integral_counts(schema)
+    made: list[str] = []
+    for _ in range(APPROXIMATION_ROUNDS):
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(work, overrides=options)  # type: ignore[arg-type]
+        m = llguidance.LLMatcher(_byte_engine().ll, grammar)
+        if not m.is_error():
+            return grammar, tuple(made)
+        error = m.get_error().strip()
+        if "coerce_one_of" in error and not options.get("coerce_one_of"):
+            options["coerce_one_of"] = True
+            made.append("oneOf as anyOf")
+            continue
+        keys = _UNIMPLEMENTED.search(error)
+        fmt = _UNKNOWN_FORMAT.search(error)
+        if keys:
+            names = frozenset(k.strip().strip('"') for k in keys.group(1).split(",") if k.strip())
+            work = _without(work, _named(names))
+            made.extend(f"{k}: checked by the oracle only" for k in sorted(names))
+        elif fmt:
+            name = fmt.group(1).strip().strip('"')
+            work = _without(work, _format(name))
+            made.append(f"format {name}: a plain string")
+        else:
+            break
+    raise ConstraintError(f"the grammar engine rejected the JSON schema: {error.splitlines()[0]}")
+
+
+_COUNTS = ("maxItems", "minItems", "maxLength", "minLength", "maxProperties", "minProperties", "minContains",
+           "maxContains")
+
+
+def _integral_counts(schema: Any, in_map: bool = False) -> Any:
+    """``schema`` with every count keyword written as an integral float (``"maxItems": 2.0``, valid JSON Schema)
+    as the integer the engine expects: the same schema, not an approximation."""
+    if isinstance(schema, list):
+        return [_integral_counts(x) for x in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for k, v in schema.items():
+        if not in_map and k in _COUNTS and isinstance(v, float) and v.is_integer():
+            out[k] = int(v)
+        elif not in_map and k in ("const", "enum", "default", "examples"):
+            out[k] = v
+        else:
+            out[k] = _integral_counts(v, in_map=not in_map and k in _SCHEMA_MAPS)
+    return out
+
+
+def _named(names: frozenset[str]) -> Callable[[str, Any], bool]:
+    return lambda key, _value: key in names
+
+
+def _format(name: str) -> Callable[[str, Any], bool]:
+    return lambda key, value: key == "format" and value == name
+
+
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+
+
+def _without(schema: Any, drop: Callable[[str, Any], bool], in_map: bool = False) -> Any:
+    """A copy of ``schema`` less every keyword ``drop(key, value)`` names, in every subschema (not in the keys of
+    ``properties`` and the like, which are names, not keywords; nor inside ``const`` / ``enum`` values)."""
+    if isinstance(schema, list):
+        return [_without(x, drop) for x in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for k, v in schema.items():
+        if in_map:
+            out[k] = _without(v, drop)
+        elif drop(k, v):
+            continue
+        elif k in ("const", "enum", "default", "examples"):
+            out[k] = v
+        else:
+            out[k] = _without(v, drop, in_map=k in _SCHEMA_MAPS)
+    return out
 
 
 _BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")

@@ -196,3 +196,33 @@ def device_round(bases: Sequence[torch.Tensor], entries: Sequence[Entry], vocab:
     for j, k in enumerate(want):
         ranked[k] = [int(t) for t in tail[j * depth: j * depth + entries[k].ranked]]
     return Round(chosen[: len(rows)], ids, masses, ranked)
+
+
+def apply_entries(logits: torch.Tensor, entries: Sequence[Entry], vocab: int) -> None:
+    """Edit the batch's logits [B, V] in place for engines that sample on their own (vLLM's processor,
+    transformers' ``generate``): each entry's row (``base`` = its index in ``logits``) keeps only its allowed
+    tokens (``-inf`` elsewhere), and a forced row becomes ``-inf`` but for its token, which gets 0. One packed
+    copy to the device and a handful of batched operations, whatever the number of rows."""
+    if not entries:
+        return
+    n_logits = logits.shape[1]
+    n_words = (max(n_logits, vocab) + 31) // 32
+    buf = _buffer(len(entries), META + n_words, pin=logits.device.type == "cuda")
+    a = buf.numpy()
+    for k, e in enumerate(entries):
+        a[k, FORCED], a[k, BASE], a[k, FLAGS] = e.forced, e.base, HAS_MASK if e.words is not None else 0
+        if e.words is None:
+            a[k, META:] = -1
+        else:
+            a[k, META:META + e.words.size] = e.words
+            a[k, META + e.words.size:] = 0
+    dev = to_device(buf, logits.device)
+    meta = dev[:, :META].long()
+    index = meta[:, BASE]
+    allowed = _unpack(dev[:, META:], n_logits, vocab) | ~(meta[:, FLAGS] & HAS_MASK).bool().unsqueeze(1)
+    forced = meta[:, FORCED]
+    is_forced = (forced >= 0).unsqueeze(1)
+    rows = logits.index_select(0, index).masked_fill(~allowed | is_forced, float("-inf"))
+    at = forced.clamp(min=0).unsqueeze(1)
+    rows.scatter_(1, at, torch.where(is_forced, torch.zeros_like(rows[:, :1]), rows.gather(1, at)))
+    logits.index_copy_(0, index, rows)

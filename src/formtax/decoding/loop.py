@@ -92,7 +92,11 @@ def _vetted(logits: torch.Tensor, plan: Plan, sampling: Sampling, gen: torch.Gen
         return token, masked, forced
     refused = [token]
     for _ in range(veto.tries - 1):
-        token, _m = _choose(logits, dataclasses.replace(plan, banned=[*plan.banned, *refused]), sampling, gen)
+        found = masked_argmax(logits, plan.allowed, [*plan.banned, *refused]) if sampling.greedy else None
+        if found is not None:  # greedy on the host: the same token, without a masked copy of the row
+            token = found
+        else:
+            token, _m = _choose(logits, dataclasses.replace(plan, banned=[*plan.banned, *refused]), sampling, gen)
         if veto.accept(token):
             return token, True, False
         refused.append(token)

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from formtax.api import from_transformers, resolve_closing, typed_result
-from formtax.backends.logits_processor import LiveRow
+from formtax.backends.logits_processor import LiveRow, apply_rows
 from formtax.constraints.native import as_constraint
 from formtax.decoding.engine import Backend
 from formtax.decoding.loop import RowRequest
@@ -99,7 +99,10 @@ class FormtaxLogitsProcessor(_Base):
                               f"{len(self.rows)}; use a new processor per generate call (no beam search)")
         for b, row in enumerate(self.rows):
             row.catch_up(input_ids[b, self.start :].tolist())
-            row.apply(scores[b])
+        views: list[torch.Tensor | None] = [None] * len(self.rows)
+        if scores.device.type != "cpu":  # the policies read the rows on the host: one copy for the batch
+            views = list(scores.detach().float().cpu().unbind(0))
+        apply_rows(scores, [(row, b, view) for (b, row), view in zip(enumerate(self.rows), views, strict=True)])
         return scores
 
     def results(self, sequences: torch.Tensor | Any) -> list[Result]:

@@ -110,9 +110,10 @@ def create_app(backend: Backend, max_batch: int = 16, window_s: float = 0.01, ti
             finish = "tool_calls"
         body = _envelope("chat.completion", backend.model_id, res)
         body["choices"] = [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}]
+        headers = _headers(res)
         if req.stream:
-            return StreamingResponse(_chat_chunks(body), media_type="text/event-stream")
-        return body
+            return StreamingResponse(_chat_chunks(body), media_type="text/event-stream", headers=headers)
+        return JSONResponse(body, headers=headers)
 
     @app.post("/v1/completions", response_model=None)
     async def completions(req: CompletionRequest) -> Any:
@@ -166,6 +167,16 @@ async def _live_chunks(model: str, first: Delta | Result, parts: AsyncIterator[D
             part = await anext(parts)
         except StopAsyncIteration:
             return
+
+
+APPROXIMATED_HEADER = "X-Formtax-Schema-Approximated"
+
+
+def _headers(res: Result) -> dict[str, str]:
+    """``X-Formtax-Schema-Approximated``: what the answer's grammar left to the oracle (constraints/spec.py's
+    ``approximate_schema``), ``; ``-separated; absent when the grammar is the schema."""
+    approximated = res.stats.get("schema_approximated")
+    return {APPROXIMATED_HEADER: "; ".join(approximated)} if approximated else {}
 
 
 def _content(res: Result) -> str | None:

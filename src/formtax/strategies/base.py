@@ -474,6 +474,9 @@ class SinglePass(Strategy):
                 res.stats.update(e["stats"])
         res.stats["forward_passes"] = out.forward_passes
         self.fill_answer(res, request, out, phases, constrained)
+        approximated = getattr(request.constraint, "approximations", ())
+        if approximated:  # the grammar is wider than the schema: the oracle alone checks these (spec.py)
+            res.stats["schema_approximated"] = list(approximated)
         read_answer(res, self.effective_constraint(request), constrained)
         self.after_parse(res)
         if out.finish_reason in ERROR_FINISHES:
