@@ -211,3 +211,38 @@ def test_transfers_per_step_do_not_grow_with_the_batch(case, batch, closing, cou
     assert all(r.finish_reason for r in rs)
     if spec is not None and strategy == "constrained":
         assert all(r.parse_ok for r in rs if r.finish_reason != "length-incomplete")
+
+
+# -- the host's ranked re-choices ---------------------------------------------------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from formtax.tensorops import ranked_masked  # noqa: E402
+
+
+def _repeated_argmax(x: torch.Tensor, allowed: torch.Tensor | None, banned: list[int], k: int) -> list[int]:
+    """The oracle: the loop's own masked choice, made again and again with each choice banned."""
+    out, gone = [], list(banned)
+    for _ in range(k):
+        row = x.clone()
+        if allowed is not None:
+            row[~allowed] = float("-inf")
+        row[gone] = float("-inf")
+        t = int(torch.argmax(row))  # the first maximal index; 0 over a row of -inf
+        out.append(t)
+        gone.append(t)
+    return out
+
+
+@given(seed=st.integers(0, 10_000), n=st.integers(1, 40), k=st.integers(1, 10), levels=st.integers(1, 6),
+       density=st.floats(0.0, 1.0), n_banned=st.integers(0, 5), with_mask=st.booleans(), neg_inf=st.booleans())
+@settings(max_examples=300, deadline=None)
+def test_ranked_masked_is_the_repeated_masked_argmax(seed, n, k, levels, density, n_banned, with_mask, neg_inf):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, levels, (n,), generator=g).float()  # few levels: many ties
+    if neg_inf:
+        x[torch.rand(n, generator=g) < 0.3] = float("-inf")
+    allowed = (torch.rand(n, generator=g) < density) if with_mask else None
+    banned = torch.randint(0, n, (n_banned,), generator=g).tolist()
+    assert ranked_masked(x, allowed, banned, k) == _repeated_argmax(x, allowed, banned, k)

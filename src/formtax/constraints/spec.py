@@ -348,6 +348,16 @@ APPROXIMATION_ROUNDS = 8
 
 
 def approximate_schema(schema: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
+    """:func:`_approximate` of ``schema``, cached by its JSON text (a server builds a constraint per request)."""
+    return _approximate_text(json.dumps(schema, sort_keys=True))
+
+
+@functools.lru_cache(maxsize=256)
+def _approximate_text(text: str) -> tuple[str, tuple[str, ...]]:
+    return _approximate(json.loads(text))
+
+
+def _approximate(schema: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
     """The grammar for ``schema``: exact where the grammar engine implements every keyword, else a flagged
     approximation, driven by the engine's own errors (ours, issue 36):
 

@@ -26,7 +26,7 @@ from formtax.decoding.devicestep import Entry, clear_bits, device_round, pack_bo
 from formtax.decoding.engine import Backend, Batch
 from formtax.decoding.plan import Divert, Plan, Policy, RowCursor, RowOutput, RowRequest, Step, Veto, relay
 from formtax.decoding.sampling import GREEDY, Sampling, as_sampling
-from formtax.tensorops import argmax, argmax_rows, holds, masked_argmax
+from formtax.tensorops import argmax, argmax_rows, holds, masked_argmax, ranked_masked
 
 # the vocabulary lives in decoding/plan.py; re-exported here, where the strategies have always found it
 __all__ = ["Divert", "Plan", "Policy", "RowCursor", "RowOutput", "RowRequest", "Step", "Veto", "choose_vetted",
@@ -91,10 +91,10 @@ def _vetted(logits: torch.Tensor, plan: Plan, sampling: Sampling, gen: torch.Gen
     if veto is None or veto.accept(token):
         return token, masked, forced
     refused = [token]
-    for _ in range(veto.tries - 1):
-        found = masked_argmax(logits, plan.allowed, [*plan.banned, *refused]) if sampling.greedy else None
-        if found is not None:  # greedy on the host: the same token, without a masked copy of the row
-            token = found
+    ranked = ranked_masked(logits, plan.allowed, [*plan.banned, token], veto.tries - 1) if sampling.greedy else None
+    for k in range(veto.tries - 1):
+        if ranked is not None:  # greedy on the host: the same tokens, ranked once without a masked copy of the row
+            token = ranked[k]
         else:
             token, _m = _choose(logits, dataclasses.replace(plan, banned=[*plan.banned, *refused]), sampling, gen)
         if veto.accept(token):
