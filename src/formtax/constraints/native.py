@@ -17,11 +17,16 @@ keys until the budget runs out. ``from_pydantic(Model, closed=False)`` keeps the
 
 from __future__ import annotations
 
+import collections.abc
+import dataclasses
 import enum
 import re
+import types
 import typing
 from collections.abc import Callable, Sequence
 from typing import Any
+
+import typing_extensions
 
 from formtax.constraints.parse import parse_spec
 from formtax.constraints.spec import ChoiceConstraint, Constraint, JsonConstraint, RegexConstraint
@@ -32,7 +37,10 @@ FLOAT_REGEX = r"-?(0|[1-9][0-9]{0,14})(\.[0-9]{1,15})?([eE][+-]?[0-9]{1,3})?"  #
 LINE_REGEX = r"[^\n]+"
 ACCEPTED = ("a SPEC string (e.g. 'The answer is: {int}', 'choice:yes|no', 'regex:...', 'json:...'), a Constraint, "
             "int, float, bool, str, a list or tuple of strings (a choice), typing.Literal[...], an Enum class, "
-            "re.compile(...), a Pydantic model class, or a JSON Schema dict")
+            "re.compile(...), a Pydantic model class, a typing form (Optional[int], list[int], int | str, "
+            "dict[str, int], a TypedDict, a dataclass), or a JSON Schema dict")
+_TYPING_ORIGINS = (list, dict, tuple, set, frozenset, typing.Union, types.UnionType, typing.Annotated,
+                   collections.abc.Sequence, collections.abc.Mapping)
 
 
 def typed(c: Constraint, convert: Callable[[Any], Any], type_name: str) -> Constraint:
@@ -67,6 +75,35 @@ def from_pydantic(model: type[Any], closed: bool = True) -> JsonConstraint:
         return model.model_validate(value)
 
     return typed(c, convert, model.__name__)  # type: ignore[return-value]
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or repr(tp).replace("typing.", "")
+
+
+def is_typing_form(answer: Any) -> bool:
+    """Whether ``answer`` is a typing form :func:`from_type` takes (a generic alias, a union, a TypedDict, a
+    dataclass), as opposed to the plain types with a form of their own (``int``, ``str``, ...)."""
+    return (typing.get_origin(answer) in _TYPING_ORIGINS or typing_extensions.is_typeddict(answer)
+            or (isinstance(answer, type) and dataclasses.is_dataclass(answer)))
+
+
+def from_type(tp: Any) -> JsonConstraint:
+    """A JSON constraint from a typing form (``Optional[int]``, ``list[int]``, ``int | str``, ``dict[str, int]``,
+    a ``TypedDict``, a dataclass), as Outlines takes them: the answer is the JSON value, its schema is Pydantic's
+    for the type (objects closed, as for a model) and ``parsed`` is the value Pydantic validates it into (a
+    ``list`` of ``int``, ``None`` for JSON ``null``, the dataclass instance, ...)."""
+    from pydantic import PydanticSchemaGenerationError, PydanticUserError, TypeAdapter
+
+    try:
+        adapter: TypeAdapter[Any] = TypeAdapter(tp)
+        schema = _closed(adapter.json_schema())
+    except (PydanticSchemaGenerationError, PydanticUserError, TypeError) as e:
+        first = str(e).strip().splitlines()[0]
+        raise ConstraintError(f"cannot make an answer constraint from the type {_type_name(tp)}: {first}") from e
+    c = JsonConstraint(schema, source=_type_name(tp))
+    c.check()
+    return typed(c, adapter.validate_python, _type_name(tp))  # type: ignore[return-value]
 
 
 def _choice(values: Sequence[Any], type_name: str) -> Constraint:
@@ -120,6 +157,9 @@ def as_constraint(answer: Any) -> Constraint:
         return _regex(answer.pattern, str, "str")
     if isinstance(answer, (list, tuple)):
         return _choice(list(answer), "choice")
+    if isinstance(answer, str | int | float | bool | bytes) or answer is None:
+        raise ConstraintError(f"cannot make an answer constraint from the value {answer!r}; pass a type or a SPEC "
+                              f"string; accepted: {ACCEPTED}")
     if typing.get_origin(answer) is typing.Literal:
         return _choice(list(typing.get_args(answer)), "Literal")
     if isinstance(answer, type) and issubclass(answer, enum.Enum):
@@ -130,5 +170,7 @@ def as_constraint(answer: Any) -> Constraint:
         return c
     if isinstance(answer, type) and hasattr(answer, "model_json_schema"):
         return from_pydantic(answer)
+    if is_typing_form(answer):
+        return from_type(answer)
     raise ConstraintError(f"cannot make an answer constraint from {answer!r} (a {type(answer).__name__}); "
                           f"accepted: {ACCEPTED}")
