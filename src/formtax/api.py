@@ -63,7 +63,21 @@ def _prompt(prompt: Prompt, raw: bool) -> Prompt:
         return [{"role": "user", "content": prompt}]
     if not isinstance(prompt, (str, list)):
         raise ConfigError(f"a prompt is a string or a list of chat messages, got {type(prompt).__name__}")
+    if isinstance(prompt, list):
+        for k, m in enumerate(prompt):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+                raise ConfigError(f"chat message {k} needs a 'role' and a string 'content', got {m!r}"[:300])
     return prompt
+
+
+def _prompts(prompts: Any) -> list[Prompt]:
+    """The batch's prompts: a list (of strings or of message lists); a lone string is refused, since iterating it
+    would run one prompt per character."""
+    if isinstance(prompts, str):
+        raise ConfigError("generate_batch takes a list of prompts, got one string; pass [prompt], or call generate")
+    if isinstance(prompts, dict):
+        raise ConfigError("generate_batch takes a list of prompts, got one chat message; pass [[message]]")
+    return list(prompts)
 
 
 def typed_result(res: Result, constraint: Constraint | None) -> Result:
@@ -122,7 +136,7 @@ def generate_batch(
         Request(_prompt(p, raw), constraint, max_tokens=max_tokens, seed=seed, reasoning_prefix=reasoning,
                 triggers=triggers, constrain=constrain, temperature=sampling.temperature, top_p=sampling.top_p,
                 top_k=sampling.top_k, min_p=sampling.min_p, closing=closing, options=dict(options))
-        for p in prompts
+        for p in _prompts(prompts)
     ]
     results = [typed_result(r, constraint) for r in strat.run(backend, reqs)]
     if constraint is not None and constrain:

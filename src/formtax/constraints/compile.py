@@ -70,7 +70,7 @@ def compile_grammar(grammar: str, tokenizer: EngineTokenizer) -> CompiledGrammar
     hit = _CACHE.get(key)
     if hit is not None:
         return hit
-    m = llguidance.LLMatcher(tokenizer.ll, grammar)
+    m = llguidance.LLMatcher(tokenizer.ll, grammar, log_level=0)  # errors are read from the matcher, never printed
     if m.is_error():
         raise ConstraintError(f"the grammar engine rejected the constraint: {m.get_error().strip()}")
     return _CACHE.put(key, CompiledGrammar(grammar, tokenizer, m))
@@ -273,7 +273,7 @@ def validate_with_engine(grammar: str, text: str) -> tuple[bool, str | None]:
     from formtax.bytetok import byte_tokenizer
 
     tok = _byte_engine_tokenizer()
-    m = llguidance.LLMatcher(tok.ll, grammar)
+    m = llguidance.LLMatcher(tok.ll, grammar, log_level=0)
     if m.is_error():
         return False, m.get_error()
     ids = byte_tokenizer().encode(text, add_special_tokens=False)

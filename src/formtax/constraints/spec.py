@@ -375,7 +375,7 @@ def _approximate(schema: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
     made: list[str] = []
     for _ in range(APPROXIMATION_ROUNDS):
         grammar = llguidance.LLMatcher.grammar_from_json_schema(work, overrides=options)  # type: ignore[arg-type]
-        m = llguidance.LLMatcher(_byte_engine().ll, grammar)
+        m = llguidance.LLMatcher(_byte_engine().ll, grammar, log_level=0)
         if not m.is_error():
             return grammar, tuple(made)
         error = m.get_error().strip()
