@@ -41,22 +41,13 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import torch  # noqa: E402
+from _common import PROMPTS as BASE  # noqa: E402
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 24},
                                            "age": {"type": "integer", "minimum": 0, "maximum": 120},
                                            "city": {"type": "string", "maxLength": 24}},
           "required": ["name", "age", "city"], "additionalProperties": False}
 TEMPLATE = "The answer is: {int}"
-BASE = [
-    "Tom has 3 apples and buys 4 more. How many apples does he have?",
-    "Write a short story about a robot learning to paint.",
-    "Explain why the sky is blue.",
-    "List three uses of a paperclip.",
-    "What is the capital of Italy, and what is it famous for?",
-    "Describe how to make a cup of tea.",
-    "A train travels 60 km in one hour. How far does it go in 3 hours?",
-    "Give two reasons to learn a second language.",
-]
 CONFIGS: dict[str, dict[str, Any]] = {
     "135m": {},  # the default model's own config
     "1.2b": {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32,
