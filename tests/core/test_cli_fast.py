@@ -127,3 +127,36 @@ def test_data_dir_found_from_another_folder(tmp_path: Path, monkeypatch: pytest.
     monkeypatch.chdir(tmp_path)
     assert resolve_data_dir(None) == (root / ".." / "shared" / "data").resolve()
     assert json.dumps(str(resolve_data_dir(None)))
+
+
+@pytest.mark.parametrize("argv", [["generate", "--threads", "0", "hi"],
+                                  ["run", "--task", "arith", "--strategies", "free", "--threads", "0", "--out",
+                                   "/tmp/formtax-threads-refused"],
+                                  ["serve", "--threads", "0"]])
+def test_threads_is_an_option_of_generate_run_and_serve(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert "--threads must be at least 1, got 0" in _error(argv, capsys)
+
+
+def test_threads_sets_torchs_threads() -> None:
+    import argparse
+
+    import torch
+
+    from formtax.cli.generate import apply_threads
+
+    before = torch.get_num_threads()
+    try:
+        apply_threads(argparse.Namespace(threads=1))
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_an_answer_the_strategy_does_not_enforce_says_so() -> None:
+    import formtax
+    from formtax.backends.fake import FakeBackend, scripted
+
+    r = formtax.generate(FakeBackend(scripted("It is 42.")), "q", "free", int, max_tokens=20)
+    assert r.parsed == 42 and r.stats["answer_constrained"] is False
+    r = formtax.generate(FakeBackend(scripted("42")), "q", "constrained", int, max_tokens=20)
+    assert r.stats["answer_constrained"] is True

@@ -7,7 +7,13 @@ import sys
 import warnings
 from pathlib import Path
 
-from formtax.cli.generate import add_model_args, add_sampling_args, backend_options, sampling_from_args
+from formtax.cli.generate import (
+    add_model_args,
+    add_sampling_args,
+    apply_threads,
+    backend_options,
+    sampling_from_args,
+)
 from formtax.cli.registry import command
 
 
@@ -87,6 +93,7 @@ def run_cmd(args: argparse.Namespace) -> int:
     from formtax.runner import RunConfig, run
 
     sampling_from_args(args)  # out-of-range sampling settings: one clear line before anything loads
+    apply_threads(args)
     task_options: dict[str, object] = {}
     if args.world is not None:
         world = str(args.world.resolve())

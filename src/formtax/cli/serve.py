@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 
+from formtax.cli.generate import add_threads_arg, apply_threads
 from formtax.cli.registry import command
 
 log = logging.getLogger(__name__)
@@ -22,6 +23,7 @@ def _args(p: argparse.ArgumentParser) -> None:
                    help="how long the first request of a batch waits for compatible ones")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds before a request gets a 504")
     p.add_argument("--max-tokens", type=int, default=256, help="the budget of a request that names none")
+    add_threads_arg(p)
 
 
 @command("serve", _args, "serve an OpenAI-compatible API (/v1/chat/completions, /v1/completions) over a formtax "
@@ -34,6 +36,7 @@ def serve_cmd(args: argparse.Namespace) -> int:
             raise ConfigError(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
     if args.timeout <= 0 or args.batch_window_ms < 0:
         raise ConfigError("--timeout must be > 0 and --batch-window-ms >= 0")
+    apply_threads(args)
     try:
         import uvicorn
 

@@ -474,6 +474,8 @@ class SinglePass(Strategy):
                 res.stats.update(e["stats"])
         res.stats["forward_passes"] = out.forward_passes
         self.fill_answer(res, request, out, phases, constrained)
+        if request.constraint is not None:  # free / short: the answer is searched for in the text, not enforced
+            res.stats["answer_constrained"] = constrained
         approximated = getattr(request.constraint, "approximations", ())
         if approximated:  # the grammar is wider than the schema: the oracle alone checks these (spec.py)
             res.stats["schema_approximated"] = list(approximated)
