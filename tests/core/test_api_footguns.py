@@ -24,3 +24,20 @@ def test_a_schema_with_a_minimum_prints_nothing(capfd):
                          max_tokens=10)
     assert r.parse_ok
     assert "Parser Error" not in capfd.readouterr().err
+
+
+def test_inwriting_text_does_not_glue_reasoning_and_answer():
+    from formtax.backends.fake import scripted
+
+    m = FakeBackend(scripted("I think it is 42."))
+    r = formtax.generate(m, "q", "inwriting", "The answer is: {int}", max_tokens=60)
+    assert r.text == f"{r.reasoning}\n{r.answer_text}" and r.reasoning == "I think it is 42."
+    assert m.tokenizer.decode_text(r.token_ids) == r.reasoning + r.answer_text  # the emitted tokens, unchanged
+
+
+def test_reader_text_leaves_what_is_not_glued():
+    from formtax.strategies.inwriting import reader_text
+
+    assert reader_text("a.\n", "The answer is: 3", "a.\nThe answer is: 3") == "a.\nThe answer is: 3"
+    assert reader_text("", "x", "x") == "x"
+    assert reader_text("a", "b", "something else") == "something else"

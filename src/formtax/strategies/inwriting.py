@@ -48,6 +48,19 @@ def trigger_ids(backend: Backend, triggers: tuple[str, ...] | list[str] | Any) -
     return frozenset(out)
 
 
+def reader_text(reasoning: str, answer: str, emitted: str) -> str:
+    """``Result.text`` of a reasoning-then-answer output: the reasoning and the answer with a line break where the
+    switch glued them (``...is 3.The answer is: 3`` reads ``...is 3.`` then the answer on its own line). Ours: the
+    switch stands where the model would have stopped (or a trigger or the budget), so the seam is a boundary the
+    model never wrote; ``token_ids`` keep exactly the emitted tokens, and ``emitted`` is returned unchanged where
+    it is not reasoning + answer (or either side already has white space at the seam)."""
+    if not reasoning or not answer or emitted != reasoning + answer:
+        return emitted
+    if reasoning[-1].isspace() or answer[0].isspace():
+        return emitted
+    return f"{reasoning}\n{answer}"
+
+
 @register
 class InWriting(SinglePass):
     name = "inwriting"
@@ -86,6 +99,8 @@ class InWriting(SinglePass):
 
     def fill_answer(self, res: Result, request: Request, out: Any, phases: dict[str, str], constrained: bool) -> None:
         res.answer_text = phases.get("answer", "") if constrained else None
+        res.text = reader_text(res.reasoning, phases.get("answer", ""), res.text)
+
 
     # -- on an engine that cannot step the policy: two calls per row (see the module docstring) ---------------
     def check_on_engine(self, engine: RowEngine, requests: Sequence[Request]) -> None:
