@@ -168,10 +168,10 @@ class TrackedBackend(FakeBackend):
 def counted(monkeypatch):
     real_dev, real_host = devicestep.to_device, devicestep.to_host
 
-    def to_device(x, device):
+    def to_device(x, device, blocking=False):
         _Log.steps[-1] += 1
         with _Quiet():
-            return real_dev(x, device)
+            return real_dev(x, device, blocking)
 
     def to_host(x):
         _Log.steps[-1] += 1
@@ -246,3 +246,22 @@ def test_ranked_masked_is_the_repeated_masked_argmax(seed, n, k, levels, density
     allowed = (torch.rand(n, generator=g) < density) if with_mask else None
     banned = torch.randint(0, n, (n_banned,), generator=g).tolist()
     assert ranked_masked(x, allowed, banned, k) == _repeated_argmax(x, allowed, banned, k)
+
+
+def test_apply_entries_edits_the_batch_as_the_per_row_edits_did():
+    """Forced: -inf but the token, which gets 0; masked: -inf outside the allowed set less its bans; other rows
+    untouched."""
+    g = torch.Generator().manual_seed(9)
+    n, vocab = 70, 66
+    logits = torch.randn(4, n, generator=g)
+    want = logits.clone()
+    allowed = torch.rand(n, generator=g) < 0.5
+    allowed[vocab:] = False
+    words = devicestep.clear_bits(devicestep.pack_bool(allowed, (n + 31) // 32), [3])
+    devicestep.apply_entries(logits, [devicestep.Entry(0, forced=7), devicestep.Entry(2, words)], vocab)
+    want[0] = float("-inf")
+    want[0, 7] = 0.0
+    cut = allowed.clone()
+    cut[3] = False
+    want[2, ~cut] = float("-inf")
+    assert torch.equal(logits, want)

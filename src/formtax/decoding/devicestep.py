@@ -38,9 +38,10 @@ FORCED, FLAGS, BASE = 0, 1, 2
 HAS_MASK, MEASURE = 1, 2
 
 
-def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """The step's host-to-device copy (non-blocking from pinned memory)."""
-    return host.to(device, non_blocking=host.is_pinned())
+def to_device(host: torch.Tensor, device: torch.device, blocking: bool = False) -> torch.Tensor:
+    """The step's host-to-device copy (non-blocking from pinned memory unless ``blocking``: the caller reuses the
+    buffer before anything else would have waited for the copy)."""
+    return host.to(device, non_blocking=host.is_pinned() and not blocking)
 
 
 def to_host(x: torch.Tensor) -> torch.Tensor:
@@ -216,7 +217,7 @@ def apply_entries(logits: torch.Tensor, entries: Sequence[Entry], vocab: int) ->
         else:
             a[k, META:META + e.words.size] = e.words
             a[k, META + e.words.size:] = 0
-    dev = to_device(buf, logits.device)
+    dev = to_device(buf, logits.device, blocking=True)  # no copy back follows here: the buffer is reused next call
     meta = dev[:, :META].long()
     index = meta[:, BASE]
     allowed = _unpack(dev[:, META:], n_logits, vocab) | ~(meta[:, FLAGS] & HAS_MASK).bool().unsqueeze(1)
