@@ -291,7 +291,8 @@ class _Step:
         """The device path of :meth:`choose_greedy`: unmasked rows take the shared argmax when no round is
         needed; otherwise one round chooses for every row of the step (forced and drawn rows ride along as
         forced entries, so the round's ids can feed the next forward pass without a copy back) and measures the
-        masked masses. A veto's refusals are chosen again in further rounds over the refused rows only."""
+        masked masses. A vetoed row also gets its ranked best ids in the same round, which its refusals walk
+        (:meth:`_refuse`): no further round."""
         simple = all(p.allowed is None and not p.banned and p.scores is None for _pos, p in self.greedy)
         if simple and not self.mass_rows:
             top = self.top() if self.greedy else None
