@@ -151,6 +151,10 @@ def _semantics_and_assemble(backend: PlantedBackend, strategy: str, req: Request
             answer = tok.decode_text(o.phase_tokens("answer"))
         else:
             answer = None
+        if strategy == "inwriting" and answer:  # the documented presentation (docs/ALGORITHMS.md section 1)
+            before = tok.decode_text(o.phase_tokens("rc")) + tok.decode_text(o.phase_tokens("reasoning"))
+            if before and text == before + answer and not before[-1].isspace() and not answer[0].isspace():
+                text = f"{before}\n{answer}"
         out.append((o.p, result(o, text, answer, o.finish), {"unresolved": d.unresolved}))
     return out
 
