@@ -29,13 +29,13 @@ def main() -> None:
 
     m = load_default()
     prompts = [PROMPTS[k % len(PROMPTS)] + f" (request {k})" for k in range(N_CLIENTS)]
-    app = create_app(m, max_batch=N_CLIENTS, window_s=0.05)
+    app = create_app(m, max_batch=N_CLIENTS, window_s=0.05, temperature=0.0)
     ratios, overheads = [], []
     with ServerThread(app) as srv:
         client = openai.OpenAI(base_url=srv.url, api_key="none", max_retries=0, timeout=600)
 
         def ask(p: str) -> object:
-            return client.chat.completions.create(model="m", messages=[{"role": "user", "content": p}],
+            return client.chat.completions.create(model="default", messages=[{"role": "user", "content": p}],
                                                   max_tokens=MAX_TOKENS,
                                                   extra_body={"formtax": {"strategy": "inwriting", "answer": SPEC}})
 

@@ -20,9 +20,9 @@ from formtax.constraints.native import as_constraint
 from formtax.constraints.spec import Constraint
 from formtax.decoding.engine import Capability
 from formtax.decoding.sampling import Sampling
-from formtax.errors import ConfigError
+from formtax.errors import ConfigError, ContextLengthError
 from formtax.strategies import Request, Result, get_strategy
-from formtax.strategies.base import Prompt
+from formtax.strategies.base import Prompt, Strategy
 
 
 def load_model(model: Any = None, backend: str = "hf", device: str = "cpu", dtype: str = "float32",
@@ -130,19 +130,47 @@ def generate_batch(
     backend = _backend(model)
     strat = get_strategy(strategy)
     constraint = as_constraint(answer) if answer is not None else None
-    sampling = resolve_sampling(backend, Sampling(temperature, top_p, top_k, min_p), model_defaults)
+    reqs = requests_of(backend, prompts, constraint, max_tokens, reasoning, triggers, seed, constrain,
+                       Sampling(temperature, top_p, top_k, min_p), model_defaults, raw, closing, options)
+    check_context(backend, reqs)
+    return finish_results(backend, strat, reqs, strat.run(backend, reqs))
+
+
+def requests_of(backend: Backend, prompts: Sequence[Prompt], constraint: Constraint | None, max_tokens: int,
+                reasoning: str | None, triggers: Sequence[str], seed: int, constrain: bool, sampling: Sampling,
+                model_defaults: bool, raw: bool, closing: bool | None, options: dict[str, Any]) -> list[Request]:
+    """The strategy requests of :func:`generate_batch` (shared with the server's batches, which decode them
+    under their own hooks)."""
+    sampling = resolve_sampling(backend, sampling, model_defaults)
     closing = resolve_closing(backend, closing)
-    reqs = [
+    return [
         Request(_prompt(p, raw), constraint, max_tokens=max_tokens, seed=seed, reasoning_prefix=reasoning,
                 triggers=triggers, constrain=constrain, temperature=sampling.temperature, top_p=sampling.top_p,
                 top_k=sampling.top_k, min_p=sampling.min_p, closing=closing, options=dict(options))
         for p in _prompts(prompts)
     ]
-    results = [typed_result(r, constraint) for r in strat.run(backend, reqs)]
-    if constraint is not None and constrain:
-        for r in results:  # whether closing mode was in effect (its default depends on the backend)
-            r.stats.setdefault("closing", closing and strat.closing_target(backend, reqs[0]) is not None)
-    return results
+
+
+def finish_results(backend: Backend, strat: Strategy, reqs: Sequence[Request], results: Sequence[Result]
+                   ) -> list[Result]:
+    """Typed answers, and whether closing mode was in effect (its default depends on the backend)."""
+    out = [typed_result(r, reqs[0].constraint) for r in results]
+    if reqs and reqs[0].constraint is not None and reqs[0].constrain:
+        for r in out:
+            r.stats.setdefault("closing", reqs[0].closing and strat.closing_target(backend, reqs[0]) is not None)
+    return out
+
+
+def check_context(backend: Backend, reqs: Sequence[Request]) -> None:
+    """Refuse, before any model call, a prompt whose tokens plus ``max_tokens`` exceed the model's context
+    (:class:`~formtax.errors.ContextLengthError`, one line with the numbers, as OpenAI words it)."""
+    limit = backend.context_length
+    if limit is None:
+        return
+    for r in reqs:
+        n = len(backend.tokenizer.prompt_ids(r.prompt))
+        if n + r.max_tokens > limit:
+            raise ContextLengthError(limit, n, r.max_tokens)
 
 
 def resolve_closing(model: Backend, closing: bool | None) -> bool:

@@ -23,3 +23,14 @@ class DataError(FormtaxError):
 
 class ConfigError(FormtaxError):
     """An invalid configuration: unknown name, mismatched run directory, bad option."""
+
+
+class ContextLengthError(ConfigError):
+    """A prompt plus its token budget exceeds the model's context (refused before any model call; the server
+    answers it with OpenAI's ``context_length_exceeded``)."""
+
+    def __init__(self, limit: int, prompt: int, completion: int) -> None:
+        super().__init__(f"this model's maximum context length is {limit} tokens, but {prompt + completion} were "
+                         f"requested ({prompt} in the prompt, {completion} for the completion); shorten the prompt "
+                         "or lower max_tokens")
+        self.limit, self.prompt, self.completion = limit, prompt, completion

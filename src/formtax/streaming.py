@@ -33,10 +33,10 @@ from typing import Any
 
 import torch
 
-from formtax.api import _backend, _prompt, resolve_closing, resolve_sampling, typed_result
+from formtax.api import _backend, _prompt, check_context, resolve_closing, resolve_sampling, typed_result
 from formtax.constraints.native import as_constraint
 from formtax.constraints.spec import Constraint
-from formtax.decoding.engine import Backend, Capability
+from formtax.decoding.engine import Backend, Capability, TokenizerInfo
 from formtax.decoding.loop import Plan, Policy, RowOutput, RowRequest, decode
 from formtax.decoding.sampling import Sampling
 from formtax.errors import ConfigError
@@ -82,7 +82,8 @@ class Tap(Policy):
         return getattr(self.inner, name)
 
 
-_END = object()
+END = object()
+"""Put on a :func:`deltas` queue after the last item."""
 
 
 def stream(model: Backend, prompt: Prompt, strategy: str = "free", answer: Any = None, max_tokens: int = 256,
@@ -103,6 +104,7 @@ def stream(model: Backend, prompt: Prompt, strategy: str = "free", answer: Any =
                   top_k=sampling.top_k, min_p=sampling.min_p,
                   closing=resolve_closing(backend, closing))
     strat.check(backend, [req])
+    check_context(backend, [req])
     q: queue.Queue[Any] = queue.Queue()
 
     def decoder(b: Backend, rows: Sequence[RowRequest], s: Sampling, whole: Sequence[Constraint | None]
@@ -117,10 +119,16 @@ def stream(model: Backend, prompt: Prompt, strategy: str = "free", answer: Any =
         except BaseException as e:  # handed to the consumer, raised there
             q.put(e)
         finally:
-            q.put(_END)
+            q.put(END)
 
     threading.Thread(target=work, name="formtax-stream", daemon=True).start()
-    tok = backend.tokenizer
+    yield from deltas(backend.tokenizer, q)
+
+
+def deltas(tok: TokenizerInfo, q: queue.Queue[Any]) -> Iterator[Delta | Result]:
+    """Deltas from a queue of ``(token, phase)`` items, then the Result put after them; an exception put there is
+    raised; :data:`END` ends (module docstring: cumulative detokenisation per phase run, incomplete characters
+    held back). Shared by :func:`stream` and the server's streamed requests (which decode in shared batches)."""
     run: list[int] = []  # the tokens of the current phase run, detokenised together
     run_phase = ""
     sent = ""  # what of the run's text was sent
@@ -139,7 +147,7 @@ def stream(model: Backend, prompt: Prompt, strategy: str = "free", answer: Any =
 
     while True:
         item = q.get()
-        if item is _END:
+        if item is END:
             return
         if isinstance(item, BaseException):
             raise item

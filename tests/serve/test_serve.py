@@ -21,7 +21,8 @@ Q = "Tom has 3 apples and buys 4 more. How many apples does he have?"
 
 @pytest.fixture(scope="module")
 def server(default_model) -> Iterator[tuple[openai.OpenAI, object]]:
-    app = create_app(default_model, max_batch=8, window_s=0.05, timeout_s=120)
+    app = create_app(default_model, max_batch=8, window_s=0.05, timeout_s=120, temperature=0.0,
+                     served_model_names=("default", "m"))
     with ServerThread(app) as srv:  # a random free port, bounded start-up, always shut down
         yield openai.OpenAI(base_url=srv.url, api_key="none", max_retries=0, timeout=120), app
 
@@ -69,18 +70,30 @@ def test_response_format_json_schema_and_json_object(server):
         assert isinstance(json.loads(r.choices[0].message.content), dict)
 
 
-def test_tools_are_an_enum_constraint(server):
+def test_tool_calls_carry_valid_arguments(server):
+    import json
+
+    import jsonschema
+
     client, _ = server
-    tools = [{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}}
-             for n in ("get_weather", "add_numbers")]
-    r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "What is 3 plus 4?"}],
-                                       max_tokens=16, tools=tools, tool_choice="required")
-    calls = r.choices[0].message.tool_calls
-    assert r.choices[0].finish_reason == "tool_calls" and calls[0].function.name in ("get_weather", "add_numbers")
-    r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=16,
-                                       tools=tools)  # auto: a tool or the abstention answer None
+    params = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+              "required": ["a", "b"], "additionalProperties": False}
+    tools = [{"type": "function", "function": {"name": "add_numbers", "description": "Add two integers",
+                                               "parameters": params}},
+             {"type": "function", "function": {"name": "get_weather", "parameters": {
+                 "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    for choice in ("required", {"type": "function", "function": {"name": "add_numbers"}}):
+        r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "What is 3 plus 4?"}],
+                                           max_tokens=80, tools=tools, tool_choice=choice)
+        calls = r.choices[0].message.tool_calls
+        assert r.choices[0].finish_reason == "tool_calls" and calls
+        for c in calls:
+            schema = params if c.function.name == "add_numbers" else tools[1]["function"]["parameters"]
+            jsonschema.validate(json.loads(c.function.arguments), schema)
+    r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=60,
+                                       tools=tools)  # auto: text or a call
     m = r.choices[0].message
-    assert (m.tool_calls and m.tool_calls[0].function.name in ("get_weather", "add_numbers")) or m.content == "None"
+    assert m.tool_calls or m.content
 
 
 def test_streaming_and_completions(server, default_model):

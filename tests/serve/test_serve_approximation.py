@@ -16,7 +16,7 @@ from formtax.serve.app import APPROXIMATED_HEADER, ServerThread, create_app  # n
 
 def _ask(client, schema):
     return client.chat.completions.with_raw_response.create(
-        model="m", messages=[{"role": "user", "content": "q"}], max_tokens=40,
+        model="default", messages=[{"role": "user", "content": "q"}], max_tokens=40,
         response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": schema}})
 
 

@@ -94,9 +94,10 @@ class FakeBackend(Backend):
     name = "fake"
     capabilities = frozenset({Capability.STEP_LOGITS, Capability.KV_CROP})
 
-    def __init__(self, fn: LogitsFn | None = None, model_id: str = "fake-random") -> None:
+    def __init__(self, fn: LogitsFn | None = None, model_id: str = "fake-random", context: int | None = None) -> None:
         self.fn = fn or random_logits()
         self._id = model_id
+        self._context = context
         hf = byte_tokenizer()
         self._tok = TokenizerInfo(hf=hf, eos_ids=frozenset({EOS}), pad_id=PAD, n_logits=N_LOGITS,
                                   has_chat_template=True)
@@ -109,6 +110,10 @@ class FakeBackend(Backend):
     @property
     def model_id(self) -> str:
         return self._id
+
+    @property
+    def context_length(self) -> int | None:
+        return self._context
 
     def new_batch(self, prompts: Sequence[Sequence[int]]) -> FakeBatch:
         b = FakeBatch(self.fn, prompts)

@@ -272,6 +272,12 @@ class HFBackend(Backend):
     def model_id(self) -> str:
         return self._model_id
 
+    @property
+    def context_length(self) -> int | None:
+        """The model config's ``max_position_embeddings`` (None if it has none)."""
+        n = getattr(self.model.config, "max_position_embeddings", None)
+        return int(n) if isinstance(n, int) and n > 0 else None
+
     def new_batch(self, prompts: Sequence[Sequence[int]]) -> HFBatch:
         return HFBatch(self.model, prompts, self._tok.pad_id, self.device)
 

@@ -23,6 +23,17 @@ def _args(p: argparse.ArgumentParser) -> None:
                    help="how long the first request of a batch waits for compatible ones")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds before a request gets a 504")
     p.add_argument("--max-tokens", type=int, default=256, help="the budget of a request that names none")
+    p.add_argument("--max-queue", type=int, default=256, help="requests that may wait; beyond that a 429")
+    p.add_argument("--temperature", type=float, default=1.0,
+                   help="the temperature of a request that names none (default 1, OpenAI's; 0 = greedy)")
+    p.add_argument("--served-model-name", action="append", default=None,
+                   help="a name clients use as 'model' (repeatable; default: the model's id); others get a 404")
+    p.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' (default: FORMTAX_API_KEY if set, else no key)")
+    p.add_argument("--strategy", default=None,
+                   help="the strategy of a request that names none (e.g. inwriting): any OpenAI client gets it")
+    p.add_argument("--answer", default=None,
+                   help="the answer SPEC of a request that gives no response_format, tools or formtax.answer")
     add_threads_arg(p)
 
 
@@ -31,7 +42,7 @@ def _args(p: argparse.ArgumentParser) -> None:
 def serve_cmd(args: argparse.Namespace) -> int:
     from formtax.errors import ConfigError
 
-    for flag in ("port", "max_batch", "max_tokens"):
+    for flag in ("port", "max_batch", "max_tokens", "max_queue"):
         if getattr(args, flag) < (0 if flag == "port" else 1):
             raise ConfigError(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
     if args.timeout <= 0 or args.batch_window_ms < 0:
@@ -43,11 +54,33 @@ def serve_cmd(args: argparse.Namespace) -> int:
         from formtax.serve.app import create_app
     except ImportError as e:
         raise ConfigError(f"formtax serve needs the serve extra: pip install 'formtax[serve]' ({e})") from None
-    from formtax.api import load_model
+    import os
+    import sys
 
+    from formtax.api import load_model
+    from formtax.constraints.native import as_constraint
+    from formtax.serve.app import ServeConfig
+    from formtax.strategies import get_strategy
+
+    if args.strategy is not None:
+        get_strategy(args.strategy)  # an unknown name is refused before the model loads
+    if args.answer is not None:
+        as_constraint(args.answer)
+    if not 0.0 <= args.temperature <= 2.0:
+        raise ConfigError(f"--temperature must be in [0, 2], got {args.temperature}")
+    cfg = ServeConfig(max_batch=args.max_batch, window_s=args.batch_window_ms / 1000.0, timeout_s=args.timeout,
+                      default_max_tokens=args.max_tokens, max_queue=args.max_queue, temperature=args.temperature,
+                      served_model_names=tuple(args.served_model_name or ()),
+                      api_key=args.api_key or os.environ.get("FORMTAX_API_KEY") or None,
+                      strategy=args.strategy, answer=args.answer)
     backend = load_model(args.model, backend=args.backend, device=args.device, dtype=args.dtype)
-    app = create_app(backend, max_batch=args.max_batch, window_s=args.batch_window_ms / 1000.0,
-                     timeout_s=args.timeout, default_max_tokens=args.max_tokens)
-    log.info("serving %s on http://%s:%d/v1", backend.model_id, args.host, args.port)
+    app = create_app(backend, cfg)
+    names = ", ".join(cfg.served_model_names or (backend.model_id,))
+    print(f"formtax serve: http://{args.host}:{args.port}/v1 · model {backend.model_id} (served as {names}) · "
+          f"strategy {args.strategy or 'by request (free)'}"
+          + (f", answer {args.answer!r}" if args.answer else "")
+          + f" · temperature {args.temperature:g}{' (OpenAI default)' if args.temperature == 1.0 else ''}"
+          f" · max_tokens {args.max_tokens} · context {backend.context_length or 'unknown'}"
+          f" · API key {'required' if cfg.api_key else 'none'}", file=sys.stderr, flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0

@@ -177,6 +177,12 @@ class Backend(ABC):
     def describe(self) -> dict[str, Any]:
         return {"backend": self.name, "model": self.model_id}
 
+    @property
+    def context_length(self) -> int | None:
+        """The most tokens (prompt plus output) one row may hold, or None when the backend does not know it
+        (then nothing is checked before the call)."""
+        return None
+
     def generation_defaults(self) -> Any | None:
         """The model's own sampling defaults (a :class:`~formtax.decoding.sampling.Sampling`, from its
         ``generation_config``), or None when the backend does not know them."""

@@ -38,6 +38,8 @@ class Finish(StrEnum):
     CONSTRAINT_COMPLETE = "constraint-complete"  # the grammar accepts and allows nothing more
     CONSTRAINT_ERROR = "constraint-error"  # the grammar engine's error state, or an engine that ignored the mask
     BACKEND_ERROR = "backend-error"  # an engine that owns its loop broke the plan (vLLM's processor)
+    STOP_SEQUENCE = "stop-sequence"  # a caller's stop string appeared (formtax serve's ``stop``)
+    CANCELLED = "cancelled"  # the caller went away or timed out (formtax serve); the row left its batch
 
 
 ERROR_FINISHES = frozenset({Finish.CONSTRAINT_ERROR, Finish.LENGTH_INCOMPLETE})

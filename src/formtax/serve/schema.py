@@ -6,10 +6,10 @@ Mapping (documented choices):
 * ``response_format`` ``{"type": "json_schema", "json_schema": {"schema": S}}``: the answer is JSON Schema ``S``;
   ``{"type": "json_object"}``: any JSON object. The strategy is ``constrained`` (the whole output is the JSON)
   unless the ``formtax`` extension names another (``json`` or ``inwriting`` reason first, then answer).
-* ``tools`` with ``tool_choice`` ``"required"`` or a named function: the answer is a choice over the tool names
-  (paper 002's tool-selection constraint); ``"auto"`` (the default when tools are given) adds ``None``, the
-  abstention answer; ``"none"`` generates free text. The chosen tool comes back as a ``tool_calls`` entry with
-  ``arguments`` ``"{}"``: formtax selects the tool, it does not fill its arguments.
+  Under ``json_schema.strict: true`` objects are closed as OpenAI closes them (``additionalProperties: false``
+  wherever a schema does not say).
+* ``tools``: the answer is a call, its arguments generated under the tool's ``parameters`` schema, for a named
+  ``tool_choice``, ``"required"`` and ``"auto"`` (text or a call); see :mod:`formtax.serve.tools`.
 * ``"formtax": {"strategy": ..., "answer": SPEC, "reasoning": ..., "triggers": [...], "closing": ...}``: any
   single-call or multi-call strategy with any answer SPEC; the reasoning comes back separately in ``reasoning_content``, as
   reasoning models' servers return it, and the answer in ``content``.
@@ -17,15 +17,15 @@ Mapping (documented choices):
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from formtax.constraints.native import as_constraint
-from formtax.constraints.spec import ChoiceConstraint, Constraint, JsonConstraint
+from formtax.constraints.native import _closed, as_constraint
+from formtax.constraints.spec import Constraint, JsonConstraint
 from formtax.errors import ConfigError
-
-ABSTAIN = "None"
+from formtax.serve.tools import ToolPlan, tool_plan
 
 
 class Message(BaseModel):
@@ -35,9 +35,33 @@ class Message(BaseModel):
     content: str | list[dict[str, Any]] | None = None
 
     def text(self) -> str:
+        """The message as prompt text: its text parts in order; an assistant's earlier tool calls in the JSON form
+        the model is asked to write them in (:mod:`formtax.serve.tools`)."""
         if isinstance(self.content, list):  # content parts: the text ones, in order
-            return "".join(str(p.get("text", "")) for p in self.content if p.get("type") == "text")
-        return self.content or ""
+            text = "".join(str(p.get("text", "")) for p in self.content if p.get("type") == "text")
+        else:
+            text = self.content or ""
+        calls = (self.model_extra or {}).get("tool_calls")
+        if calls and not text:
+            written = []
+            for c in calls:
+                fn = c.get("function") or {}
+                try:
+                    args = json.loads(fn.get("arguments") or "{}")
+                except json.JSONDecodeError:
+                    args = fn.get("arguments")
+                written.append({"name": fn.get("name"), "arguments": args})
+            text = json.dumps(written[0] if len(written) == 1 else written)
+        return text
+
+    @field_validator("content")
+    @classmethod
+    def _text_parts(cls, v: str | list[dict[str, Any]] | None) -> str | list[dict[str, Any]] | None:
+        if isinstance(v, list):
+            for p in v:
+                if p.get("type") != "text":
+                    raise ValueError(f"content parts of type {p.get('type')!r} are not supported (text only)")
+        return v
 
 
 class FormtaxOptions(BaseModel):
@@ -66,22 +90,48 @@ class Tool(BaseModel):
 
 
 class Sampled(BaseModel):
-    """What both endpoints share."""
+    """What both endpoints share. A field formtax does not implement is a 400 (``extra="forbid"``), except
+    those that change nothing about the output (``user``, ``metadata``, ``store``, ``stream_options``,
+    ``service_tier``): a silently ignored field is a wrong answer the client cannot see."""
 
-    model_config = ConfigDict(extra="allow")  # unknown OpenAI fields (logprobs, user, ...) are accepted, unused
+    model_config = ConfigDict(extra="forbid")
 
     model: str | None = None
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
-    temperature: float = Field(default=0.0, ge=0.0, le=2.0)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)  # None: the server's default (create_app)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     seed: int | None = None
-    n: int = Field(default=1, ge=1, le=1)
+    n: int = Field(default=1, ge=1, le=16)
     stream: bool = False
+    stop: str | list[str] | None = None
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None
     formtax: FormtaxOptions | None = None
+    # accepted because they do not change the output
+    user: str | None = None
+    metadata: dict[str, Any] | None = None
+    store: bool | None = None
+    stream_options: dict[str, Any] | None = None
+    service_tier: str | None = None
 
     def budget(self, default: int) -> int:
         return self.max_completion_tokens or self.max_tokens or default
+
+    def stops(self) -> tuple[str, ...]:
+        stops = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+        if len(stops) > 4 or any(not s for s in stops):
+            raise ConfigError("stop: give at most 4 non-empty strings")
+        return stops
+
+    def bias(self) -> dict[int, float]:
+        out: dict[int, float] = {}
+        for k, v in (self.logit_bias or {}).items():
+            if not k.lstrip("-").isdigit() or not -100 <= v <= 100:
+                raise ConfigError(f"logit_bias: {k!r}: keys are token ids, values in [-100, 100]")
+            out[int(k)] = float(v)
+        return out
 
 
 class ChatRequest(Sampled):
@@ -89,6 +139,9 @@ class ChatRequest(Sampled):
     response_format: dict[str, Any] | None = None
     tools: list[Tool] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
 
     @field_validator("response_format")
     @classmethod
@@ -100,45 +153,25 @@ class ChatRequest(Sampled):
 
 class CompletionRequest(Sampled):
     prompt: str | list[str]
+    logprobs: int | None = Field(default=None, ge=0, le=5)
+    echo: bool = False
 
 
-def tool_choice_constraint(req: ChatRequest) -> Constraint | None:
-    """The tools as a choice constraint (module docstring); None when no tool is to be chosen."""
-    if not req.tools:
-        if req.tool_choice not in (None, "none", "auto"):
-            raise ConfigError("tool_choice names a tool but no tools are given")
-        return None
-    names = [t.function.name for t in req.tools]
-    choice = req.tool_choice if req.tool_choice is not None else "auto"
-    if choice == "none":
-        return None
-    if isinstance(choice, dict):
-        name = (choice.get("function") or {}).get("name")
-        if name not in names:
-            raise ConfigError(f"tool_choice names {name!r}, which is not among the tools ({', '.join(names)})")
-        return ChoiceConstraint([name])
-    if choice == "required":
-        return ChoiceConstraint(names)
-    if choice == "auto":
-        if ABSTAIN in names:
-            raise ConfigError(f"a tool may not be called {ABSTAIN!r}: it is the abstention answer")
-        return ChoiceConstraint([*names, ABSTAIN])
-    raise ConfigError(f"tool_choice must be none, auto, required or a named function, got {choice!r}")
-
-
-def chat_constraint(req: ChatRequest) -> tuple[str, Constraint | None, bool]:
-    """(strategy, answer constraint, whether the answer is a tool choice) of a chat request."""
+def chat_constraint(req: ChatRequest, default_strategy: str | None = None, default_answer: str | None = None
+                    ) -> tuple[str, Constraint | None, ToolPlan | None]:
+    """(strategy, answer constraint, the tool plan when the answer is a tool call) of a chat request. The
+    server's defaults (``formtax serve --strategy/--answer``) apply where the request names neither."""
     opts = req.formtax or FormtaxOptions()
-    sources = [name for name, present in (("response_format", req.response_format is not None
-                                            and req.response_format.get("type") != "text"),
-                                           ("tools", tool_choice_constraint(req) is not None),
+    tools = tool_plan(req)
+    fmt = req.response_format is not None and req.response_format.get("type") != "text"
+    sources = [name for name, present in (("response_format", fmt), ("tools", tools is not None),
                                            ("formtax.answer", opts.answer is not None)) if present]
     if len(sources) > 1:
         raise ConfigError(f"give one answer format, not {' and '.join(sources)}")
     constraint: Constraint | None = None
-    tool = False
-    if opts.answer is not None:
-        constraint = as_constraint(opts.answer)
+    answer = opts.answer if opts.answer is not None else (default_answer if not sources else None)
+    if answer is not None:
+        constraint = as_constraint(answer)
     elif req.response_format is not None and req.response_format.get("type") == "json_object":
         constraint = JsonConstraint({"type": "object"})
     elif req.response_format is not None and req.response_format.get("type") == "json_schema":
@@ -146,9 +179,10 @@ def chat_constraint(req: ChatRequest) -> tuple[str, Constraint | None, bool]:
         schema = spec.get("schema")
         if not isinstance(schema, dict):
             raise ConfigError("response_format.json_schema.schema must be a JSON Schema object")
-        constraint = as_constraint(schema)
-    else:
-        constraint = tool_choice_constraint(req)
-        tool = constraint is not None
-    strategy = opts.strategy or ("constrained" if constraint is not None else "free")
-    return strategy, constraint, tool
+        constraint = as_constraint(_closed(schema) if spec.get("strict") else schema)
+    elif tools is not None:
+        constraint = tools.constraint
+    strategy = opts.strategy or default_strategy or ("constrained" if constraint is not None else "free")
+    if strategy != "free" and constraint is None and opts.strategy is None:
+        strategy = "free"  # the server's default strategy needs an answer; a request without one is free text
+    return strategy, constraint, tools

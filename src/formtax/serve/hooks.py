@@ -1,0 +1,135 @@
+"""Per-request controls of ``formtax serve`` that act inside the decode loop: cancellation, ``stop`` strings,
+``logprobs``, ``presence_penalty`` / ``frequency_penalty`` and ``logit_bias``.
+
+Each row's policy is wrapped in a :class:`Hooked` policy (as :class:`formtax.streaming.Tap` wraps it to stream):
+the strategy's own policy decides everything else, so a request without any of these controls decodes token
+for token as ``formtax.generate``. The semantics (ours where OpenAI leaves them open):
+
+* **cancellation**: once :attr:`RequestHooks.cancel` is set (the client disconnected, or the request timed out),
+  the row's next plan stops it (finish ``cancelled``) and it leaves the batch at that step;
+* **stop**: the decoded text of the row is checked after every token; when a stop string appears the row
+  finishes (``stop-sequence``) and the server cuts the content before it, as OpenAI does. It applies to free text
+  only (a constrained answer ends where its grammar does);
+* **logprobs**: the model's own log-probabilities (the raw distribution, before masks, penalties and temperature)
+  of each emitted token, and its ``top_logprobs`` most likely tokens;
+* **penalties and logit_bias**: added to the scores the row chooses from (OpenAI's formula: ``presence`` once per
+  token already generated, ``frequency`` per occurrence); masks and forced tokens still apply after them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from formtax.decoding.engine import TokenizerInfo
+from formtax.decoding.plan import Finish, Plan, Policy
+
+
+@dataclass
+class TokenLogprob:
+    token: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+@dataclass
+class RequestHooks:
+    """What one request asks of its row, and what its row recorded (logprobs)."""
+
+    stops: tuple[str, ...] = ()
+    logprobs: bool = False
+    top_logprobs: int = 0
+    presence: float = 0.0
+    frequency: float = 0.0
+    bias: dict[int, float] = field(default_factory=dict)
+    cancel: threading.Event = field(default_factory=threading.Event)
+    sink: Callable[[int, str], None] | None = None  # every emitted token and its phase (live streaming)
+    recorded: list[TokenLogprob] = field(default_factory=list)
+
+    @property
+    def edits_scores(self) -> bool:
+        return bool(self.presence or self.frequency or self.bias)
+
+    def wrap(self, policy: Policy, tok: TokenizerInfo) -> Policy:
+        return Hooked(policy, self, tok)
+
+
+class Hooked(Policy):
+    """``inner`` under one request's :class:`RequestHooks` (module docstring)."""
+
+    def __init__(self, inner: Policy, hooks: RequestHooks, tok: TokenizerInfo) -> None:
+        self.inner, self.hooks, self.tok = inner, hooks, tok
+        self.coupled = inner.coupled
+        self.generated: list[int] = []
+        self.counts: Counter[int] = Counter()
+        self._logp: torch.Tensor | None = None
+        self._window = max((len(s) for s in hooks.stops), default=0) + 8
+
+    @property
+    def phase(self) -> str:
+        return self.inner.phase
+
+    @phase.setter
+    def phase(self, value: str) -> None:
+        self.inner.phase = value
+
+    def plan(self, logits: torch.Tensor, step: int) -> Plan:
+        if self.hooks.cancel.is_set():
+            return Plan(stop=Finish.CANCELLED)
+        plan = self.inner.plan(logits, step)
+        if self.hooks.logprobs:
+            self._logp = torch.log_softmax(logits.double(), dim=-1)
+        if self.hooks.edits_scores and plan.forced is None and plan.stop is None and plan.rewind is None:
+            plan = dataclasses.replace(plan, scores=self._edited(plan.scores if plan.scores is not None else logits))
+        return plan
+
+    def _edited(self, base: torch.Tensor) -> torch.Tensor:
+        scores = base.clone()
+        h = self.hooks
+        if self.counts and (h.presence or h.frequency):
+            ids = torch.tensor(list(self.counts), device=scores.device)
+            n = torch.tensor([float(c) for c in self.counts.values()], device=scores.device, dtype=scores.dtype)
+            scores[ids] -= h.presence + h.frequency * n
+        if h.bias:
+            ids = torch.tensor([t for t in h.bias if 0 <= t < scores.shape[-1]], device=scores.device, dtype=torch.long)
+            vals = torch.tensor([h.bias[int(t)] for t in ids.tolist()], device=scores.device, dtype=scores.dtype)
+            scores[ids] += vals
+        return scores
+
+    def advance(self, token: int) -> str | None:
+        h = self.hooks
+        if self._logp is not None:
+            top = torch.topk(self._logp, h.top_logprobs) if h.top_logprobs else None
+            h.recorded.append(TokenLogprob(token, float(self._logp[token]), [] if top is None else
+                                           list(zip(top.indices.tolist(), top.values.tolist(), strict=True))))
+        if h.sink is not None:
+            h.sink(token, self.inner.phase)
+        self.generated.append(token)
+        self.counts[token] += 1
+        reason = self.inner.advance(token)
+        if reason is None and h.stops:
+            tail = self.tok.decode_text(self.generated[-self._window:])
+            if any(s in tail for s in h.stops):
+                return Finish.STOP_SEQUENCE
+        return reason
+
+    def budget_exhausted(self) -> str:
+        return self.inner.budget_exhausted()
+
+    def mask_matcher(self) -> Any:
+        return None if self.hooks.cancel.is_set() else self.inner.mask_matcher()
+
+    def __getattr__(self, name: str) -> Any:  # strategies may read their policy's own state
+        return getattr(self.inner, name)
+
+
+def cut_at_stop(text: str, stops: tuple[str, ...]) -> str:
+    """``text`` up to the first of ``stops`` (OpenAI leaves the stop string out)."""
+    cut = min((i for s in stops if (i := text.find(s)) >= 0), default=len(text))
+    return text[:cut]

@@ -1,0 +1,164 @@
+"""OpenAI's response shapes for ``formtax serve``: errors, the completion envelope, logprobs, tool calls and the
+server-sent-event chunks (how a :class:`~formtax.strategies.base.Result` is worded for an OpenAI client)."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi.responses import JSONResponse
+
+from formtax.decoding.engine import TokenizerInfo
+from formtax.serve.hooks import TokenLogprob
+from formtax.strategies.base import Result
+
+FINISH = {"length": "length", "length-incomplete": "length"}  # everything else ends as "stop"
+APPROXIMATED_HEADER = "X-Formtax-Schema-Approximated"
+
+
+def error(status: int, message: str, param: str | None = None, kind: str = "invalid_request_error",
+          code: str | None = None) -> JSONResponse:
+    """OpenAI's error body, ``{"error": {"message", "type", "param", "code"}}``, with ``status``."""
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}},
+                        status_code=status)
+
+
+def headers(res: Result) -> dict[str, str]:
+    """``X-Formtax-Schema-Approximated``: what the answer's grammar left to the oracle (constraints/spec.py's
+    ``approximate_schema``), ``; ``-separated; absent when the grammar is the schema."""
+    approximated = res.stats.get("schema_approximated")
+    return {APPROXIMATED_HEADER: "; ".join(approximated)} if approximated else {}
+
+
+def content(res: Result) -> str | None:
+    """The answer where the strategy has one (reasoning apart), else the whole text."""
+    return res.answer_text if res.answer_text is not None else res.text
+
+
+def reasoning(res: Result) -> str | None:
+    return res.reasoning if res.answer_text is not None and res.reasoning else None
+
+
+def finish(res: Result) -> str:
+    return FINISH.get(res.finish_reason, "stop")
+
+
+def envelope(kind: str, model: str, results: list[Result]) -> dict[str, Any]:
+    """The fields around the choices: id, object, created, model, usage (all choices), and the ``formtax``
+    object of the first choice (each choice also carries its own)."""
+    completion = sum(r.tokens.total for r in results)
+    prompt = results[0].tokens.prompt
+    return {"id": f"{'chatcmpl' if kind == 'chat.completion' else 'cmpl'}-{uuid.uuid4().hex}", "object": kind,
+            "created": int(time.time()), "model": model,
+            "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
+            "formtax": extension(results[0])}
+
+
+def extension(res: Result) -> dict[str, Any]:
+    return {"strategy": res.strategy, "parsed": _jsonable(res.parsed), "parse_ok": res.parse_ok,
+            "finish_reason": res.finish_reason, "error": res.error, "token_ids": res.token_ids}
+
+
+def _jsonable(value: Any) -> Any:
+    try:
+        json.dumps(value)
+        return value
+    except TypeError:
+        return str(value)
+
+
+def _entry(tok: TokenizerInfo, token: int, logprob: float) -> dict[str, Any]:
+    text = tok.decode([token])
+    return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+
+def chat_logprobs(tok: TokenizerInfo, recorded: list[TokenLogprob]) -> dict[str, Any]:
+    """Chat's ``logprobs``: ``{"content": [{token, logprob, bytes, top_logprobs}]}``."""
+    return {"content": [_entry(tok, r.token, r.logprob) | {"top_logprobs": [_entry(tok, t, lp) for t, lp in r.top]}
+                        for r in recorded]}
+
+
+def text_logprobs(tok: TokenizerInfo, recorded: list[TokenLogprob]) -> dict[str, Any]:
+    """Legacy completions' ``logprobs``: tokens, token_logprobs, top_logprobs, text_offset."""
+    tokens = [tok.decode([r.token]) for r in recorded]
+    offsets, at = [], 0
+    for t in tokens:
+        offsets.append(at)
+        at += len(t)
+    return {"tokens": tokens, "token_logprobs": [r.logprob for r in recorded],
+            "top_logprobs": [{tok.decode([t]): lp for t, lp in r.top} for r in recorded], "text_offset": offsets}
+
+
+def sse(obj: Any) -> str:
+    return f"data: {json.dumps(obj)}\n\n"
+
+
+def chunk_base(model: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    if body is not None:
+        return {k: body[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+    return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion.chunk", "created": int(time.time()),
+            "model": model}
+
+
+async def chat_chunks(body: dict[str, Any]) -> AsyncIterator[str]:
+    """A finished chat completion as OpenAI's chunks: role, reasoning, content or the tool calls (each call's id
+    and name first, then its arguments, as OpenAI streams them), the finish reason with usage, ``[DONE]``."""
+    base = chunk_base(body["model"], body)
+    for choice in body["choices"]:
+        i, msg = choice["index"], choice["message"]
+        deltas: list[dict[str, Any]] = [{"role": "assistant", "content": ""}]
+        if msg.get("reasoning_content"):
+            deltas.append({"reasoning_content": msg["reasoning_content"]})
+        for k, call in enumerate(msg.get("tool_calls") or ()):
+            deltas.append({"tool_calls": [{"index": k, "id": call["id"], "type": "function",
+                                           "function": {"name": call["function"]["name"], "arguments": ""}}]})
+            deltas.append({"tool_calls": [{"index": k, "function": {"arguments": call["function"]["arguments"]}}]})
+        if msg.get("content"):
+            deltas.append({"content": msg["content"]})
+        for d in deltas:
+            yield sse(base | {"choices": [{"index": i, "delta": d, "finish_reason": None}]})
+        last = {"usage": body["usage"], "formtax": body["formtax"]} if i == len(body["choices"]) - 1 else {}
+        yield sse(base | {"choices": [{"index": i, "delta": {}, "finish_reason": choice["finish_reason"],
+                                       "logprobs": choice.get("logprobs")}]} | last)
+    yield "data: [DONE]\n\n"
+
+
+async def text_chunks(body: dict[str, Any]) -> AsyncIterator[str]:
+    base = {k: body[k] for k in ("id", "created", "model")} | {"object": "text_completion"}
+    for choice in body["choices"]:
+        yield sse(base | {"choices": [{"index": choice["index"], "text": choice["text"], "finish_reason": None}]})
+        last = {"usage": body["usage"], "formtax": body["formtax"]} if choice is body["choices"][-1] else {}
+        yield sse(base | {"choices": [{"index": choice["index"], "text": "",
+                                       "finish_reason": choice["finish_reason"]}]} | last)
+    yield "data: [DONE]\n\n"
+
+
+class StopCutter:
+    """Streams text while holding back what may be the start of a stop string, so no part of a stop string is
+    ever sent (OpenAI leaves it out of the content)."""
+
+    def __init__(self, stops: tuple[str, ...]) -> None:
+        self.stops = stops
+        self.buffer = ""
+        self.done = False
+
+    def feed(self, text: str) -> str:
+        if self.done:
+            return ""
+        if not self.stops:
+            return text
+        self.buffer += text
+        cut = min((i for s in self.stops if (i := self.buffer.find(s)) >= 0), default=-1)
+        if cut >= 0:
+            out, self.buffer, self.done = self.buffer[:cut], "", True
+            return out
+        hold = max((k for s in self.stops for k in range(1, len(s)) if self.buffer.endswith(s[:k])), default=0)
+        out, self.buffer = self.buffer[: len(self.buffer) - hold], self.buffer[len(self.buffer) - hold:]
+        return out
+
+    def flush(self) -> str:
+        out, self.buffer = ("" if self.done else self.buffer), ""
+        return out

@@ -1,0 +1,126 @@
+"""Tool calls for ``formtax serve``: the grammar of a call, the prompt that describes the tools, and reading the
+calls back out of the output.
+
+A call is written as one JSON object ``{"name": <tool>, "arguments": {...}}``, the arguments under the tool's own
+``parameters`` schema (closed like OpenAI's strict mode when the function says ``strict: true``). With
+``parallel_tool_calls`` (OpenAI's default) a JSON array of such objects is allowed too. ``tool_choice``:
+
+* a named function: that tool's call, its name forced by the grammar;
+* ``"required"``: a call of any of the tools;
+* ``"auto"`` (the default with tools): a Lark grammar, *plain text or a call*: the output is a call exactly when
+  it starts with ``{`` or ``[`` (text may not), so the two never overlap and any text the model writes stays
+  possible;
+* ``"none"``: no constraint.
+
+The grammar, the closed objects and the JSON-in-text form are ours: OpenAI does not publish how its models write
+calls. The prompt (a system note listing the tools and this form) is needed because most chat templates of small
+models take no ``tools`` argument; it is added to the request's first system message, or as one. With a reasoning
+strategy (``json``, ``inwriting``) the call is the answer: the model reasons first and the reasoning comes back in
+``reasoning_content``.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from formtax.constraints.native import _closed
+from formtax.constraints.spec import Constraint, JsonConstraint, LarkConstraint
+from formtax.errors import ConfigError
+
+if TYPE_CHECKING:
+    from formtax.serve.schema import ChatRequest, Tool
+
+
+@dataclass(frozen=True)
+class ToolPlan:
+    """How a request's tools become an answer: the constraint, the tools it may call, whether text is allowed."""
+
+    constraint: Constraint
+    names: tuple[str, ...]
+    text_allowed: bool
+    parallel: bool
+
+
+def _parameters(tool: Tool) -> dict[str, Any]:
+    params = tool.function.parameters or {"type": "object", "properties": {}}
+    if not isinstance(params, dict) or params.get("type", "object") != "object":
+        raise ConfigError(f"tools: the parameters of {tool.function.name!r} must be a JSON Schema of type object")
+    return _closed(params) if tool.function.model_extra and tool.function.model_extra.get("strict") else params
+
+
+def call_schema(tools: list[Tool]) -> dict[str, Any]:
+    """The JSON Schema of one call of any of ``tools``."""
+    calls = [{"type": "object", "properties": {"name": {"const": t.function.name}, "arguments": _parameters(t)},
+              "required": ["name", "arguments"], "additionalProperties": False} for t in tools]
+    return calls[0] if len(calls) == 1 else {"anyOf": calls}
+
+
+def tool_plan(req: ChatRequest) -> ToolPlan | None:
+    """The request's tool constraint (module docstring); None when no tool is to be called."""
+    if not req.tools:
+        if req.tool_choice not in (None, "none", "auto"):
+            raise ConfigError("tool_choice names a tool but no tools are given")
+        return None
+    names = [t.function.name for t in req.tools]
+    if len(set(names)) != len(names):
+        raise ConfigError("tools: two tools have the same name")
+    choice = req.tool_choice if req.tool_choice is not None else "auto"
+    if choice == "none":
+        return None
+    tools = list(req.tools)
+    if isinstance(choice, dict):
+        name = (choice.get("function") or {}).get("name")
+        if name not in names:
+            raise ConfigError(f"tool_choice names {name!r}, which is not among the tools ({', '.join(names)})")
+        tools = [t for t in tools if t.function.name == name]
+    elif choice not in ("required", "auto"):
+        raise ConfigError(f"tool_choice must be none, auto, required or a named function, got {choice!r}")
+    parallel = req.parallel_tool_calls is not False and not isinstance(choice, dict)
+    one = call_schema(tools)
+    schema = {"anyOf": [one, {"type": "array", "items": one, "minItems": 1}]} if parallel else one
+    if choice == "auto":
+        grammar = f"start: call | text\ncall: %json {json.dumps(schema)}\ntext: /[^{{\\[][\\s\\S]*/\n"
+        constraint: Constraint = LarkConstraint(grammar)
+    else:
+        constraint = JsonConstraint(schema, source="tool call of " + ", ".join(t.function.name for t in tools))
+    constraint.check()
+    return ToolPlan(constraint, tuple(t.function.name for t in tools), choice == "auto", parallel)
+
+
+def tools_prompt(plan: ToolPlan, req: ChatRequest) -> str:
+    """The system note that describes the tools and how to call them (module docstring)."""
+    listed = [{"name": t.function.name, "description": t.function.description or "",
+               "parameters": t.function.parameters or {}} for t in req.tools or () if t.function.name in plan.names]
+    lines = ["You can call these tools:", json.dumps(listed, indent=1),
+             'To call a tool, reply with only a JSON object: {"name": <the tool\'s name>, "arguments": <an object '
+             "of its parameters>}."]
+    if plan.parallel:
+        lines.append("To call several tools, reply with a JSON array of such objects.")
+    if plan.text_allowed:
+        lines.append("If no tool is needed, answer in plain text instead.")
+    return "\n".join(lines)
+
+
+def with_tools_prompt(messages: list[dict[str, str]], note: str) -> list[dict[str, str]]:
+    """``messages`` with ``note`` in the first system message (or in a new one before the rest)."""
+    if messages and messages[0]["role"] in ("system", "developer"):
+        first = dict(messages[0])
+        first["content"] = (first["content"] + "\n\n" + note).strip()
+        return [first, *messages[1:]]
+    return [{"role": "system", "content": note}, *messages]
+
+
+def read_calls(text: str | None, parsed: Any) -> list[dict[str, Any]] | None:
+    """The OpenAI ``tool_calls`` of an output whose answer parsed as ``parsed`` (a call or a list of calls);
+    None when the output is text (``auto``)."""
+    value = parsed
+    if value is None or isinstance(value, str):  # the auto grammar's value is the text itself
+        if text is None or not text.lstrip().startswith(("{", "[")):
+            return None
+        value = json.loads(text)
+    calls = value if isinstance(value, list) else [value]
+    return [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+             "function": {"name": c["name"], "arguments": json.dumps(c["arguments"])}} for c in calls]

@@ -1,0 +1,333 @@
+"""``formtax serve`` as a drop-in OpenAI server (issue 39), end to end through the official ``openai`` SDK against
+a live server over the fake backend (milliseconds per request): tool calls with arguments, streamed content,
+context limits, cancellation, stop, logprobs, n, penalties, unknown models and fields, strict schemas, keys,
+the server's defaults, and a bounded queue."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+import jsonschema
+import pytest
+import torch
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("uvicorn")
+
+import formtax  # noqa: E402
+from formtax.backends.fake import FakeBackend, random_logits, scripted  # noqa: E402
+from formtax.errors import ContextLengthError  # noqa: E402
+from formtax.serve.app import ServerThread, create_app  # noqa: E402
+from formtax.serve.hooks import Hooked, RequestHooks  # noqa: E402
+from formtax.serve.responses import StopCutter  # noqa: E402
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+                                     "unit": {"enum": ["c", "f"]}}, "required": ["city", "unit"],
+    "additionalProperties": False}}}
+ADD = {"type": "function", "function": {"name": "add", "parameters": {
+    "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"],
+    "additionalProperties": False}}}
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, ADD)}
+USER = [{"role": "user", "content": "What is 3 plus 4?"}]
+
+
+def _client(srv: ServerThread, key: str = "none") -> openai.OpenAI:
+    return openai.OpenAI(base_url=srv.url, api_key=key, max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def served():
+    backend = FakeBackend(random_logits(seed=7), model_id="fake", context=4096)
+    app = create_app(backend, max_batch=8, window_s=0.0, timeout_s=60, temperature=0.0)
+    with ServerThread(app) as srv:
+        yield _client(srv), backend, app
+
+
+def _check_calls(calls, allowed):
+    assert calls, "no tool call"
+    for c in calls:
+        assert c.function.name in allowed
+        jsonschema.validate(json.loads(c.function.arguments), SCHEMAS[c.function.name])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_tool_calls_carry_arguments_that_validate(served, seed):
+    client, _, _ = served
+    named = client.chat.completions.create(model="fake", messages=USER, tools=[WEATHER, ADD], max_tokens=120,
+                                           tool_choice={"type": "function", "function": {"name": "add"}},
+                                           temperature=1.0, seed=seed)
+    assert named.choices[0].finish_reason == "tool_calls"
+    _check_calls(named.choices[0].message.tool_calls, {"add"})
+    assert len(named.choices[0].message.tool_calls) == 1 and named.choices[0].message.content is None
+    required = client.chat.completions.create(model="fake", messages=USER, tools=[WEATHER, ADD], max_tokens=160,
+                                              tool_choice="required", temperature=1.0, seed=seed)
+    _check_calls(required.choices[0].message.tool_calls, {"add", "get_weather"})
+    single = client.chat.completions.create(model="fake", messages=USER, tools=[WEATHER, ADD], max_tokens=120,
+                                            tool_choice="required", parallel_tool_calls=False, temperature=1.0,
+                                            seed=seed)
+    assert len(single.choices[0].message.tool_calls) == 1
+
+
+def test_auto_is_text_or_a_call():
+    """``auto``: a model that wants to write text writes text; one that wants a call gets a valid call."""
+    call = '{"name": "add", "arguments": {"a": 3, "b": 4}}'
+    for want, is_call in (("It is 7.", False), (call, True)):
+        app = create_app(FakeBackend(scripted(want)), window_s=0.0, temperature=0.0)
+        with ServerThread(app) as srv:
+            r = _client(srv).chat.completions.create(model="fake-random", messages=USER, tools=[WEATHER, ADD],
+                                                      max_tokens=80)
+        m = r.choices[0].message
+        if is_call:
+            assert r.choices[0].finish_reason == "tool_calls"
+            assert [(c.function.name, json.loads(c.function.arguments)) for c in m.tool_calls] == [
+                ("add", {"a": 3, "b": 4})]
+        else:
+            assert m.content == want and not m.tool_calls and r.choices[0].finish_reason == "stop"
+
+
+def test_tool_calls_stream_as_openai_streams_them(served):
+    client, _, _ = served
+    chunks = list(client.chat.completions.create(model="fake", messages=USER, tools=[ADD], tool_choice="required",
+                                                 parallel_tool_calls=False, max_tokens=80, stream=True))
+    parts = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or ())]
+    assert parts[0].id and parts[0].function.name == "add"
+    args = "".join(p.function.arguments or "" for p in parts)
+    jsonschema.validate(json.loads(args), SCHEMAS["add"])
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["tool_calls"]
+
+
+def test_reasoning_before_a_tool_call():
+    """A reasoning strategy reasons first; the call is its answer (issue 39's most asked-for feature)."""
+    want = 'I should add 3 and 4.\n{"name": "add", "arguments": {"a": 3, "b": 4}}'
+    app = create_app(FakeBackend(scripted(want)), window_s=0.0, temperature=0.0)
+    with ServerThread(app) as srv:
+        r = _client(srv).chat.completions.create(
+            model="fake-random", messages=USER, tools=[ADD], tool_choice="required", max_tokens=120,
+            parallel_tool_calls=False, extra_body={"formtax": {"strategy": "inwriting", "triggers": ["\n"]}})
+    m = r.choices[0].message
+    assert "add 3 and 4" in m.model_extra["reasoning_content"]
+    assert json.loads(m.tool_calls[0].function.arguments) == {"a": 3, "b": 4}
+
+
+def test_streamed_free_text_is_content_not_reasoning(served):
+    client, _, _ = served
+    whole = client.chat.completions.create(model="fake", messages=USER, max_tokens=30)
+    chunks = list(client.chat.completions.create(model="fake", messages=USER, max_tokens=30, stream=True))
+    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    reasoning = "".join((c.choices[0].delta.model_extra or {}).get("reasoning_content") or ""
+                        for c in chunks if c.choices)
+    assert content == whole.choices[0].message.content and content and reasoning == ""
+    assert len([c for c in chunks if c.choices and c.choices[0].delta.content]) > 1  # live, token by token
+
+
+def test_an_over_long_prompt_is_refused_at_once_and_the_server_goes_on(served):
+    client, _, _ = served
+    t0 = time.perf_counter()
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="fake", messages=[{"role": "user", "content": "x" * 200_000}],
+                                       max_tokens=16)
+    assert time.perf_counter() - t0 < 1.0
+    assert e.value.body["code"] == "context_length_exceeded" and "4096" in e.value.body["message"]
+    assert client.chat.completions.create(model="fake", messages=USER, max_tokens=4).choices[0].message.content
+
+
+def test_the_python_api_refuses_an_over_long_prompt():
+    with pytest.raises(ContextLengthError, match="maximum context length is 64 tokens"):
+        formtax.generate(FakeBackend(context=64), "x" * 100, max_tokens=8)
+
+
+def test_stop_is_honoured_streamed_or_not():
+    app = create_app(FakeBackend(scripted("Hello world. Bye now.")), window_s=0.0, temperature=0.0)
+    with ServerThread(app) as srv:
+        client = _client(srv)
+        r = client.chat.completions.create(model="fake-random", messages=USER, max_tokens=40, stop=[". B"])
+        assert r.choices[0].message.content == "Hello world" and r.choices[0].finish_reason == "stop"
+        assert r.usage.completion_tokens < len("Hello world. Bye now.")  # decoding stopped there
+        chunks = list(client.chat.completions.create(model="fake-random", messages=USER, max_tokens=40,
+                                                     stop=". B", stream=True))
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Hello world"
+        text = client.completions.create(model="fake-random", prompt="<|assistant|>", max_tokens=40, stop=["wor"])
+        assert text.choices[0].text == "Hello "
+
+
+def test_logprobs_are_the_models_own():
+    fn = random_logits(seed=3)
+    backend = FakeBackend(fn)
+    app = create_app(backend, window_s=0.0, temperature=0.0)
+    with ServerThread(app) as srv:
+        r = _client(srv).chat.completions.create(model="fake-random", messages=USER, max_tokens=6, logprobs=True,
+                                                  top_logprobs=3)
+    ids = r.model_extra["formtax"]["token_ids"]
+    entries = r.choices[0].logprobs.content
+    assert len(entries) == len(ids)
+    seq = backend.tokenizer.prompt_ids(USER)
+    for tok, entry in zip(ids, entries, strict=True):
+        lp = torch.log_softmax(fn(seq).double(), -1)
+        assert entry.logprob == pytest.approx(float(lp[tok]), abs=1e-9)
+        assert entry.top_logprobs[0].logprob == pytest.approx(float(lp.max()), abs=1e-9)  # greedy: the top one
+        seq = [*seq, tok]
+
+
+def test_n_choices_and_seeds(served):
+    client, _, _ = served
+    r = client.chat.completions.create(model="fake", messages=USER, max_tokens=12, n=3, temperature=1.0, seed=5)
+    texts = [c.message.content for c in r.choices]
+    assert [c.index for c in r.choices] == [0, 1, 2] and len(set(texts)) > 1
+    again = client.chat.completions.create(model="fake", messages=USER, max_tokens=12, n=3, temperature=1.0, seed=5)
+    assert [c.message.content for c in again.choices] == texts  # seeded: reproducible
+
+
+def test_penalties_and_logit_bias_follow_openais_formula():
+    hooks = RequestHooks(presence=0.5, frequency=0.25, bias={7: 3.0})
+    tok = FakeBackend().tokenizer
+
+    class Free:
+        phase, coupled = "free", False
+
+        def plan(self, logits, step):
+            from formtax.decoding.plan import Plan
+            return Plan()
+
+        def advance(self, token):
+            return None
+
+    h = Hooked(Free(), hooks, tok)  # type: ignore[arg-type]
+    for t in (5, 5, 9):
+        h.advance(t)
+    logits = torch.zeros(260)
+    scores = h.plan(logits, 3).scores
+    expect = torch.zeros(260)
+    expect[5] -= 0.5 + 0.25 * 2
+    expect[9] -= 0.5 + 0.25
+    expect[7] += 3.0
+    assert torch.equal(scores, expect)
+
+
+def test_logit_bias_steers_greedy_decoding(served):
+    client, _, _ = served
+    r = client.chat.completions.create(model="fake", messages=USER, max_tokens=5, logit_bias={str(ord("z")): 100})
+    assert r.choices[0].message.content == "zzzzz"
+
+
+def test_unknown_model_fields_and_parts_are_refused(served):
+    client, _, _ = served
+    with pytest.raises(openai.NotFoundError) as e:
+        client.chat.completions.create(model="gpt-4o", messages=USER)
+    assert e.value.body["code"] == "model_not_found"
+    with pytest.raises(openai.BadRequestError, match="not supported"):
+        client.chat.completions.create(model="fake", messages=USER, extra_body={"prediction": {"type": "content"}})
+    with pytest.raises(openai.BadRequestError, match="image_url"):
+        client.chat.completions.create(model="fake", messages=[{"role": "user", "content": [
+            {"type": "text", "text": "What is this?"},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}])
+    with pytest.raises(openai.BadRequestError, match="logprobs is not supported with strategy 'suffix-last'"):
+        client.chat.completions.create(model="fake", messages=USER, logprobs=True, extra_body={
+            "formtax": {"strategy": "suffix-last", "answer": "{int}"}})
+
+
+def test_strict_closes_objects():
+    want = '{"answer": 5, "message": "hi"}'
+    schema = {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"]}
+    app = create_app(FakeBackend(scripted(want)), window_s=0.0, temperature=0.0)
+    with ServerThread(app) as srv:
+        client = _client(srv)
+        loose = client.chat.completions.create(model="fake-random", messages=USER, max_tokens=60, response_format={
+            "type": "json_schema", "json_schema": {"name": "a", "schema": schema}})
+        strict = client.chat.completions.create(model="fake-random", messages=USER, max_tokens=60, response_format={
+            "type": "json_schema", "json_schema": {"name": "a", "schema": schema, "strict": True}})
+    assert json.loads(loose.choices[0].message.content) == {"answer": 5, "message": "hi"}  # the schema allows it
+    assert set(json.loads(strict.choices[0].message.content)) == {"answer"}
+
+
+def test_api_key_default_strategy_and_temperature():
+    backend = FakeBackend(scripted("Let me think. The answer is: 7"))
+    app = create_app(backend, window_s=0.0, api_key="sekrit", strategy="inwriting", answer="The answer is: {int}",
+                     served_model_names=("smol",))
+    with ServerThread(app) as srv:
+        with pytest.raises(openai.AuthenticationError):
+            _client(srv, "wrong").chat.completions.create(model="smol", messages=USER)
+        r = _client(srv, "sekrit").chat.completions.create(model="smol", messages=USER, max_tokens=60,
+                                                            temperature=0)
+        ext = r.model_extra["formtax"]
+        assert ext["strategy"] == "inwriting" and ext["parse_ok"] and isinstance(ext["parsed"], int)
+        assert r.choices[0].message.content == f"The answer is: {ext['parsed']}"
+        assert r.choices[0].message.model_extra["reasoning_content"].startswith("Let me think.")
+        assert [m.id for m in _client(srv, "sekrit").models.list().data] == ["smol"]
+    app = create_app(FakeBackend(random_logits(seed=2)), window_s=0.0)  # OpenAI's default temperature, 1
+    with ServerThread(app) as srv:
+        r = _client(srv).chat.completions.create(model="fake-random", messages=USER, max_tokens=12, seed=3)
+    ref = formtax.generate(FakeBackend(random_logits(seed=2)), USER, max_tokens=12, temperature=1.0, seed=3)
+    assert r.model_extra["formtax"]["token_ids"] == ref.token_ids
+
+
+def _slow(delay: float):
+    fn = random_logits(seed=1)
+
+    def slow(seq):
+        time.sleep(delay)
+        return fn(seq)
+
+    return slow
+
+
+def test_a_timed_out_request_is_cancelled_with_a_clean_504():
+    backend = FakeBackend(_slow(0.02))
+    app = create_app(backend, window_s=0.0, timeout_s=0.3, temperature=0.0)
+    with ServerThread(app) as srv:
+        r = httpx.post(srv.url + "/chat/completions", json={"messages": USER, "max_tokens": 400}, timeout=30)
+        assert r.status_code == 504 and r.json()["error"]["type"] == "timeout"
+        deadline = time.monotonic() + 5
+        while app.state.batcher.busy_since is not None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert app.state.batcher.busy_since is None  # the row left its batch long before its 400 tokens
+        assert backend.batches[-1].calls < 100
+        ok = httpx.post(srv.url + "/chat/completions", json={"messages": USER, "max_tokens": 2}, timeout=30)
+        assert ok.status_code == 200
+
+
+def test_a_disconnected_client_cancels_its_row():
+    backend = FakeBackend(_slow(0.02))
+    app = create_app(backend, window_s=0.0, timeout_s=60, temperature=0.0)
+    with ServerThread(app) as srv:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(srv.url + "/chat/completions", json={"messages": USER, "max_tokens": 400}, timeout=0.3)
+        deadline = time.monotonic() + 5
+        while app.state.batcher.busy_since is not None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert app.state.batcher.busy_since is None and backend.batches[-1].calls < 100
+
+
+def test_health_reports_a_stuck_worker_and_a_full_queue_is_429():
+    gate = threading.Event()
+    fn = random_logits()
+
+    def blocked(seq):
+        gate.wait(10)
+        return fn(seq)
+
+    app = create_app(FakeBackend(blocked), window_s=0.0, timeout_s=0.1, stuck_after_s=0.1, max_queue=1,
+                     temperature=0.0)
+    with ServerThread(app) as srv:
+        assert httpx.get(srv.url.removesuffix("/v1") + "/health").status_code == 200
+        first = threading.Thread(target=httpx.post, args=(srv.url + "/chat/completions",),
+                                 kwargs={"json": {"messages": USER, "max_tokens": 2}, "timeout": 30})
+        first.start()
+        time.sleep(0.5)
+        h = httpx.get(srv.url.removesuffix("/v1") + "/health")
+        assert h.status_code == 503 and h.json()["status"] == "stuck"
+        app.state.batcher.submit(USER, ("filler",))  # the queue's one place
+        full = httpx.post(srv.url + "/chat/completions", json={"messages": USER, "max_tokens": 2}, timeout=30)
+        assert full.status_code == 429 and full.json()["error"]["code"] == "rate_limit_exceeded"
+        gate.set()
+        first.join()
+
+
+def test_stop_strings_never_leak_into_a_stream():
+    c = StopCutter(("END",))
+    assert c.feed("abc E") == "abc " and c.feed("N") == "" and c.feed("D tail") == "" and c.flush() == ""
+    c = StopCutter(("END",))
+    assert c.feed("abc E") == "abc " and c.feed("x") == "Ex" and c.flush() == ""
