@@ -60,7 +60,7 @@ def test_version_and_defaults_in_help(capsys: pytest.CaptureFixture[str]) -> Non
     with pytest.raises(SystemExit):
         main(["run", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    for shown in ("(default: 256)", "(default: 8)", "(default: t1f1)", "(default: 1)"):
+    for shown in ("(default 256)", "(default: 8)", "(default: t1f1)", "(default: 1)"):
         assert shown in text, shown
 
 

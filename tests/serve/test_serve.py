@@ -152,3 +152,20 @@ def test_concurrent_requests_share_batches(server, default_model):
     assert sum(sizes) == 6 and max(sizes) > 1  # at least two requests decoded together
     ref = formtax.generate_batch(default_model, prompts, "constrained", "The answer is: {int:0..999}", max_tokens=40)
     assert [r.model_extra["formtax"]["parsed"] for r in rs] == [x.parsed for x in ref]
+
+
+def test_instructor_tools_and_json_schema_modes(server):
+    """instructor, the most used structured-output client, in its default TOOLS mode and in JSON_SCHEMA mode."""
+    instructor = pytest.importorskip("instructor")
+    from pydantic import BaseModel, Field
+
+    class Sum(BaseModel):
+        a: int = Field(description="the first number")
+        b: int = Field(description="the second number")
+
+    client, _ = server
+    for mode in (instructor.Mode.TOOLS, instructor.Mode.JSON_SCHEMA):
+        patched = instructor.from_openai(client, mode=mode)
+        got = patched.chat.completions.create(model="m", response_model=Sum, max_retries=0, max_tokens=60,
+                                              messages=[{"role": "user", "content": "Add 3 and 4."}])
+        assert isinstance(got, Sum), mode

@@ -55,10 +55,11 @@ def _run_args(p: argparse.ArgumentParser) -> None:
                         "'Question: ... Answer: ...' few-shot prompt, the same for every strategy (paper 000's "
                         "pre-trained setting). Default: base for a model known to have no chat template "
                         "(gemma3-270m), chat otherwise")
-    p.add_argument("--max-tokens", type=int, default=256,
-                   help="the whole budget of a strategy without a reasoning phase; for InWriting, JSON and "
-                        "NL-to-Format, unless --reasoning-tokens is given, the reasoning budget is this minus the "
-                        "largest answer reserve of the strategy's levels in the grid, the same at every level")
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="the whole budget of a strategy without a reasoning phase (default 256); for InWriting, "
+                        "JSON and NL-to-Format, unless --reasoning-tokens is given, the reasoning budget is this "
+                        "minus the largest answer reserve of the strategy's levels in the grid, the same at every "
+                        "level (without --max-tokens: 128 where 256 would leave none, e.g. EAE's JSON record)")
     p.add_argument("--reasoning-tokens", type=int, default=None,
                    help="the reasoning budget of InWriting, JSON and NL-to-Format at every constraint level "
                         "(paper 003's max_preamble_tokens: 600); each level's answer reserve is added on top")
@@ -91,6 +92,7 @@ def run_cmd(args: argparse.Namespace) -> int:
 
     from formtax.errors import ConfigError
     from formtax.runner import RunConfig, run
+    from formtax.runner.config import DEFAULT_REASONING_FLOOR
 
     sampling_from_args(args)  # out-of-range sampling settings: one clear line before anything loads
     apply_threads(args)
@@ -134,7 +136,9 @@ def run_cmd(args: argparse.Namespace) -> int:
                     model=args.model, backend=args.backend, device=args.device, dtype=args.dtype, limit=args.limit,
                     seeds=args.seeds, seeding=args.seeding, prompt_variants=args.prompt_variants, shots=args.shots,
                     prompt_style=args.prompt_style,
-                    max_tokens=args.max_tokens, reasoning_tokens=args.reasoning_tokens,
+                    max_tokens=256 if args.max_tokens is None else args.max_tokens,
+                    reasoning_tokens=args.reasoning_tokens,
+                    reasoning_floor=DEFAULT_REASONING_FLOOR if args.max_tokens is None else 0,
                     batch_size=args.batch_size, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                     min_p=args.min_p, model_defaults=args.model_defaults, thinking=args.thinking,
                     extractor_model=args.extractor_model, extractor_backend=args.extractor_backend,

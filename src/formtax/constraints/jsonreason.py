@@ -201,6 +201,8 @@ class JsonReasonAnswer(Constraint):
             return inner
         if schema.get("type") == "string" and set(schema) <= {"type", "minLength"}:
             return JsonReasonAnswer._string_cap(answer) + 2
+        if isinstance(answer, TemplateConstraint) and schema.get("type") == "string":
+            return answer.template.json_string_bytes() + 2
         return 2 * inner + 2
 
     @property

@@ -105,6 +105,11 @@ class Constraint(ABC):
     def describe(self) -> str:
         return f"{self.kind}:{self.source}"
 
+    def brief(self, width: int = 80) -> str:
+        """:meth:`describe` cut to ``width`` characters, for one-line messages (a schema can be kilobytes)."""
+        d = " ".join(self.describe().split())
+        return d if len(d) <= width else d[: width - 1] + "…"
+
     def check(self) -> None:
         """Fail with a ConstraintError naming the problem if the engine rejects the grammar."""
         err = llguidance.LLMatcher.validate_grammar(self.grammar)

@@ -132,6 +132,8 @@ class Slot:
     def max_tokens(self) -> int:
         """An upper bound on the tokens this slot can take (every token carries at least one byte)."""
         if self.kind == "int":
+            if self.lo is not None and self.hi is not None:  # JSON integers: no leading zeros, no "+"
+                return max(len(str(self.lo)), len(str(self.hi)))
             return MAX_INT_DIGITS + 1
         if self.kind == "letters":
             return self.n if self.n is not None else LETTERS_MAX
@@ -242,6 +244,20 @@ class Template:
     def max_tokens(self) -> int:
         literal = sum(len(p.encode()) for p in self.parts if isinstance(p, str))
         return literal + sum(s.max_tokens() for s in self.slots)
+
+    def json_string_bytes(self) -> int:
+        """Bytes the template's text can take inside a JSON string, quotes excluded: literal text as JSON escapes
+        it, int and letters slots as they are (nothing in them needs an escape), every other slot at worst an
+        escape per byte. The json strategy reserves this (rather than twice :meth:`max_tokens`)."""
+        total = 0
+        for p in self.parts:
+            if isinstance(p, str):
+                total += len(json.dumps(p, ensure_ascii=False).encode()) - 2
+            elif p.kind in ("int", "letters"):
+                total += p.max_tokens()
+            else:
+                total += 2 * p.max_tokens()
+        return total
 
 
 def lark_string(s: str) -> str:

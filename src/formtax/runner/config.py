@@ -16,7 +16,8 @@ from formtax.runner.grid import parse_strategy_spec
 from formtax.tasks import Item, OutputFormat, PromptStyle, Task, parse_variant_id
 
 # Options that change how fast a run goes, not what it computes: they may differ between resumptions.
-NON_IDENTITY = ("batch_size", "device", "workers", "ray_address", "backend_options")
+NON_IDENTITY = ("batch_size", "device", "workers", "ray_address", "backend_options", "reasoning_floor")
+DEFAULT_REASONING_FLOOR = 128  # formtax run without --max-tokens: the reasoning budget where 256 leaves none
 
 
 @runtime_checkable
@@ -55,6 +56,10 @@ class RunConfig:
     # paper 003's equal reasoning budget: the reasoning phase of every level of a strategy gets this many tokens,
     # the answer's reserve on top; None: max_tokens minus the largest reserve of the strategy's levels (FC, VC)
     reasoning_tokens: int | None = None
+    # where max_tokens leaves no reasoning budget after an answer's reserve (a large record: EAE's JSON), the
+    # reasoning budget is this instead of a refusal; 0: refuse. Only formtax run's default --max-tokens sets it,
+    # and it applies only where a run would otherwise be refused, so no resumable run changes (not identity)
+    reasoning_floor: int = 0
     batch_size: int = 8
     temperature: float = 0.0
     top_p: float = 1.0  # sampling filters (decoding/sampling.py)

@@ -122,6 +122,8 @@ def planned_budget(task: Task, p: Planned, config: RunConfig) -> dict[str, int]:
         worst = max(strategy.answer_overhead(Request(prompt=p.messages, constraint=parse_spec(
             task.answer_spec(level, p.item, fmt)), options=options)) or 0 for level, fmt in sorted(levels))
         reasoning = config.max_tokens - worst
+        if reasoning < 1 and config.reasoning_floor > 0:
+            reasoning = config.reasoning_floor  # the defaults run every strategy a task lists
         if reasoning < 1:
             raise ConfigError(f"strategy {p.spec.spec!r}: --max-tokens {config.max_tokens} leaves no reasoning "
                               f"budget after the answer's {worst} tokens; raise it or pass --reasoning-tokens")

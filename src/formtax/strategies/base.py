@@ -159,7 +159,7 @@ class Strategy(ABC):
             if need > r.max_tokens:
                 raise ConfigError(
                     f"strategy {self.name!r}: max_tokens={r.max_tokens} cannot fit the answer, which needs up to "
-                    f"{need} tokens; raise --max-tokens"
+                    f"{need} tokens; raise max_tokens (--max-tokens on the command line)"
                 )
             target = self.closing_target(backend, r) if r.closing and r.constrain else None
             if target is not None:
@@ -260,7 +260,7 @@ def refuse_empty_language(backend: Backend, constraint: Constraint) -> None:
     to return an empty answer with exit status 0. The compiled grammar decides, once (``matches_nothing``)."""
     tok = backend.tokenizer
     if compile_grammar(constraint.grammar, tok.engine).matches_nothing(tok.n_logits, tok.eos_ids):
-        raise ConstraintError(f"constraint {constraint.describe()!r} matches nothing: no output can satisfy it")
+        raise ConstraintError(f"constraint {constraint.brief()!r} matches nothing: no output can satisfy it")
 
 
 def refuse_no_completion(backend: Backend, constraint: Constraint, limit: int) -> None:
@@ -271,8 +271,8 @@ def refuse_no_completion(backend: Backend, constraint: Constraint, limit: int) -
     w = start_witness(compile_grammar(constraint.grammar, tok.engine), tok.n_logits)
     if w is None or len(w) > limit:
         found = "none found" if w is None else f"the shortest found takes {len(w)}"
-        raise ConfigError(f"closing mode: no completion of {constraint.describe()!r} fits in {limit} tokens "
-                          f"({found}); raise --max-tokens")
+        raise ConfigError(f"closing mode: no completion of {constraint.brief()!r} fits in {limit} tokens "
+                          f"({found}); raise max_tokens (--max-tokens on the command line)")
 
 
 def request_sampling(request: Request) -> Sampling:

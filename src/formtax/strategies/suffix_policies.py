@@ -66,7 +66,7 @@ def suffix_answer(constraint: Constraint, tok: TokenizerInfo) -> SuffixAnswer:
                 if tok.decode([i]) != w:  # a bare separator carries no byte of T
                     start[i] = True
     if not bool(start.any()):
-        raise ConstraintError(f"no token of this tokenizer can begin the answer {constraint.describe()!r}")
+        raise ConstraintError(f"no token of this tokenizer can begin the answer {constraint.brief()!r}")
     return _START_CACHE.put(key, SuffixAnswer(grammar, start, ws))
 
 
