@@ -201,7 +201,7 @@ def create_app(backend: Backend, config: ServeConfig | None = None, **settings: 
         strategy, constraint, tools = chat_constraint(req, cfg.strategy, cfg.answer)
         messages: list[dict[str, str]] = [{"role": m.role, "content": m.text()} for m in req.messages]
         if tools is not None:
-            messages = with_tools_prompt(messages, tools_prompt(tools, req))
+            messages = with_tools_prompt(messages, tools_prompt(tools, req.tools or []))
         kwargs = plan_kwargs(req, strategy, constraint, raw=False)
         if tools is not None and tools.text_allowed and kwargs["closing"] is None:
             kwargs["closing"] = False  # closing's witness search does not yet find calls inside text-or-call

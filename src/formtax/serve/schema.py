@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from formtax.constraints.native import _closed, as_constraint
 from formtax.constraints.spec import Constraint, JsonConstraint
 from formtax.errors import ConfigError
-from formtax.serve.tools import ToolPlan, tool_plan
+from formtax.serve.tools import Tool, ToolPlan, tool_plan
 
 
 class Message(BaseModel):
@@ -72,21 +72,6 @@ class FormtaxOptions(BaseModel):
     reasoning: str | None = None  # a forced reasoning prefix (RC)
     triggers: list[str] = Field(default_factory=list)
     closing: bool | None = None  # closing mode (formtax.generate's default: on where formtax steps the model)
-
-
-class Function(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    name: str = Field(min_length=1)
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-
-
-class Tool(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    type: Literal["function"] = "function"
-    function: Function
 
 
 class Sampled(BaseModel):
@@ -162,7 +147,7 @@ def chat_constraint(req: ChatRequest, default_strategy: str | None = None, defau
     """(strategy, answer constraint, the tool plan when the answer is a tool call) of a chat request. The
     server's defaults (``formtax serve --strategy/--answer``) apply where the request names neither."""
     opts = req.formtax or FormtaxOptions()
-    tools = tool_plan(req)
+    tools = tool_plan(req.tools, req.tool_choice, req.parallel_tool_calls)
     fmt = req.response_format is not None and req.response_format.get("type") != "text"
     sources = [name for name, present in (("response_format", fmt), ("tools", tools is not None),
                                            ("formtax.answer", opts.answer is not None)) if present]

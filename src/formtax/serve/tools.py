@@ -24,14 +24,28 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from formtax.constraints.native import _closed
 from formtax.constraints.spec import Constraint, JsonConstraint, LarkConstraint
 from formtax.errors import ConfigError
 
-if TYPE_CHECKING:
-    from formtax.serve.schema import ChatRequest, Tool
+
+class Function(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["function"] = "function"
+    function: Function
 
 
 @dataclass(frozen=True)
@@ -58,19 +72,20 @@ def call_schema(tools: list[Tool]) -> dict[str, Any]:
     return calls[0] if len(calls) == 1 else {"anyOf": calls}
 
 
-def tool_plan(req: ChatRequest) -> ToolPlan | None:
-    """The request's tool constraint (module docstring); None when no tool is to be called."""
-    if not req.tools:
-        if req.tool_choice not in (None, "none", "auto"):
+def tool_plan(given: list[Tool] | None, tool_choice: str | dict[str, Any] | None,
+              parallel_tool_calls: bool | None) -> ToolPlan | None:
+    """A request's tool constraint (module docstring); None when no tool is to be called."""
+    if not given:
+        if tool_choice not in (None, "none", "auto"):
             raise ConfigError("tool_choice names a tool but no tools are given")
         return None
-    names = [t.function.name for t in req.tools]
+    names = [t.function.name for t in given]
     if len(set(names)) != len(names):
         raise ConfigError("tools: two tools have the same name")
-    choice = req.tool_choice if req.tool_choice is not None else "auto"
+    choice = tool_choice if tool_choice is not None else "auto"
     if choice == "none":
         return None
-    tools = list(req.tools)
+    tools = list(given)
     if isinstance(choice, dict):
         name = (choice.get("function") or {}).get("name")
         if name not in names:
@@ -78,7 +93,7 @@ def tool_plan(req: ChatRequest) -> ToolPlan | None:
         tools = [t for t in tools if t.function.name == name]
     elif choice not in ("required", "auto"):
         raise ConfigError(f"tool_choice must be none, auto, required or a named function, got {choice!r}")
-    parallel = req.parallel_tool_calls is not False and not isinstance(choice, dict)
+    parallel = parallel_tool_calls is not False and not isinstance(choice, dict)
     one = call_schema(tools)
     schema = {"anyOf": [one, {"type": "array", "items": one, "minItems": 1}]} if parallel else one
     if choice == "auto":
@@ -90,10 +105,10 @@ def tool_plan(req: ChatRequest) -> ToolPlan | None:
     return ToolPlan(constraint, tuple(t.function.name for t in tools), choice == "auto", parallel)
 
 
-def tools_prompt(plan: ToolPlan, req: ChatRequest) -> str:
+def tools_prompt(plan: ToolPlan, tools: list[Tool]) -> str:
     """The system note that describes the tools and how to call them (module docstring)."""
     listed = [{"name": t.function.name, "description": t.function.description or "",
-               "parameters": t.function.parameters or {}} for t in req.tools or () if t.function.name in plan.names]
+               "parameters": t.function.parameters or {}} for t in tools if t.function.name in plan.names]
     lines = ["You can call these tools:", json.dumps(listed, indent=1),
              'To call a tool, reply with only a JSON object: {"name": <the tool\'s name>, "arguments": <an object '
              "of its parameters>}."]
