@@ -74,3 +74,43 @@ def test_sliding_window_layers_keep_transformers_own() -> None:
                            num_attention_heads=2, num_key_value_heads=1, head_dim=8, sliding_window=4)
     kinds = [type(layer) for layer in growing_cache(cfg).layers]
     assert DynamicSlidingWindowLayer in kinds and GrowingLayer in kinds and DynamicLayer not in kinds
+
+
+def test_a_row_joining_a_running_batch_gets_the_logits_it_would_get_alone(tiny) -> None:
+    """Continuous batching (``HFBatch.join``): rows prefilled on their own and joined mid-decode, left-padded to the
+    wider batch, get their solo logits (to float noise: the padded attention sums in another order), and the rows
+    already running are not disturbed."""
+    g = torch.Generator().manual_seed(2)
+    first = [torch.randint(1, 97, (n,), generator=g).tolist() for n in (6, 9)]
+    late = [torch.randint(1, 97, (n,), generator=g).tolist() for n in (4, 15)]
+
+    def solo(prompt: list[int], steps: int) -> list[torch.Tensor]:
+        b = HFBatch(tiny, [prompt], pad_id=0, device=torch.device("cpu"))
+        out = [b.prefill()]
+        for _ in range(steps):
+            out.append(b.step(out[-1].argmax(-1).tolist()))
+        return out
+
+    b = HFBatch(tiny, first, pad_id=0, device=torch.device("cpu"))
+    logits = b.prefill()
+    rows: dict[int, list[torch.Tensor]] = {0: [logits[0:1]], 1: [logits[1:2]]}
+    for _ in range(5):
+        logits = b.step(logits.argmax(-1).tolist())
+        for k in range(2):
+            rows[k].append(logits[k:k + 1])
+    assert b.joinable
+    # join after five steps: the late rows' prefill logits follow the running rows'
+    other = HFBatch(tiny, late, pad_id=0, device=torch.device("cpu"))
+    fresh = other.prefill()
+    b.join(other)
+    logits = torch.cat([logits, fresh])
+    rows[2], rows[3] = [fresh[0:1]], [fresh[1:2]]
+    for _ in range(8):
+        logits = b.step(logits.argmax(-1).tolist())
+        for k in range(4):
+            rows[k].append(logits[k:k + 1])
+    for k, prompt in enumerate(first + late):
+        want = solo(prompt, len(rows[k]) - 1)
+        for step, (a, w) in enumerate(zip(rows[k], want, strict=True)):
+            assert torch.allclose(a, w, atol=1e-4), (k, step, float((a - w).abs().max()))
+            assert int(a.argmax()) == int(w.argmax())

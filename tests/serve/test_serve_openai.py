@@ -331,3 +331,27 @@ def test_stop_strings_never_leak_into_a_stream():
     assert c.feed("abc E") == "abc " and c.feed("N") == "" and c.feed("D tail") == "" and c.flush() == ""
     c = StopCutter(("END",))
     assert c.feed("abc E") == "abc " and c.feed("x") == "Ex" and c.flush() == ""
+
+
+def test_continuous_batching_rows_join_a_running_batch_and_leave_when_done():
+    """A request that arrives while another decodes joins its batch at the next step (any strategy and answer;
+    the same sampling), is answered as soon as its row finishes, and decodes token for token as it would alone."""
+    backend = FakeBackend(_slow(0.01))
+    app = create_app(backend, window_s=0.0, temperature=0.0, max_batch=8)
+    with ServerThread(app) as srv:
+        client = _client(srv)
+        long = threading.Thread(target=client.chat.completions.create, kwargs={
+            "model": "fake-random", "messages": USER, "max_tokens": 120})
+        long.start()
+        time.sleep(0.3)  # the long request is decoding now
+        t0 = time.monotonic()
+        short = client.chat.completions.create(model="fake-random", messages=[{"role": "user", "content": "hi"}],
+                                               max_tokens=6, extra_body={"formtax": {"strategy": "constrained",
+                                                                                      "answer": "{int:0..99}"}})
+        waited = time.monotonic() - t0
+        long.join()
+    assert app.state.batcher.batches == [2]  # one decode loop served both
+    assert waited < 0.9  # answered when its own row finished, not after the long one's 120 steps (about 1.2 s)
+    alone = formtax.generate(FakeBackend(random_logits(seed=1)), [{"role": "user", "content": "hi"}], "constrained",
+                             "{int:0..99}", max_tokens=6)
+    assert short.model_extra["formtax"]["token_ids"] == alone.token_ids

@@ -80,6 +80,15 @@ class FakeBatch(Batch):
         self.seqs = [self.seqs[i] for i in live_positions]
         self.plen = [self.plen[i] for i in live_positions]
 
+    @property
+    def joinable(self) -> bool:
+        return True
+
+    def join(self, other: Batch) -> None:
+        assert isinstance(other, FakeBatch)
+        self.seqs += other.seqs
+        self.plen += other.plen
+
     def crop(self, live_position: int, n_generated: int) -> None:
         """Keep the prompt and the first ``n_generated`` tokens; ``-1`` also drops the prompt's last token (the
         caller feeds it again), as the transformers backend does."""

@@ -84,6 +84,22 @@ class GrowingLayer(DynamicLayer):
     def get_seq_length(self) -> int:
         return self._n if self.is_initialized else 0
 
+    def join(self, other: GrowingLayer, width: int) -> None:
+        """Append ``other``'s rows; both right-aligned in ``width`` columns (the left padding is never attended:
+        the batch's attention mask has zeros there)."""
+        assert self._kbuf is not None and self._vbuf is not None and other._kbuf is not None
+        assert other._vbuf is not None
+        bufs = []
+        for mine, theirs in ((self._kbuf, other._kbuf), (self._vbuf, other._vbuf)):
+            n1, n2 = mine.shape[0], theirs.shape[0]
+            buf = mine.new_zeros((n1 + n2, *mine.shape[1:-2], width + GROW_COLUMNS, mine.shape[-1]))
+            buf[:n1, ..., width - self._n : width, :].copy_(mine[..., : self._n, :])
+            buf[n1:, ..., width - other._n : width, :].copy_(theirs[..., : other._n, :])
+            bufs.append(buf)
+        self._kbuf, self._vbuf = bufs
+        self._n = width
+        self._views()
+
     def crop(self, tokens_to_remove: int) -> None:
         if tokens_to_remove > 0:
             raise ValueError("crop takes a negative count of tokens to remove")
@@ -202,6 +218,30 @@ class HFBatch(Batch):
         self.next_pos = self.next_pos[idx]
         self.prompt_len = [self.prompt_len[i] for i in live_positions]
         self.cols = [self.cols[i] for i in live_positions]
+
+    @property
+    def joinable(self) -> bool:
+        """Full-attention caches only (:class:`GrowingLayer`): sliding-window layers keep their own length."""
+        return self.cache is not None and all(isinstance(layer, GrowingLayer) for layer in self.cache.layers)
+
+    @torch.inference_mode()
+    def join(self, other: Batch) -> None:
+        """Continuous batching: ``other``'s prefilled rows join this batch. Both are right-aligned to the wider
+        one's columns (left padding, masked), so each row keeps its own positions and cache columns."""
+        assert isinstance(other, HFBatch) and self.joinable and other.joinable
+        w1, w2 = self.attn.shape[1], other.attn.shape[1]
+        width = max(w1, w2)
+        for mine, theirs in zip(self.cache.layers, other.cache.layers, strict=True):
+            mine.join(theirs, width)
+
+        def pad(attn: torch.Tensor, w: int) -> torch.Tensor:
+            return torch.cat([attn.new_zeros((attn.shape[0], width - w)), attn], dim=1)
+
+        self.attn = torch.cat([pad(self.attn, w1), pad(other.attn, w2)], dim=0)
+        self.next_pos = torch.cat([self.next_pos, other.next_pos])
+        self.prompt_len += other.prompt_len
+        self.cols = [[c + width - w1 for c in cols] for cols in self.cols] + \
+            [[c + width - w2 for c in cols] for cols in other.cols]
 
     @torch.inference_mode()
     def crop(self, live_position: int, n_generated: int) -> None:

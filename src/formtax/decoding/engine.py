@@ -155,6 +155,16 @@ class Batch(ABC):
         """Forget this row's generated tokens after the first ``n_generated`` (KV_CROP capability)."""
         raise CapabilityError(f"{type(self).__name__} cannot crop a row's cache")
 
+    @property
+    def joinable(self) -> bool:
+        """Whether :meth:`join` can take new rows into this running batch (continuous batching)."""
+        return False
+
+    def join(self, other: Batch) -> None:
+        """Append ``other``'s rows (a prefilled batch of the same backend) after this batch's live rows; their
+        next step is this batch's next step."""
+        raise CapabilityError(f"{type(self).__name__} cannot take rows into a running batch")
+
 
 class Backend(ABC):
     """A model engine behind the one small protocol."""

@@ -408,12 +408,20 @@ def decode(
     temperature: float | Sampling = 0.0,
     on_step: Callable[[int], None] | None = None,
     device_step: bool | None = None,
+    admit: Callable[[int], Sequence[RowRequest]] | None = None,
+    on_finish: Callable[[int, RowOutput], None] | None = None,
 ) -> list[RowOutput]:
     """Decode a batch of rows to completion; every row follows its own policy. ``temperature``: a temperature
     (0 = greedy) or a full :class:`~formtax.decoding.sampling.Sampling` (top-k, top-p, min-p).
     ``device_step``: choose on the logits' device (:class:`_Step`); None = wherever the logits are not on the
-    host (the tests force it on CPU to count its transfers and check its tokens against the host path)."""
+    host (the tests force it on CPU to count its transfers and check its tokens against the host path).
+
+    Continuous batching (the server): ``admit(n_live)`` is asked after every step for rows to join the running
+    batch (prefilled on their own, then joined: :meth:`Batch.join`; never coupled rows); ``on_finish(index,
+    output)`` is told each row as it finishes (index: its position in ``rows`` then in the order admitted). The
+    outputs of every row, admitted ones included, are returned at the end."""
     sampling = as_sampling(temperature)
+    rows = list(rows)
     cursors = [RowCursor(r) for r in rows]
     outs = [c.out for c in cursors]
     if not rows:
@@ -429,6 +437,8 @@ def decode(
     for i in live:
         if rows[i].max_tokens <= 0:
             outs[i].finish_reason = rows[i].policy.budget_exhausted()
+            if on_finish is not None:
+                on_finish(i, outs[i])
     live = [i for i in live if not outs[i].finish_reason]
     if len(live) != len(rows):
         if not live:
@@ -455,11 +465,49 @@ def decode(
                 step.emit_row(pos, i)
         if on_step is not None:
             on_step(len(step.keep))
+        if on_finish is not None:
+            kept = set(step.keep)
+            for pos, i in enumerate(live):
+                if pos not in kept:
+                    on_finish(i, outs[i])
         if not step.keep:
             break
         batch.keep(step.keep)
         live = [live[p] for p in step.keep]
         logits = step.forward()  # launched (asynchronous on a device); the next masks are filled meanwhile
+        if admit is not None and batch.joinable:
+            logits = _admit(backend, batch, logits, admit(len(live)), rows, cursors, outs, gens, live, sampling,
+                            on_finish)
         fill.start([m for i in live if (m := rows[i].policy.mask_matcher()) is not None])
         passes += 1
     return outs
+
+
+def _admit(backend: Backend, batch: Batch, logits: torch.Tensor, new: Sequence[RowRequest], rows: list[RowRequest],
+           cursors: list[RowCursor], outs: list[RowOutput], gens: list[torch.Generator | None], live: list[int],
+           sampling: Sampling, on_finish: Callable[[int, RowOutput], None] | None) -> torch.Tensor:
+    """Continuous batching (:func:`decode`): ``new`` rows are prefilled on their own and join ``batch``; their
+    logits follow the live rows'. A row with no budget finishes at once. Grows ``rows``, ``cursors``, ``outs``,
+    ``gens`` and ``live`` in place; returns the logits of every live row."""
+    joining: list[RowRequest] = []
+    for r in new:
+        if r.policy.coupled:
+            raise ValueError("a coupled row cannot join a running batch")
+        i = len(rows)
+        rows.append(r)
+        cursors.append(RowCursor(r))
+        outs.append(cursors[-1].out)
+        gens.append(None if sampling.greedy else torch.Generator().manual_seed(int(r.seed)))
+        if r.max_tokens <= 0:
+            outs[i].finish_reason = r.policy.budget_exhausted()
+            if on_finish is not None:
+                on_finish(i, outs[i])
+            continue
+        joining.append(r)
+        live.append(i)
+    if not joining:
+        return logits
+    other = backend.new_batch([r.prompt_ids for r in joining])
+    fresh = other.prefill()
+    batch.join(other)
+    return torch.cat([logits, fresh.to(logits.device)], dim=0)

@@ -21,7 +21,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,10 +33,10 @@ from formtax.decoding.engine import Backend, Capability
 from formtax.decoding.loop import decode
 from formtax.decoding.plan import RowOutput, RowRequest
 from formtax.decoding.sampling import Sampling
-from formtax.errors import FormtaxError
+from formtax.errors import ConstraintError, FormtaxError
 from formtax.serve.hooks import RequestHooks
 from formtax.strategies import get_strategy
-from formtax.strategies.base import Prompt, Result, SinglePass
+from formtax.strategies.base import Prompt, Request, Result, SinglePass, Strategy
 
 log = logging.getLogger(__name__)
 
@@ -106,55 +106,145 @@ class Batcher:
         self._q.put(None)
         self._thread.join(timeout=30)
 
-    def _take(self) -> list[Job] | None:
-        first = self._held.pop(0) if self._held else self._q.get()
-        if first is None:
-            return None
-        jobs = [first]
-        deadline = time.monotonic() + self.window_s
+    def _next(self) -> Job | None:
+        return self._held.pop(0) if self._held else self._q.get()
+
+    def _pull(self, fits: Callable[[Job], bool], room: int, window_s: float) -> list[Job]:
+        """Up to ``room`` queued jobs that ``fits`` accepts (held-back ones first), waiting up to ``window_s`` for
+        them; the others are held back, in order, for a later batch."""
+        jobs: list[Job] = []
         keep: list[Job] = []
-        for j in self._held:  # jobs held back from an earlier batch come first
-            (jobs if j.key == first.key and len(jobs) < self.max_batch else keep).append(j)
+        for j in self._held:
+            (jobs if fits(j) and len(jobs) < room else keep).append(j)
         self._held = keep
-        while len(jobs) < self.max_batch:
+        deadline = time.monotonic() + window_s
+        while len(jobs) < room:
             left = deadline - time.monotonic()
             try:
-                nxt = self._q.get(timeout=max(left, 0.0)) if left > 0 else self._q.get_nowait()
+                nxt = self._q.get(timeout=left) if left > 0 else self._q.get_nowait()
             except queue.Empty:
                 break
             if nxt is None:
                 self._q.put(None)
                 break
-            (jobs if nxt.key == first.key else self._held).append(nxt)
+            (jobs if fits(nxt) else self._held).append(nxt)
         return jobs
 
     def _work(self) -> None:
         while True:
-            jobs = self._take()
-            if jobs is None:
+            first = self._next()
+            if first is None:
                 return
-            live = [j for j in jobs if j.future.set_running_or_notify_cancel()]
-            if not live:
-                continue
-            self.batches.append(len(live))
             self.busy_since = time.monotonic()
             try:
-                results = run_jobs(self.backend, live)
-            except Exception as e:  # a bad request fails its batch's futures, never the worker
-                for j in live:
-                    j.future.set_exception(e)
-                continue
+                if continuous(self.backend, first):
+                    self._session(first)
+                else:
+                    self._batch([first, *self._pull(same_key(first), self.max_batch - 1, self.window_s)])
+            except Exception:  # never the worker: the jobs already hold their errors
+                log.exception("batch failed")
             finally:
                 self.busy_since = None
-            for j, r in zip(live, results, strict=True):
-                j.future.set_result(r)
+
+    def _batch(self, jobs: list[Job]) -> None:
+        """One batch of equal-key jobs through :func:`run_jobs` (strategies that are not one pass of the loop)."""
+        live = [j for j in jobs if j.future.set_running_or_notify_cancel()]
+        if not live:
+            return
+        self.batches.append(len(live))
+        try:
+            results = run_jobs(self.backend, live)
+        except Exception as e:  # a bad request fails its batch's futures, never the worker
+            for j in live:
+                j.future.set_exception(e)
+            return
+        for j, r in zip(live, results, strict=True):
+            j.future.set_result(r)
+
+    def _session(self, first: Job) -> None:
+        """Continuous batching: one run of the decode loop that takes in, after every step, the queued jobs it
+        can (single-pass strategies with the same sampling settings; any strategy, answer or budget), up to
+        ``max_batch`` live rows, and answers each job as soon as its row finishes."""
+        key = sampling_key(first)
+
+        def fits(j: Job) -> bool:
+            return continuous(self.backend, j) and sampling_key(j) == key
+
+        order: list[Prepared] = []
+        t0 = time.perf_counter()
+
+        def prepare(jobs: list[Job]) -> list[RowRequest]:
+            rows = []
+            for j in jobs:
+                if not j.future.set_running_or_notify_cancel():
+                    continue
+                try:
+                    p = prepare_job(self.backend, j)
+                except Exception as e:  # refused before decoding: this job's error, never the session's
+                    j.future.set_exception(e)
+                    continue
+                if isinstance(p, Result):
+                    j.future.set_result(p)
+                    continue
+                order.append(p)
+                rows.append(p.row)
+            return rows
+
+        def admit(n_live: int) -> list[RowRequest]:
+            room = self.max_batch - n_live
+            return prepare(self._pull(fits, room, 0.0)) if room > 0 else []
+
+        def on_finish(i: int, out: RowOutput) -> None:
+            p = order[i]
+            res = p.strat.assemble(self.backend, p.request, out, time.perf_counter() - t0)
+            if not p.job.future.done():
+                p.job.future.set_result(finish_results(self.backend, p.strat, [p.request], [res])[0])
+
+        rows = prepare([first, *self._pull(fits, self.max_batch - 1, self.window_s)])
+        if not rows:
+            return
+        try:
+            decode(self.backend, rows, Sampling(*key), admit=admit, on_finish=on_finish)
+        except Exception as e:  # the model failed: every unanswered job of the session gets the error
+            log.exception("decode session failed")
+            for p in order:
+                if not p.job.future.done():
+                    p.job.future.set_exception(e)
+        finally:
+            self.batches.append(len(order))
 
 
-def run_jobs(backend: Backend, jobs: Sequence[Job]) -> list[Result]:
-    """Decode compatible jobs as one batch: ``formtax.generate_batch``'s requests (each with its job's seed),
-    each row's policy under its job's hooks where the strategy is one pass of formtax's own loop (the others run
-    as ``generate_batch`` runs them: the hooks cannot reach inside their calls, and the server refuses the
-    controls that need them)."""
+@dataclass
+class Prepared:
+    """A job ready to decode: its strategy, request and row (the row's policy under the job's hooks)."""
+
+    job: Job
+    strat: SinglePass
+    request: Request
+    row: RowRequest
+
+
+def same_key(first: Job) -> Callable[[Job], bool]:
+    return lambda j: j.key == first.key
+
+
+def sampling_key(job: Job) -> tuple[float, float, int, float]:
+    kw = job.kwargs
+    return (float(kw.get("temperature", 0.0)), float(kw.get("top_p", 1.0)), int(kw.get("top_k", 0)),
+            float(kw.get("min_p", 0.0)))
+
+
+def continuous(backend: Backend, job: Job) -> bool:
+    """Whether a job can join a running decode loop: a single-pass strategy on a backend whose loop formtax steps."""
+    from formtax.decoding.rowplan import RowEngine
+
+    return (isinstance(get_strategy(job.kwargs.get("strategy", "free")), SinglePass)
+            and Capability.STEP_LOGITS in backend.capabilities and not isinstance(backend, RowEngine))
+
+
+def job_requests(backend: Backend, jobs: Sequence[Job]) -> tuple[Strategy, list[Request]]:
+    """The strategy and the ``formtax.generate_batch`` requests of compatible jobs (each with its own seed),
+    checked before any model call (context, then the strategy's own check)."""
     kw = dict(jobs[0].kwargs)
     strat = get_strategy(kw.pop("strategy", "free"))
     answer = kw.pop("answer", None)
@@ -166,15 +256,25 @@ def run_jobs(backend: Backend, jobs: Sequence[Job]) -> list[Result]:
     reqs = [dataclasses.replace(r, seed=j.seed) for r, j in zip(reqs, jobs, strict=True)]
     check_context(backend, reqs)
     strat.check(backend, reqs)
-    if not (isinstance(strat, SinglePass) and Capability.STEP_LOGITS in backend.capabilities):
-        return finish_results(backend, strat, reqs, strat.run(backend, reqs))
-    tok = backend.tokenizer
+    return strat, reqs
 
-    def decoder(b: Backend, rows: Sequence[RowRequest], s: Sampling, whole: Sequence[Constraint | None]
-                ) -> list[RowOutput]:
-        if len(rows) == len(jobs):  # one row per request, in order (none was refused by its constraint)
-            rows = [dataclasses.replace(r, policy=j.hooks.wrap(r.policy, tok)) for r, j in zip(rows, jobs,
-                                                                                               strict=True)]
-        return decode(b, rows, temperature=s)
 
-    return finish_results(backend, strat, reqs, strat.run_rows(backend, reqs, decoder))
+def prepare_job(backend: Backend, job: Job) -> Prepared | Result:
+    """A continuous job's row; the strategy's error result where its constraint cannot be decoded here."""
+    strat, (req,) = job_requests(backend, [job])
+    assert isinstance(strat, SinglePass)
+    try:
+        policy = strat.policy(backend, req)
+    except ConstraintError as e:
+        return strat.error_result(backend, e)
+    row = RowRequest(backend.tokenizer.prompt_ids(req.prompt), job.hooks.wrap(policy, backend.tokenizer),
+                     req.max_tokens, req.seed)
+    return Prepared(job, strat, req, row)
+
+
+def run_jobs(backend: Backend, jobs: Sequence[Job]) -> list[Result]:
+    """Decode compatible jobs as one batch, as ``formtax.generate_batch`` runs them: strategies that are not one
+    pass of formtax's loop (the hooks cannot reach inside their calls; the server refuses the controls that need
+    them), or backends that decode whole rows themselves."""
+    strat, reqs = job_requests(backend, jobs)
+    return finish_results(backend, strat, reqs, strat.run(backend, reqs))
