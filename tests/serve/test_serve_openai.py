@@ -355,3 +355,22 @@ def test_continuous_batching_rows_join_a_running_batch_and_leave_when_done():
     alone = formtax.generate(FakeBackend(random_logits(seed=1)), [{"role": "user", "content": "hi"}], "constrained",
                              "{int:0..99}", max_tokens=6)
     assert short.model_extra["formtax"]["token_ids"] == alone.token_ids
+
+
+def test_the_serve_command_prints_where_and_what_it_serves(monkeypatch, capsys):
+    import uvicorn
+
+    from formtax.cli.main import main
+
+    seen = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: seen.update(app=app, **kw))
+    assert main(["serve", "--backend", "fake", "--served-model-name", "smol", "--port", "8123",
+                 "--strategy", "inwriting", "--answer", "The answer is: {int}", "--api-key", "k"]) == 0
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    for part in ("http://127.0.0.1:8123/v1", "served as smol", "strategy inwriting", "temperature 1",
+                 "API key required"):
+        assert part in line, (part, line)
+    cfg = seen["app"].state.config
+    assert cfg.temperature == 1.0 and cfg.served_model_names == ("smol",) and cfg.api_key == "k"
+    assert main(["serve", "--backend", "fake", "--strategy", "nope"]) != 0  # refused before the model loads
+    assert "unknown strategy" in capsys.readouterr().err

@@ -1,16 +1,22 @@
-"""Batching across HTTP requests: concurrent clients share the model's batches.
+"""Batching across HTTP requests: concurrent clients share the model's decode loop.
 
 Requests wait in a bounded queue (a full one is refused: the server answers 429); one worker thread (the model is
-used from one thread, as the decode loop expects) takes the oldest, then everything *compatible* with it that
-arrives within ``window_s`` (same strategy, answer, budget, sampling and prompt kind, since one batch runs one
-strategy and constraint), up to ``max_batch`` rows, and answers each request's future. Each row carries its own
-:class:`~formtax.serve.hooks.RequestHooks` (seed, cancellation, stop strings, logprobs, penalties, a live token
-sink): a request that times out or whose client goes away is cancelled, and its row leaves the batch at the next
-step. A row joins a batch only when the batch starts; rows do not join a running decode loop (the KV caches of
-a running batch are not extended), so a request that arrives mid-batch waits for it to finish.
+used from one thread, as the decode loop expects) serves them:
 
-Hand-written because it is this small and is tied to formtax's own batch call; an asyncio queue in front of a
-thread is the usual shape. :attr:`Batcher.busy_since` lets ``/health`` report a worker stuck in one batch.
+* **continuous batching** for single-pass strategies on a backend whose loop formtax steps: one run of the decode
+  loop takes the oldest request and everything queued with the same sampling settings (any strategy, answer or
+  budget: each row has its own policy), then, after every step, admits newly queued ones (:meth:`Batch.join`) up
+  to ``max_batch`` live rows, and answers each request as soon as its row finishes;
+* **equal-key batches** for the rest (suffix-*, nl2format, engines that decode whole rows): the oldest request and
+  what arrives within ``window_s`` with the same strategy, answer, budget and sampling, run as one
+  ``generate_batch``.
+
+Each row carries its own :class:`~formtax.serve.hooks.RequestHooks` (seed, cancellation, stop strings, logprobs,
+penalties, a live token sink): a request that times out or whose client goes away is cancelled, and its row leaves
+the batch at the next step. :attr:`Batcher.busy_since` lets ``/health`` report a worker stuck in one batch.
+
+Hand-written because it is this small and is tied to formtax's own loop; a queue in front of one model thread is the
+usual shape (vLLM's engine core is the same idea at scale).
 """
 
 from __future__ import annotations
