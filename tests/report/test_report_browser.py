@@ -90,10 +90,11 @@ def test_report_html_in_chromium(report_dir: Path) -> None:
     driver = _browser()
     try:
         driver.get((report_dir / "report.html").resolve().as_uri())
-        # headline first, detailed tables collapsed
+        # findings first, then the summary; detailed tables collapsed; the run's configuration last
         headings = [h.get_attribute("id") for h in driver.find_elements(By.CSS_SELECTOR, "h2")]
-        assert headings[:2] == ["summary", "figures"], headings
-        assert headings.index("tables") < headings.index("items")
+        assert headings[:3] == ["findings", "summary", "figures"], headings
+        assert headings.index("tables") < headings.index("items") < headings.index("run") == len(headings) - 1
+        assert driver.find_elements(By.CSS_SELECTOR, "ul.findings li")
         details = driver.find_elements(By.CSS_SELECTOR, "details.table")
         assert details and not any(d.get_attribute("open") for d in details)
         assert driver.find_elements(By.CSS_SELECTOR, "#summary + p + h3")  # one summary table per task
@@ -142,5 +143,29 @@ def test_report_html_in_chromium(report_dir: Path) -> None:
             driver.find_element(By.ID, "f-disagree").click()
             driver.execute_script("document.getElementById('items').scrollIntoView()")
             driver.save_screenshot(target)
+    finally:
+        driver.quit()
+
+
+@pytest.mark.parametrize(("width", "height"), [(390, 844), (1400, 1000)])  # a phone, a desktop
+def test_report_html_reads_at_a_phone_and_a_desktop_width(report_dir: Path, width: int, height: int) -> None:
+    """No sideways scrolling of the page at either width (wide tables scroll inside their own box), the findings
+    on the first screen; FORMTAX_SCREENSHOTS=DIR keeps the screenshots looked at for issue 38."""
+    from selenium.webdriver.common.by import By
+
+    driver = _browser()
+    try:
+        driver.set_window_size(width, height)
+        driver.get((report_dir / "report.html").resolve().as_uri())
+        inner = driver.execute_script("return document.documentElement.clientWidth")
+        assert driver.execute_script("return document.documentElement.scrollWidth") <= inner + 1
+        first = driver.find_element(By.CSS_SELECTOR, "ul.findings li")
+        assert first.is_displayed() and first.location["y"] < height
+        for img in driver.find_elements(By.CSS_SELECTOR, "figure img"):
+            assert img.size["width"] <= inner
+        target = os.environ.get("FORMTAX_SCREENSHOTS")
+        if target:
+            Path(target).mkdir(parents=True, exist_ok=True)
+            driver.save_screenshot(str(Path(target) / f"report-{width}.png"))
     finally:
         driver.quit()

@@ -184,6 +184,9 @@ def _report_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     p.add_argument("--drill-items", type=int, default=500,
                    help="items shown with every output in report.html's Items section (0: none)")
+    p.add_argument("--baseline", default=None,
+                   help="the strategy the findings and the report's comparisons are against (default: the run's "
+                        "first strategy); every pair stays in tables/paired.csv")
     p.add_argument("--resample", choices=["items+seeds", "items"], default="items+seeds",
                    help="what a bootstrap replicate resamples: items and seeds crossed (paper 002's rule, "
                         "conservative when seeds act independently per item) or items keeping their seeds "
@@ -209,7 +212,7 @@ def _report(args: argparse.Namespace) -> Path:
     else:
         target = args.run_dirs[0]
     return write_report(target, n_resamples=args.replicates, seed=args.seed,
-                        resampling=Resampling(args.resample), drill_items=args.drill_items)
+                        resampling=Resampling(args.resample), drill_items=args.drill_items, baseline=args.baseline)
 
 
 @command("report", _report_args, "write report.md/.html, tables/*.csv and figures/*.png from records.jsonl "
@@ -225,9 +228,7 @@ def compare_cmd(args: argparse.Namespace) -> int:
 
     path = _report(args)
     summary = pd.read_csv(path.parent / "tables" / "summary.csv")
-    columns = ["task", "strategy", "n_items_used", "acc_strict", "acc_strict_low", "acc_strict_high",
-               "parse_rate_strict", "tokens_total_mean"]
-    print(summary[columns].to_string(index=False))
+    print(summary.to_string(index=False))
     print(f"report: {path}")
     return 0
 

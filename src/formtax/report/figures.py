@@ -16,8 +16,11 @@ from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 FIGURES: dict[str, str] = {
+    "parse": "Parse rate per strategy: strict (the task's strict parser, 95% bootstrap intervals) and format-level "
+             "(the answer constraint's own acceptance, where one was enforced), per task.",
     "accuracy": "Strict accuracy per strategy, 95% percentile bootstrap intervals (items x runs), per task.",
-    "paired": "Differences in strict accuracy (strategy_a - strategy_b), 95% paired bootstrap intervals.",
+    "paired": "Differences in strict accuracy against the baseline (strategy - baseline), 95% paired bootstrap "
+              "intervals.",
     "tokens": "Mean generated tokens per phase (scored records), stacked, per task and strategy.",
 }
 """Figure file stems and captions, in report order."""
@@ -57,7 +60,38 @@ def accuracy_figure(accuracy: pd.DataFrame) -> Figure:
     return fig
 
 
-def paired_figure(paired: pd.DataFrame) -> Figure:
+def parse_figure(accuracy: pd.DataFrame) -> Figure:
+    tasks = sorted(accuracy["task"].unique())
+    fig, axes = _task_axes(len(tasks), 8.0)
+    if not tasks:
+        _no_data(axes[0], "parse rates")
+    for ax, task in zip(axes, tasks, strict=False):
+        rows = accuracy[accuracy["task"] == task]
+        x = np.arange(len(rows))
+        err = _error(rows["parse_rate_strict"], rows["parse_rate_strict_low"], rows["parse_rate_strict_high"])
+        ax.bar(x - 0.2, rows["parse_rate_strict"].fillna(0.0), width=0.4, yerr=err, capsize=3,
+               color="tab:green", label="strict")
+        fmt = rows["parse_rate_format"].to_numpy(dtype=float)
+        ax.bar(x + 0.2, np.nan_to_num(fmt), width=0.4, color="tab:olive", label="format-level")
+        for xi, v in zip(x, fmt, strict=True):
+            if np.isnan(v):
+                ax.text(xi + 0.2, 0.02, "n/a", ha="center", va="bottom", fontsize="x-small", rotation=90)
+        ax.set_xticks(x, list(rows["strategy"]), rotation=20, ha="right")
+        ax.set_ylim(0.0, 1.05)
+        ax.set_ylabel("parse rate")
+        ax.set_title(f"{task}")
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    return fig
+
+
+def paired_figure(paired: pd.DataFrame, baseline: str | None = None) -> Figure:
+    from formtax.report.findings import baseline_rows
+
+    if baseline is not None:
+        parts = [baseline_rows(paired, t, baseline) for t in sorted(paired["task"].astype(str).unique())]
+        paired = pd.concat(parts, ignore_index=True) if parts else paired.iloc[0:0]
+        paired = paired.rename(columns={"strategy": "strategy_a", "baseline": "strategy_b"})
     height = max(2.5, 0.35 * len(paired) + 1.2)
     fig, ax = plt.subplots(figsize=(8.0, height))
     shown = paired[paired["diff"].notna()]
@@ -105,12 +139,14 @@ def tokens_figure(tokens: pd.DataFrame) -> Figure:
     return fig
 
 
-def write_figures(tables: dict[str, pd.DataFrame], out_dir: Path) -> dict[str, Path]:
-    """Write ``<stem>.png`` for each of :data:`FIGURES` into ``out_dir``; returns the paths by stem."""
+def write_figures(tables: dict[str, pd.DataFrame], out_dir: Path, baseline: str | None = None) -> dict[str, Path]:
+    """Write ``<stem>.png`` for each of :data:`FIGURES` into ``out_dir``; returns the paths by stem. The paired
+    figure draws the comparisons with ``baseline`` (all pairs when None)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     from formtax.report.analyses import analyses
 
-    makers: dict[str, Any] = {"accuracy": accuracy_figure, "paired": paired_figure, "tokens": tokens_figure}
+    makers: dict[str, Any] = {"parse": lambda _t: parse_figure(tables["accuracy"]), "accuracy": accuracy_figure,
+                              "paired": lambda t: paired_figure(t, baseline), "tokens": tokens_figure}
     stems = list(FIGURES)
     for name, a in analyses().items():
         if a.figure is not None and name in tables:
@@ -118,7 +154,7 @@ def write_figures(tables: dict[str, pd.DataFrame], out_dir: Path) -> dict[str, P
             stems.append(name)
     paths: dict[str, Path] = {}
     for stem in stems:
-        fig = makers[stem](tables[stem])
+        fig = makers[stem](tables["accuracy" if stem == "parse" else stem])
         path = out_dir / f"{stem}.png"
         fig.savefig(path, dpi=110, metadata={"Software": None})
         plt.close(fig)

@@ -21,6 +21,7 @@ CONFIDENCE = 0.95
 """Nominal coverage of every interval in the report."""
 
 TABLE_KEYS: dict[str, tuple[str, ...]] = {
+    "findings": ("task", "finding"),
     "summary": ("task", "strategy"),
     "accuracy": ("task", "strategy"),
     "runs": ("task", "strategy"),

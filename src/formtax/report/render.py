@@ -20,10 +20,14 @@ from formtax.report.matrices import CONFIDENCE, DECIMALS, is_p_column
 from formtax.stats.paired_test import format_p
 
 DESCRIPTIONS: dict[str, str] = {
+    "findings": (
+        "Plain sentences generated from the tables (formtax.report.findings), each number with its 95% interval "
+        "or paired test; `formtax verify` recomputes them and checks that this report prints exactly these."
+    ),
     "summary": (
-        "The headline per task x strategy: strict accuracy with its interval and the strict parse rate (from "
-        "the accuracy table), mean generated tokens (tokens table), throughput in generated tokens per second "
-        "of machine time and the seconds of wall and CPU time each request cost (timing table)."
+        "Per task x strategy: strict accuracy with its 95% interval, the strict parse rate (the task's strict "
+        "parser), the format-level parse rate (the answer constraint's own acceptance, where one was enforced) "
+        "and mean generated tokens. Counts, lenient scores, timing: the detailed tables."
     ),
     "accuracy": (
         "Accuracy per task x strategy under the strict and lenient parsers, and the strict parse rate: "
@@ -41,7 +45,7 @@ DESCRIPTIONS: dict[str, str] = {
         "mapping (none = unconstrained, vc = fc+vc, vc_rc = fc+vc+rc)."
     ),
     "paired": (
-        "Every pair of strategies within a task on the items and runs both scored: "
+        "Comparisons with the baseline strategy (every pair: tables/paired.csv), on the items and runs both scored: "
         "diff = acc_a - acc_b (strict); b01 / b10 = item x run pairs only b / only a got right; paired_p is a "
         "per-item test (the item is the unit: a sign-flip permutation test on per-item mean differences over "
         "runs, McNemar's exact test at one run); items_a_better / items_b_better are the discordant items."
@@ -57,6 +61,8 @@ DESCRIPTIONS: dict[str, str] = {
 
 _WITH_BOOTSTRAP = {"summary", "accuracy", "decomposition", "paired"}
 HEADLINE = "summary"
+FINDINGS = "findings"
+_FIRST = (FINDINGS, HEADLINE)  # rendered at the top, not among the detailed tables
 
 
 @dataclass
@@ -83,6 +89,8 @@ def _description(name: str) -> str:
 
 def _covered(name: str, table: pd.DataFrame) -> set[tuple[str, str]]:
     """The (task, strategy) cells a table's rows are about."""
+    if name == FINDINGS:
+        return {(str(t), "*") for t in table["task"]}
     if name == "decomposition":
         cols = [c for c in table.columns if c.startswith("strategy_")]
     elif name == "paired":
@@ -116,6 +124,7 @@ def footer(name: str, table: pd.DataFrame, ctx: ReportContext) -> str:
             f"interval = {analyses()[name].method}{seed}."
         )
     method = {
+        "findings": f"{confidence} intervals and paired tests of the accuracy and paired tables",
         "summary": f"{confidence} percentile bootstrap resampling {resampling} (the accuracy table's)",
         "accuracy": f"{confidence} percentile bootstrap resampling {resampling}",
         "decomposition": f"{confidence} paired percentile bootstrap over common items x runs ({resampling}; "
@@ -212,12 +221,28 @@ def markdown_table(table: pd.DataFrame) -> str:
     return "\n".join([header, rule, *body])
 
 
-def split_tables(tables: dict[str, pd.DataFrame]) -> tuple[dict[str, pd.DataFrame], list[str]]:
-    """The detailed tables with rows (report order, the headline left out) and the names of the empty ones, which
-    the report lists instead of rendering a blank table (their CSV files are still written)."""
-    shown = {n: t for n, t in tables.items() if n != HEADLINE and len(t)}
-    empty = [n for n, t in tables.items() if n != HEADLINE and not len(t)]
+def split_tables(tables: dict[str, pd.DataFrame], baseline: str | None = None
+                 ) -> tuple[dict[str, pd.DataFrame], list[str]]:
+    """The detailed tables with rows (report order, the findings and the headline left out) and the names of the
+    empty ones, which the report lists instead of rendering a blank table (their CSV files are still written).
+    The paired table shows the comparisons with ``baseline`` only (its CSV keeps every pair)."""
+    rest = {n: t for n, t in tables.items() if n not in _FIRST}
+    if baseline is not None and "paired" in rest:
+        p = rest["paired"]
+        rest["paired"] = p[(p["strategy_a"].astype(str) == baseline) | (p["strategy_b"].astype(str) == baseline)]
+    shown = {n: t for n, t in rest.items() if len(t)}
+    empty = [n for n, t in rest.items() if not len(t)]
     return shown, empty
+
+
+def findings_lines(tables: dict[str, pd.DataFrame]) -> list[str]:
+    """The findings as report.md prints them, one Markdown bullet each (what ``formtax verify`` looks for)."""
+    table = tables.get(FINDINGS)
+    if table is None:
+        return []
+    several = table["task"].nunique() > 1
+    return [f"- {'**' + _md_cell(r.task) + '**: ' if several else ''}{_md_cell(r.sentence)}"
+            for r in table.itertuples(index=False)]
 
 
 def headline_parts(tables: dict[str, pd.DataFrame]) -> list[tuple[str, pd.DataFrame]]:
@@ -229,18 +254,14 @@ def headline_parts(tables: dict[str, pd.DataFrame]) -> list[tuple[str, pd.DataFr
 
 
 def render_markdown(tables: dict[str, pd.DataFrame], ctx: ReportContext) -> str:
-    out = ["# formtax report", ""]
-    out += [f"- **{label}**: {_md_cell(value)}" for label, value in manifest_lines(ctx)]
-    out += [
-        "",
-        "Numbers below show 4 significant digits; `tables/*.csv` hold every value rounded to "
-        f"{DECIMALS} decimals, and `formtax.report.verify_report` recomputes them from `records.jsonl`.",
-        "",
-        "## Summary",
-        "",
-        _description(HEADLINE),
-        "",
-    ]
+    """report.md: findings first, then the summary, figures and detailed tables; provenance and configuration
+    last (a reader meets the result before the machinery)."""
+    baseline = ctx.meta.get("baseline")
+    out = ["# formtax report", "", "## Findings", ""]
+    out += findings_lines(tables) or ["No findings: the run has no scored records."]
+    if baseline:
+        out += ["", f"Comparisons are against the baseline `{_md_cell(baseline)}` (`formtax report --baseline`)."]
+    out += ["", "## Summary", "", _description(HEADLINE), ""]
     for task, rows in headline_parts(tables):
         out += [f"### {_md_cell(task)}", "", markdown_table(rows), ""]
     if HEADLINE in tables:
@@ -249,22 +270,18 @@ def render_markdown(tables: dict[str, pd.DataFrame], ctx: ReportContext) -> str:
     for stem, caption in _captions().items():
         if stem in ctx.figures:
             out += [f"![{stem}](figures/{ctx.figures[stem].name})", "", caption, ""]
-    shown, empty = split_tables(tables)
-    out += ["## Detailed tables", ""]
+    shown, empty = split_tables(tables, baseline)
+    out += ["## Detailed tables", "",
+            "Numbers below show 4 significant digits; `tables/*.csv` hold every value rounded to "
+            f"{DECIMALS} decimals, and `formtax verify` recomputes them from `records.jsonl`.", ""]
     if empty:
         out += [f"Empty for this run (not shown; their CSV files hold the header): {', '.join(empty)}.", ""]
     for name, table in shown.items():
-        out += [
-            f"### {name}",
-            "",
-            _description(name),
-            "",
-            markdown_table(table),
-            "",
-            footer(name, table, ctx),
-            "",
-        ]
-    out += ["Per-item outputs (prompt, text by phase, parses, gold) are in `report.html`, section Items.", ""]
+        out += [f"### {name}", "", _description(name), "", markdown_table(table), "", footer(name, table, ctx), ""]
+    out += ["Per-item outputs (prompt, text by phase, parses, gold) are in `report.html`, section Items.", "",
+            "## Run configuration and provenance", ""]
+    out += [f"- **{label}**: {_md_cell(value)}" for label, value in manifest_lines(ctx)]
+    out.append("")
     return "\n".join(out)
 
 
@@ -281,7 +298,8 @@ _STYLE = (
     "body{font-family:sans-serif;margin:2em;}"
     "table{border-collapse:collapse;font-size:0.85em;margin:0.5em 0;}"
     "th,td{border:1px solid #bbb;padding:2px 6px;text-align:right;} th{background:#eee;}"
-    ".footer{color:#444;font-size:0.9em;} .table-wrap{overflow-x:auto;} img{max-width:100%;}"
+    ".footer{color:#444;font-size:0.9em;} .table-wrap{overflow-x:auto;} img{max-width:100%;height:auto;}"
+    "ul.findings li{margin:0.3em 0;line-height:1.4;} @media (max-width:600px){body{margin:0.6em;}}"
     "details.table{margin:0.6em 0;} details.table>summary{font-size:1.15em;font-weight:bold;cursor:pointer;}"
 )
 
@@ -297,21 +315,25 @@ def _html_section(name: str, table: pd.DataFrame, ctx: ReportContext) -> str:
 
 
 def render_html(tables: dict[str, pd.DataFrame], ctx: ReportContext, drill_items: int = DEFAULT_DRILL_ITEMS) -> str:
+    baseline = ctx.meta.get("baseline")
     parts = [
         "<!DOCTYPE html>",
-        '<html><head><meta charset="utf-8"><title>formtax report</title>',
+        '<html><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">'
+        "<title>formtax report</title>",
         f"<style>{_STYLE}{DRILL_STYLE}</style></head><body>",
         "<h1>formtax report</h1>",
-        '<p><a href="#summary">Summary</a> · <a href="#figures">Figures</a> · <a href="#tables">Detailed tables</a>'
-        ' · <a href="#items">Items</a></p><details><summary>run</summary><ul>',
+        '<p><a href="#findings">Findings</a> · <a href="#summary">Summary</a> · <a href="#figures">Figures</a> · '
+        '<a href="#tables">Detailed tables</a> · <a href="#items">Items</a> · <a href="#run">Run</a></p>',
+        '<h2 id="findings">Findings</h2><ul class="findings">',
     ]
-    parts += [
-        f"<li><b>{html.escape(label)}</b>: {html.escape(value)}</li>" for label, value in manifest_lines(ctx)
-    ]
-    parts.append(
-        "</ul></details><p>Numbers show 4 significant digits; tables/*.csv hold every value rounded to "
-        f"{DECIMALS} decimals.</p>"
-    )
+    table = tables.get(FINDINGS)
+    several = table is not None and table["task"].nunique() > 1
+    for r in table.itertuples(index=False) if table is not None else ():
+        task = f"<b>{html.escape(str(r.task))}</b>: " if several else ""
+        parts.append(f"<li>{task}{html.escape(str(r.sentence))}</li>")
+    parts.append("</ul>")
+    if baseline:
+        parts.append(f"<p>Comparisons are against the baseline <code>{html.escape(str(baseline))}</code>.</p>")
     parts += ['<h2 id="summary">Summary</h2>', f"<p>{html.escape(_description(HEADLINE))}</p>"]
     for task, rows in headline_parts(tables):
         parts += [f"<h3>{html.escape(task)}</h3>", f'<div class="table-wrap">{html_table(rows)}</div>']
@@ -325,11 +347,16 @@ def render_html(tables: dict[str, pd.DataFrame], ctx: ReportContext, drill_items
                 f'<figure><img alt="{html.escape(stem)}" src="data:image/png;base64,{data}">',
                 f"<figcaption>{html.escape(caption)}</figcaption></figure>",
             ]
-    shown, empty = split_tables(tables)
+    shown, empty = split_tables(tables, baseline)
     parts.append('<h2 id="tables">Detailed tables</h2>')
+    parts.append(f"<p>Numbers show 4 significant digits; tables/*.csv hold every value rounded to {DECIMALS} "
+                 "decimals.</p>")
     if empty:
         parts.append(f"<p>Empty for this run (not shown): {html.escape(', '.join(empty))}.</p>")
     parts += [_html_section(name, table, ctx) for name, table in shown.items()]
     parts.append(drilldown_html(ctx.df, drill_items))
+    parts.append('<h2 id="run">Run configuration and provenance</h2><details><summary>run</summary><ul>')
+    parts += [f"<li><b>{html.escape(label)}</b>: {html.escape(value)}</li>" for label, value in manifest_lines(ctx)]
+    parts.append("</ul></details>")
     parts.append("</body></html>")
     return "\n".join(parts)

@@ -56,7 +56,7 @@ ACCURACY_COLUMNS = [
     "n_items_used", "n_items_dropped", "drop_reasons",
     "acc_strict", "acc_strict_low", "acc_strict_high",
     "acc_lenient", "acc_lenient_low", "acc_lenient_high",
-    "parse_rate_strict", "parse_rate_strict_low", "parse_rate_strict_high",
+    "parse_rate_strict", "parse_rate_strict_low", "parse_rate_strict_high", "parse_rate_format",
     "confidence", "interval_method", "resampling", "n_resamples",
 ]  # fmt: skip
 
@@ -179,7 +179,9 @@ def accuracy_table(
             row[name], row[f"{name}_low"], row[f"{name}_high"] = _interval(
                 matrix, n_resamples, seed, resampling
             )
+        judged = cell["constraint_ok"].dropna() if "constraint_ok" in cell.columns else pd.Series([], dtype=bool)
         row.update(
+            parse_rate_format=float(judged.astype(bool).mean()) if len(judged) else NAN,
             confidence=CONFIDENCE,
             interval_method=f"percentile-bootstrap; {BOUNDARY_METHOD}",
             resampling=Resampling(resampling).value,
@@ -271,10 +273,10 @@ def timing_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 SUMMARY_COLUMNS = [
-    "task", "strategy", "base_strategy", "level", "rc", "n_items_used", "n_runs",
-    "acc_strict", "acc_strict_low", "acc_strict_high", "parse_rate_strict",
-    "tokens_total_mean", "tokens_per_s", "share_s_mean", "cpu_s_mean",
+    "task", "strategy", "acc_strict", "acc_strict_low", "acc_strict_high", "parse_rate_strict", "parse_rate_format",
+    "tokens_total_mean",
 ]  # fmt: skip
+"""At most eight: the headline a reader compares; the rest is in the accuracy, tokens and timing tables."""
 
 
 def summary_table(df: pd.DataFrame, accuracy: pd.DataFrame, tokens: pd.DataFrame,
@@ -284,14 +286,11 @@ def summary_table(df: pd.DataFrame, accuracy: pd.DataFrame, tokens: pd.DataFrame
     keyed = {name: t.set_index(["task", "strategy"]) for name, t in
              (("accuracy", accuracy), ("tokens", tokens), ("timing", timing))}
     rows: list[dict[str, Any]] = []
-    for task, strategy, cell in _cells(df):
-        first = cell.iloc[0]
-        row: dict[str, Any] = {"task": task, "strategy": strategy, "base_strategy": str(first["base_strategy"]),
-                               "level": str(first["level"]), "rc": bool(first["rc"])}
-        for name, columns in (("accuracy", ["n_items_used", "n_runs", "acc_strict", "acc_strict_low",
-                                            "acc_strict_high", "parse_rate_strict"]),
-                              ("tokens", ["tokens_total_mean"]),
-                              ("timing", ["tokens_per_s", "share_s_mean", "cpu_s_mean"])):
+    for task, strategy, _cell in _cells(df):
+        row: dict[str, Any] = {"task": task, "strategy": strategy}
+        for name, columns in (("accuracy", ["acc_strict", "acc_strict_low", "acc_strict_high", "parse_rate_strict",
+                                            "parse_rate_format"]),
+                              ("tokens", ["tokens_total_mean"])):
             source = keyed[name]
             for column in columns:
                 row[column] = source.at[(task, strategy), column] if (task, strategy) in source.index else NAN
@@ -300,21 +299,27 @@ def summary_table(df: pd.DataFrame, accuracy: pd.DataFrame, tokens: pd.DataFrame
 
 
 def compute_tables(
-    df: pd.DataFrame, n_resamples: int = 10_000, seed: int = 0, resampling: Resampling = DEFAULT_RESAMPLING
+    df: pd.DataFrame, n_resamples: int = 10_000, seed: int = 0, resampling: Resampling = DEFAULT_RESAMPLING,
+    baseline: str | None = None,
 ) -> dict[str, pd.DataFrame]:
     """Every report table from a frame of :func:`~formtax.report.load_records`, keyed by CSV file stem.
+    ``baseline``: the strategy the findings compare against (:mod:`formtax.report.findings`).
 
     Deterministic given ``seed``: each bootstrap uses ``seed`` for its own generator. ``resampling``
     applies to the accuracy, decomposition and paired intervals; the paper-specific analyses (abstention,
     EAE) keep their paper's rule (:data:`formtax.stats.DEFAULT_RESAMPLING`).
     """
+    from formtax.report.findings import findings_table
+
     accuracy, tokens, timing = accuracy_table(df, n_resamples, seed, resampling), tokens_table(df), timing_table(df)
+    paired = paired_table(df, n_resamples, seed, resampling)
     tables = {
+        "findings": findings_table(accuracy, paired, baseline),
         "summary": summary_table(df, accuracy, tokens, timing),
         "accuracy": accuracy,
         "runs": runs_table(df),
         "decomposition": decomposition_table(df, n_resamples, seed, resampling),
-        "paired": paired_table(df, n_resamples, seed, resampling),
+        "paired": paired,
         "tokens": tokens,
         "timing": timing,
     }

@@ -158,6 +158,23 @@ def check_manifest(run_dir: Path) -> list[str]:
     return problems
 
 
+def check_findings(run_dir: Path, expected: dict[str, pd.DataFrame]) -> list[str]:
+    """report.md must print exactly the recomputed findings (its headline sentences), in its Findings section."""
+    from formtax.report.render import findings_lines
+
+    path = Path(run_dir) / "report.md"
+    if not path.is_file() or "findings" not in expected:
+        return [] if "findings" not in expected else ["report.md is missing: its findings cannot be checked"]
+    text = path.read_text(encoding="utf-8")
+    section = text.split("## Findings", 1)[1].split("\n## ", 1)[0] if "## Findings" in text else ""
+    printed = [line for line in section.splitlines() if line.startswith("- ")]
+    want = findings_lines(expected)
+    problems = [f"report.md: the finding {w!r} is missing (recomputed from the records)" for w in want
+                if w not in printed]
+    problems += [f"report.md: the finding {p!r} is not what the records give" for p in printed if p not in want]
+    return problems
+
+
 def verify_report(run_dir: Path) -> list[str]:
     """Recompute every table and compare it with the written report; an empty list means verified.
 
@@ -199,7 +216,9 @@ def verify_report(run_dir: Path) -> list[str]:
         return problems
     # reports written before the option existed used the default rule
     resampling = Resampling(meta.get("resampling", DEFAULT_RESAMPLING.value))
-    expected = compute_tables(df, n_resamples=n_resamples, seed=seed, resampling=resampling)
+    expected = compute_tables(df, n_resamples=n_resamples, seed=seed, resampling=resampling,
+                              baseline=meta.get("baseline"))
+    problems += check_findings(run_dir, expected)
     for name, table in expected.items():
         csv_path = tables_dir / f"{name}.csv"
         if not csv_path.is_file():

@@ -52,11 +52,12 @@ def read_manifest(run_dir: Path) -> dict[str, Any] | None:
 
 def write_report(
     run_dir: Path, n_resamples: int = 10_000, seed: int = 0, resampling: Resampling = DEFAULT_RESAMPLING,
-    drill_items: int = DEFAULT_DRILL_ITEMS,
+    drill_items: int = DEFAULT_DRILL_ITEMS, baseline: str | None = None,
 ) -> Path:
     """Compute every table from ``run_dir/records.jsonl`` and write the report files; returns ``report.md``.
 
-    ``drill_items``: items shown in report.html's per-item section (0: none).
+    ``drill_items``: items shown in report.html's per-item section (0: none). ``baseline``: the strategy the
+    findings compare against (default: the run's first strategy; :func:`~formtax.report.findings.resolve_baseline`).
 
     Raises:
         DataError: records.jsonl is missing or malformed, or manifest.json is not a JSON object.
@@ -73,7 +74,10 @@ def write_report(
     sources = run_dir / "sources.json"  # a pooled report (report/combine.py): its header names the runs
     if manifest is None and sources.is_file():
         manifest = {"pooled_from": [s["run_dir"] for s in json.loads(sources.read_text(encoding="utf-8"))["sources"]]}
-    tables = compute_tables(df, n_resamples=n_resamples, seed=seed, resampling=resampling)
+    from formtax.report.findings import resolve_baseline
+
+    baseline = resolve_baseline(df, baseline, manifest)
+    tables = compute_tables(df, n_resamples=n_resamples, seed=seed, resampling=resampling, baseline=baseline)
 
     tables_dir = run_dir / TABLES_DIR
     tables_dir.mkdir(parents=True, exist_ok=True)
@@ -83,6 +87,7 @@ def write_report(
         "n_resamples": n_resamples,
         "seed": seed,
         "resampling": Resampling(resampling).value,
+        "baseline": baseline,
         "confidence": CONFIDENCE,
         "decimals": DECIMALS,
         "formtax_version": formtax_version(),
@@ -95,7 +100,7 @@ def write_report(
     }
     (tables_dir / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
 
-    figures = write_figures(tables, run_dir / FIGURES_DIR)
+    figures = write_figures(tables, run_dir / FIGURES_DIR, baseline)
     ctx = ReportContext(df=df, meta=meta, manifest=manifest, figures=figures)
     report_md = run_dir / "report.md"
     report_md.write_text(render_markdown(tables, ctx), encoding="utf-8")

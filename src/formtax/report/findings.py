@@ -1,0 +1,125 @@
+"""The report's findings: plain sentences generated from the tables, each number with its interval or test, so a
+reader meets the result before the machinery. They are a table like the others (``tables/findings.csv``, one
+row per task and finding), recomputed and compared by ``formtax verify``, which also checks that report.md prints
+exactly these sentences.
+
+Comparisons are against one baseline strategy (``formtax report --baseline``; default: the run's first
+strategy), oriented ``strategy - baseline``; every pair stays in ``tables/paired.csv``. A difference is called
+distinguishable from 0 when its 95% paired interval excludes 0 (the paired p-value is printed beside it).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+
+FINDINGS_COLUMNS = ["task", "finding", "sentence"]
+
+
+def _pct(x: float) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.0f}%"
+
+
+def _rate(name: str, value: float, low: float, high: float) -> str:
+    if isinstance(low, float) and not math.isnan(low):
+        return f"{name} {_pct(value)} [{100 * low:.0f}, {100 * high:.0f}]"
+    return f"{name} {_pct(value)}"
+
+
+def _num(x: float) -> str:
+    return "n/a" if math.isnan(x) else f"{x:+.2f}"
+
+
+def _p(p: Any) -> str:
+    from formtax.stats.paired_test import format_p
+
+    return "n/a" if p is None or (isinstance(p, float) and math.isnan(p)) else format_p(float(p))
+
+
+def baseline_rows(paired: pd.DataFrame, task: str, baseline: str) -> pd.DataFrame:
+    """The task's paired comparisons with ``baseline``, oriented ``strategy - baseline``: columns strategy,
+    baseline, diff, diff_low, diff_high, paired_p, n_pairs (sorted by strategy)."""
+    rows: list[dict[str, Any]] = []
+    for r in paired[paired["task"] == task].itertuples(index=False):
+        a, b = str(r.strategy_a), str(r.strategy_b)
+        if baseline not in (a, b) or a == b:
+            continue
+        flip = a == baseline
+        rows.append({"task": task, "strategy": b if flip else a, "baseline": baseline,
+                     "diff": -r.diff if flip else r.diff,
+                     "diff_low": -r.diff_high if flip else r.diff_low,
+                     "diff_high": -r.diff_low if flip else r.diff_high,
+                     "paired_p": r.paired_p, "n_pairs": r.n_pairs})
+    columns = ["task", "strategy", "baseline", "diff", "diff_low", "diff_high", "paired_p", "n_pairs"]
+    return pd.DataFrame(rows, columns=columns).sort_values("strategy", kind="stable").reset_index(drop=True)
+
+
+def resolve_baseline(df: pd.DataFrame, wanted: str | None, manifest: dict[str, Any] | None) -> str | None:
+    """The baseline strategy: ``wanted`` when given (it must be a strategy of the run), else the run's first
+    strategy (its ``--strategies`` order), else the first strategy in the records."""
+    from formtax.errors import ConfigError
+
+    present = [str(s) for s in dict.fromkeys(df["strategy"].astype(str))] if "strategy" in df.columns else []
+    if wanted is not None:
+        if wanted not in present:
+            raise ConfigError(f"--baseline {wanted!r} is not a strategy of this run ({', '.join(present)})")
+        return wanted
+    listed = ((manifest or {}).get("config") or {}).get("strategies") or []
+    for s in listed:
+        if str(s).strip() in present:
+            return str(s).strip()
+    return present[0] if present else None
+
+
+def findings_table(accuracy: pd.DataFrame, paired: pd.DataFrame, baseline: str | None) -> pd.DataFrame:
+    """The findings of every task (module docstring)."""
+    rows: list[dict[str, Any]] = []
+    for task in sorted(accuracy["task"].astype(str).unique()):
+        acc = accuracy[accuracy["task"] == task]
+        n = int(acc["n_items_used"].max()) if len(acc) else 0
+        runs = int(acc["n_runs"].max()) if len(acc) else 0
+        by_parse = acc.sort_values(["parse_rate_strict", "strategy"], ascending=[False, True], kind="stable")
+        rates = ", ".join(_rate(str(r.strategy), r.parse_rate_strict, r.parse_rate_strict_low,
+                                r.parse_rate_strict_high) for r in by_parse.itertuples(index=False))
+        runs_word = "run" if runs == 1 else "runs"
+        rows.append({"task": task, "finding": "parse",
+                     "sentence": f"Strict parse rate ({n} items x {runs} {runs_word}, 95% intervals): {rates}."})
+        fmt = acc[acc["parse_rate_format"].notna()].sort_values(["parse_rate_format", "strategy"],
+                                                                ascending=[False, True], kind="stable")
+        if len(fmt):
+            listed = ", ".join(f"{r.strategy} {_pct(r.parse_rate_format)}" for r in fmt.itertuples(index=False))
+            rows.append({"task": task, "finding": "parse_format",
+                         "sentence": "Format-level parse rate (the answer constraint's own acceptance, constrained "
+                                     f"strategies): {listed}."})
+        by_acc = acc.sort_values(["acc_strict", "strategy"], ascending=[False, True], kind="stable")
+        if len(by_acc):
+            best, worst = by_acc.iloc[0], by_acc.iloc[-1]
+            rows.append({"task": task, "finding": "accuracy", "sentence": (
+                "Strict accuracy ranges from "
+                f"{_rate(str(worst.strategy), worst.acc_strict, worst.acc_strict_low, worst.acc_strict_high)} to "
+                f"{_rate(str(best.strategy), best.acc_strict, best.acc_strict_low, best.acc_strict_high)}.")})
+        if baseline is not None and baseline in set(acc["strategy"].astype(str)):
+            rows.append({"task": task, "finding": "baseline",
+                         "sentence": _against(baseline_rows(paired, task, baseline), baseline)})
+    return pd.DataFrame(rows, columns=FINDINGS_COLUMNS)
+
+
+def _against(rows: pd.DataFrame, baseline: str) -> str:
+    rows = rows[rows["diff"].notna()]
+    if rows.empty:
+        return f"Accuracy against the baseline {baseline}: no strategy shares enough scored items to compare."
+    apart = rows[(rows["diff_low"] > 0) | (rows["diff_high"] < 0)]
+    same = rows.drop(apart.index)
+    parts = [f"{r.strategy} {_num(r.diff)} [{r.diff_low:.2f}, {r.diff_high:.2f}] (paired p = {_p(r.paired_p)})"
+             for r in apart.itertuples(index=False)]
+    head = f"Accuracy against the baseline {baseline}"
+    if same.empty:
+        return f"{head}: {'; '.join(parts)}."
+    top = same.loc[same["diff"].abs().idxmax()]
+    rest = (f"largest |diff| {abs(top['diff']):.2f} for {top['strategy']}, [{top['diff_low']:.2f}, "
+            f"{top['diff_high']:.2f}], paired p = {_p(top['paired_p'])}")
+    if apart.empty:
+        return f"{head}: no difference is distinguishable from 0 ({rest})."
+    return f"{head}: {'; '.join(parts)}; the other {len(same)} are not distinguishable from 0 ({rest})."

@@ -1,0 +1,92 @@
+"""The report leads with its findings (issue 38): sentences generated from the tables, checked by ``formtax
+verify`` (a changed number fails it), comparisons against a named baseline, a summary of at most eight columns,
+a parse-rate figure, and the run's configuration at the end. Fake backend: seconds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from formtax.backends.fake import FakeBackend, random_logits
+from formtax.cli.main import main
+from formtax.report import verify_report, write_report
+from formtax.report.findings import baseline_rows, findings_table
+from formtax.runner import RunConfig, run
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("findings") / "run"
+    cfg = RunConfig(task="arith", strategies=["free", "constrained", "short"], backend="fake", limit=6,
+                    batch_size=3, max_tokens=48)
+    run(cfg, out, backend=FakeBackend(random_logits(seed=2)))
+    write_report(out, n_resamples=300)
+    return out
+
+
+def test_findings_lead_and_verify_catches_a_changed_number(run_dir: Path, tmp_path: Path) -> None:
+    md = (run_dir / "report.md").read_text(encoding="utf-8")
+    headings = [line for line in md.splitlines() if line.startswith("## ")]
+    assert headings[0] == "## Findings" and headings[-1] == "## Run configuration and provenance"
+    assert md.index("config.strategies") > md.index("## Detailed tables")  # configuration at the end
+    assert "Accuracy against the baseline free" in md and "Strict parse rate" in md
+    assert verify_report(run_dir) == []
+    import shutil
+
+    tampered = tmp_path / "tampered"
+    shutil.copytree(run_dir, tampered)
+    path = tampered / "report.md"
+    text = path.read_text(encoding="utf-8")
+    line = next(x for x in text.splitlines() if x.startswith("- Strict parse rate"))
+    changed = line.replace("%", "1%", 1)  # one number changed in one sentence
+    path.write_text(text.replace(line, changed), encoding="utf-8")
+    problems = verify_report(tampered)
+    assert any("is missing" in p for p in problems) and any("not what the records give" in p for p in problems)
+    assert main(["verify", str(tampered)]) != 0
+
+
+def test_the_summary_has_at_most_eight_columns_and_a_parse_figure(run_dir: Path) -> None:
+    summary = pd.read_csv(run_dir / "tables" / "summary.csv")
+    assert len(summary.columns) <= 8 and {"parse_rate_strict", "parse_rate_format"} <= set(summary.columns)
+    assert (run_dir / "figures" / "parse.png").is_file()
+    fmt = summary.set_index("strategy")["parse_rate_format"]
+    assert pd.isna(fmt["free"]) and fmt["constrained"] == 1.0  # format-level: only where a constraint ruled
+
+
+def test_a_named_baseline_orients_every_comparison(run_dir: Path, tmp_path: Path) -> None:
+    import shutil
+
+    other = tmp_path / "other"
+    shutil.copytree(run_dir, other)
+    assert main(["report", str(other), "--baseline", "constrained", "--replicates", "300"]) == 0
+    md = (other / "report.md").read_text(encoding="utf-8")
+    assert "Accuracy against the baseline constrained" in md and verify_report(other) == []
+    paired = pd.read_csv(other / "tables" / "paired.csv")
+    assert len(paired) == 3  # every pair stays in the CSV
+    rows = baseline_rows(paired, "arith", "constrained")
+    assert set(rows["strategy"]) == {"free", "short"}
+    for r in rows.itertuples():  # oriented strategy - baseline
+        acc = pd.read_csv(other / "tables" / "accuracy.csv").set_index("strategy")["acc_strict"]
+        assert r.diff == pytest.approx(acc[r.strategy] - acc["constrained"], abs=1e-6)
+    assert main(["report", str(other), "--baseline", "nope"]) != 0
+
+
+def test_sentences_follow_the_intervals() -> None:
+    acc = pd.DataFrame([
+        {"task": "t", "strategy": s, "n_items_used": 20, "n_runs": 1, "acc_strict": a, "acc_strict_low": lo,
+         "acc_strict_high": hi, "parse_rate_strict": p, "parse_rate_strict_low": p - 0.1,
+         "parse_rate_strict_high": min(p + 0.1, 1.0), "parse_rate_format": f}
+        for s, a, lo, hi, p, f in (("free", 0.2, 0.05, 0.4, 0.25, float("nan")), ("json", 0.7, 0.5, 0.9, 1.0, 1.0),
+                                   ("short", 0.25, 0.1, 0.45, 0.75, float("nan")))])
+    paired = pd.DataFrame([
+        {"task": "t", "strategy_a": "free", "strategy_b": "json", "diff": -0.5, "diff_low": -0.7,
+         "diff_high": -0.3, "paired_p": 0.001, "n_pairs": 20},
+        {"task": "t", "strategy_a": "free", "strategy_b": "short", "diff": -0.05, "diff_low": -0.2,
+         "diff_high": 0.1, "paired_p": 0.6, "n_pairs": 20}])
+    f = findings_table(acc, paired, "free").set_index("finding")["sentence"]
+    assert f["baseline"] == ("Accuracy against the baseline free: json +0.50 [0.30, 0.70] (paired p = 0.001); the "
+                             "other 1 are not distinguishable from 0 (largest |diff| 0.05 for short, [-0.10, 0.20], "
+                             "paired p = 0.6).")
+    assert f["parse"].startswith("Strict parse rate (20 items x 1 run, 95% intervals): json 100% [90, 100], short 75%")
