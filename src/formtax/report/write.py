@@ -14,7 +14,7 @@ from formtax.errors import DataError
 from formtax.report.analyses import table_keys
 from formtax.report.drilldown import DEFAULT_DRILL_ITEMS
 from formtax.report.figures import write_figures
-from formtax.report.load import MANIFEST_FILE, load_records, records_path, sha256_of
+from formtax.report.load import load_records, records_path, sha256_of
 from formtax.report.matrices import CONFIDENCE, DECIMALS
 from formtax.report.render import ReportContext, render_html, render_markdown
 from formtax.report.tables import compute_tables
@@ -37,17 +37,12 @@ def formtax_version() -> str:
 
 
 def read_manifest(run_dir: Path) -> dict[str, Any] | None:
-    """``run_dir/manifest.json`` as a dict, or None when absent."""
-    path = Path(run_dir) / MANIFEST_FILE
-    if not path.is_file():
-        return None
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise DataError(f"{path}: not valid JSON ({exc})") from exc
-    if not isinstance(manifest, dict):
-        raise DataError(f"{path}: expected a JSON object, got {type(manifest).__name__}")
-    return manifest
+    """``run_dir/manifest.json`` migrated to the current layout (:mod:`formtax.runner.manifest`), as a dict;
+    None when absent. A manifest of a newer layout than this formtax knows is refused (DataError)."""
+    from formtax.runner.manifest import load_manifest
+
+    manifest = load_manifest(Path(run_dir))
+    return None if manifest is None else dict(json.loads(manifest.model_dump_json()))
 
 
 def write_report(

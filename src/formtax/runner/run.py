@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
 import os
 import socket
@@ -38,10 +39,8 @@ from formtax.records.store import (
     RecordWriter,
     git_state,
     package_versions,
-    read_manifest,
     read_records,
     sha256_file,
-    write_manifest,
 )
 from formtax.runner.config import (  # noqa: F401  (RunConfig re-exported: formtax.runner.run.RunConfig)
     SEEDINGS,
@@ -58,6 +57,7 @@ from formtax.runner.execute import (
     strategy_for,
 )
 from formtax.runner.grid import Planned, check_prompt_identity, parse_strategy_spec, plan_grid
+from formtax.runner.manifest import MANIFEST_VERSION, load_manifest, save_manifest
 from formtax.tasks import (
     PromptStyle,
     Task,
@@ -223,7 +223,8 @@ def _run(config: RunConfig, out_dir: Path, progress: Callable[[int, int], None] 
     check_prompt_identity(planned, lambda m: repr(m), across_formats=one_prompt)
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    manifest = read_manifest(out_dir)
+    loaded = load_manifest(out_dir)  # any earlier layout, migrated (runner/manifest.py)
+    manifest = None if loaded is None else json.loads(loaded.model_dump_json())
     identity = config.identity()  # before --model-defaults is resolved: a resumed run names the same request
     extension: dict[str, Any] | None = None
     if manifest is not None and manifest.get("config_identity") != identity:
@@ -288,7 +289,7 @@ def _run(config: RunConfig, out_dir: Path, progress: Callable[[int, int], None] 
             provenance["extractor"] = backend_provenance(extractor)
 
     manifest = manifest or {
-        "formtax_version": __version__, "git": git_state(), "packages": package_versions(),
+        "schema_version": MANIFEST_VERSION, "formtax_version": __version__, "git": git_state(), "packages": package_versions(),
         "config": asdict(config), "config_identity": identity, "backend": provenance,
         "data_files": file_hashes, "items": [it.id for it in items],
         "seeds": list(range(config.seeds)), "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "resumptions": [],
@@ -303,7 +304,7 @@ def _run(config: RunConfig, out_dir: Path, progress: Callable[[int, int], None] 
     manifest["resumptions"].append({"at": time.strftime("%Y-%m-%dT%H:%M:%S"), "pending": len(pending),
                                     "batch_size": config.batch_size, "device": config.device,
                                     "machine": machine_load()})
-    write_manifest(out_dir, manifest)
+    save_manifest(out_dir, manifest)
 
     n_done = summary.skipped
     if progress:
@@ -345,7 +346,7 @@ def _run(config: RunConfig, out_dir: Path, progress: Callable[[int, int], None] 
             pool.close()
         manifest["ended"] = time.strftime("%Y-%m-%dT%H:%M:%S")
         manifest["resumptions"][-1]["machine_at_end"] = machine_load()
-        write_manifest(out_dir, manifest)
+        save_manifest(out_dir, manifest)
     summary.wall_s = time.perf_counter() - t_start
     return summary
 
