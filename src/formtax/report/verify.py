@@ -135,7 +135,7 @@ def check_manifest(run_dir: Path) -> list[str]:
         return []
     problems: list[str] = []
     identity = manifest.get("config_identity")
-    want = identity_hash(identity) if isinstance(identity, dict) else None
+    want = identity_hash(identity) if isinstance(identity, dict) and identity else None
     items = set(manifest.get("items") or [])
     seeds = set(manifest.get("seeds") or [])
     listed = (manifest.get("config") or {}).get("strategies") or []

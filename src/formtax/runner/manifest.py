@@ -76,16 +76,18 @@ class Manifest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     schema_version: int = MANIFEST_VERSION
-    formtax_version: str
-    git: dict[str, Any]
-    packages: dict[str, Any]
     config: RunSpec  # type: ignore[valid-type]
-    config_identity: dict[str, Any]
-    backend: dict[str, Any]
-    data_files: dict[str, str]
-    items: list[str]
-    seeds: list[int]
-    started: str
+    # provenance: every run writes it; a manifest written by hand for records assembled without a run (a synthetic
+    # study, a test) may give only config, backend and status, and then nothing is held to what it leaves out
+    formtax_version: str = "unknown"
+    git: dict[str, Any] = Field(default_factory=dict)
+    packages: dict[str, Any] = Field(default_factory=dict)
+    config_identity: dict[str, Any] = Field(default_factory=dict)
+    backend: dict[str, Any] = Field(default_factory=dict)
+    data_files: dict[str, str] = Field(default_factory=dict)
+    items: list[str] = Field(default_factory=list)
+    seeds: list[int] = Field(default_factory=list)
+    started: str = ""
     resumptions: list[Resumption] = Field(default_factory=list)
     status: RunStatus = RunStatus.RUNNING
     ended: str | None = None
