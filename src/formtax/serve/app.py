@@ -203,8 +203,6 @@ def create_app(backend: Backend, config: ServeConfig | None = None, **settings: 
         if tools is not None:
             messages = with_tools_prompt(messages, tools_prompt(tools, req.tools or []))
         kwargs = plan_kwargs(req, strategy, constraint, raw=False)
-        if tools is not None and tools.text_allowed and kwargs["closing"] is None:
-            kwargs["closing"] = False  # closing's witness search does not yet find calls inside text-or-call
         free_text = constraint is None or (tools is not None and tools.text_allowed and strategy == "constrained")
         top = req.top_logprobs or 0
         hooks = [hooks_of(req, free_text, req.logprobs, top) for _ in range(req.n)]

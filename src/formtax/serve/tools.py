@@ -29,7 +29,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from formtax.constraints.native import _closed
-from formtax.constraints.spec import Constraint, JsonConstraint, LarkConstraint
+from formtax.constraints.spec import JSON_OPTIONS, Constraint, JsonConstraint, LarkConstraint
 from formtax.errors import ConfigError
 
 
@@ -96,8 +96,9 @@ def tool_plan(given: list[Tool] | None, tool_choice: str | dict[str, Any] | None
     parallel = parallel_tool_calls is not False and not isinstance(choice, dict)
     one = call_schema(tools)
     schema = {"anyOf": [one, {"type": "array", "items": one, "minItems": 1}]} if parallel else one
-    if choice == "auto":
-        grammar = f"start: call | text\ncall: %json {json.dumps(schema)}\ntext: /[^{{\\[][\\s\\S]*/\n"
+    if choice == "auto":  # the call written as every formtax JSON answer is (JSON_OPTIONS: one spacing)
+        call = {**schema, "x-guidance": JSON_OPTIONS}
+        grammar = f"start: call | text\ncall: %json {json.dumps(call)}\ntext: /[^{{\\[][\\s\\S]*/\n"
         constraint: Constraint = LarkConstraint(grammar)
     else:
         constraint = JsonConstraint(schema, source="tool call of " + ", ".join(t.function.name for t in tools))
