@@ -59,12 +59,13 @@ def test_judge_table_equals_hand_computed_correlations() -> None:
     t = judge_table(df)
     assert t is not None
     row = t.set_index("aspect").loc["coherence"]
-    # A0: a real correlation; A1: constant judge -> 0; A2: constant gold -> skipped
+    # A0: a real correlation; A1: constant judge -> skipped (G-Eval) or 0 (_const0); A2: constant gold -> skipped
     sp0 = stats.spearmanr(ratings["A0"], golds["A0"]).statistic
     kt0 = stats.kendalltau(ratings["A0"], golds["A0"]).statistic
-    assert row["spearman"] == pytest.approx(round((sp0 + 0.0) / 2, 6))
-    assert row["kendall"] == pytest.approx(round((kt0 + 0.0) / 2, 6))
-    assert row["n_articles"] == 2 and row["n_records"] == 14 and row["n_rated"] == 12
+    assert row["spearman"] == pytest.approx(round(sp0, 6)) and row["kendall"] == pytest.approx(round(kt0, 6))
+    assert row["spearman_const0"] == pytest.approx(round((sp0 + 0.0) / 2, 6))
+    assert row["kendall_const0"] == pytest.approx(round((kt0 + 0.0) / 2, 6))
+    assert row["n_articles"] == 1 and row["n_records"] == 14 and row["n_rated"] == 12
     assert row["n_rated_lenient"] == 13  # the lenient reader takes the parser's 3
     xs = [r for a in golds for r in ratings[a]]
     ys = [g for a in golds for g in golds[a]]
@@ -99,3 +100,15 @@ def test_summeval_run_with_decog_then_report_and_verify(tmp_path, data_dir) -> N
     decog = table[table["strategy"] == "decog"]
     assert (decog["rated_rate"] == 1.0).all()  # every decog output ends with a valid rating line
     assert verify_report(out) == []
+
+
+def test_g_evals_article_rule_on_the_issue_toy_case() -> None:
+    """One article the judge rates constant plus one it ranks perfectly: G-Eval skips the constant one (1.0);
+    counting it as 0 gives 0.5 (issue 37, point 10)."""
+    recs = [_rec(f"A0-S{s}-fluency", g, f"x\nThe rating is {r}.") for s, (g, r) in enumerate(zip(
+        [1.0, 2.0, 3.0], [3, 3, 3], strict=True))]
+    recs += [_rec(f"A1-S{s}-fluency", g, f"x\nThe rating is {r}.") for s, (g, r) in enumerate(zip(
+        [1.0, 2.0, 3.0], [1, 2, 3], strict=True))]
+    df = pd.DataFrame({"task": [r.task for r in recs], "strategy": [r.strategy for r in recs], "record": recs})
+    row = judge_table(df).set_index("aspect").loc["fluency"]
+    assert row["spearman"] == pytest.approx(1.0) and row["spearman_const0"] == pytest.approx(0.5)

@@ -12,8 +12,11 @@ Our choices (the paper leaves them open):
   the last ``rating (is|of|:) N`` anywhere in the text, then to the shared lenient parser's value;
 * an unrated record (no rating, or an errored request) is left out and counted (``n_rated`` vs ``n_records``);
 * an article whose expert means are all equal, or with fewer than two rated summaries, has no correlation and is
-  skipped; an article where the *judge* gives one rating to every summary contributes 0 (a judge that cannot
-  tell summaries apart carries no information; leaving it out would reward constant ratings);
+  skipped; an article where the *judge* gives one rating to every summary is skipped too, as G-Eval does (its
+  correlation is undefined), in ``spearman`` / ``kendall``. Both are reported: ``spearman_const0`` /
+  ``kendall_const0`` count such an article as 0 instead (ours, conservative: a judge that cannot tell summaries
+  apart carries no information, and skipping it rewards constant ratings). On one constant article plus one
+  perfectly ranked one, G-Eval's rule gives 1.0 and ours 0.5;
 * with several runs (seeds x prompt variants) each run is computed on its own and the values are averaged;
 * the ``mean`` row averages the four aspects' values.
 """
@@ -36,8 +39,8 @@ TASK = "summeval"
 ASPECTS = ("coherence", "consistency", "fluency", "relevance")
 COLUMNS = [
     "task", "strategy", "aspect", "n_records", "n_runs", "n_rated", "rated_rate", "n_rated_lenient", "n_articles",
-    "spearman", "kendall", "spearman_lenient", "kendall_lenient", "pooled_spearman", "pooled_kendall",
-    "mean_abs_error",
+    "spearman", "kendall", "spearman_const0", "kendall_const0", "spearman_lenient", "kendall_lenient",
+    "pooled_spearman", "pooled_kendall", "mean_abs_error",
 ]  # fmt: skip
 
 _LINE = re.compile(r"The rating is ([1-5])\.?")
@@ -72,22 +75,24 @@ def lenient_rating(rec: Any) -> int | None:
     return None
 
 
-def _corr(x: list[float], y: list[float], kind: str) -> float:
-    """Correlation of judge ratings x with expert means y; NaN if undefined, 0 if the judge is constant."""
+def _corr(x: list[float], y: list[float], kind: str, constant_zero: bool = False) -> float:
+    """Correlation of judge ratings x with expert means y; NaN if undefined (a constant judge: 0 with
+    ``constant_zero``, ours; NaN otherwise, G-Eval's)."""
     if len(x) < 2 or len(set(y)) < 2:
         return math.nan
     if len(set(x)) < 2:
-        return 0.0
+        return 0.0 if constant_zero else math.nan
     res = stats.spearmanr(x, y) if kind == "spearman" else stats.kendalltau(x, y)
     return float(res.statistic)
 
 
-def _summary_level(pairs: list[tuple[str, float, float]], kind: str) -> tuple[float, int]:
+def _summary_level(pairs: list[tuple[str, float, float]], kind: str, constant_zero: bool = False
+                   ) -> tuple[float, int]:
     by_article: dict[str, tuple[list[float], list[float]]] = defaultdict(lambda: ([], []))
     for article, rating, gold in pairs:
         by_article[article][0].append(rating)
         by_article[article][1].append(gold)
-    values = [_corr(x, y, kind) for x, y in by_article.values()]
+    values = [_corr(x, y, kind, constant_zero) for x, y in by_article.values()]
     values = [v for v in values if not math.isnan(v)]
     return (float(np.mean(values)) if values else math.nan), len(values)
 
@@ -106,12 +111,14 @@ def _run_metrics(recs: list[Any]) -> dict[str, float]:
             lenient.append((article, float(rl), gold))
     sp, n_art = _summary_level(strict, "spearman")
     kt, _ = _summary_level(strict, "kendall")
+    sp0, _ = _summary_level(strict, "spearman", constant_zero=True)
+    kt0, _ = _summary_level(strict, "kendall", constant_zero=True)
     sp_l, _ = _summary_level(lenient, "spearman")
     kt_l, _ = _summary_level(lenient, "kendall")
     xs, ys = [p[1] for p in strict], [p[2] for p in strict]
     return {
         "n_rated": float(len(strict)), "n_rated_lenient": float(len(lenient)), "n_articles": float(n_art),
-        "spearman": sp, "kendall": kt, "spearman_lenient": sp_l, "kendall_lenient": kt_l,
+        "spearman": sp, "kendall": kt, "spearman_const0": sp0, "kendall_const0": kt0, "spearman_lenient": sp_l, "kendall_lenient": kt_l,
         "pooled_spearman": _corr(xs, ys, "spearman"), "pooled_kendall": _corr(xs, ys, "kendall"),
         "mean_abs_error": float(np.mean([abs(a - b) for a, b in zip(xs, ys, strict=True)])) if xs else math.nan,
     }
@@ -143,8 +150,8 @@ def judge_table(df: pd.DataFrame, n_resamples: int = 0, seed: int = 0) -> pd.Dat
             for key in ("n_rated", "n_rated_lenient", "n_articles"):
                 row[key] = int(sum(m[key] for m in metrics))
             row["rated_rate"] = row["n_rated"] / row["n_records"]
-            for key in ("spearman", "kendall", "spearman_lenient", "kendall_lenient", "pooled_spearman",
-                        "pooled_kendall", "mean_abs_error"):
+            for key in ("spearman", "kendall", "spearman_const0", "kendall_const0", "spearman_lenient",
+                        "kendall_lenient", "pooled_spearman", "pooled_kendall", "mean_abs_error"):
                 row[key] = _nanmean([m[key] for m in metrics])
             per_aspect[aspect] = row
             rows.append(row)
@@ -154,8 +161,8 @@ def judge_table(df: pd.DataFrame, n_resamples: int = 0, seed: int = 0) -> pd.Dat
                 mean[key] = int(sum(r[key] for r in per_aspect.values())) if key != "n_runs" else \
                     max(r["n_runs"] for r in per_aspect.values())
             mean["rated_rate"] = mean["n_rated"] / mean["n_records"]
-            for key in ("spearman", "kendall", "spearman_lenient", "kendall_lenient", "pooled_spearman",
-                        "pooled_kendall", "mean_abs_error"):
+            for key in ("spearman", "kendall", "spearman_const0", "kendall_const0", "spearman_lenient",
+                        "kendall_lenient", "pooled_spearman", "pooled_kendall", "mean_abs_error"):
                 mean[key] = _nanmean([r[key] for r in per_aspect.values()])
             rows.append(mean)
     return frame(rows, COLUMNS)
@@ -186,7 +193,8 @@ register_analysis(Analysis(
     description=(
         "SummEval LLM-as-judge: correlation of the judge's 1-5 ratings with the expert means. Summary-level "
         "(G-Eval's convention, used by Deco-G): per article, Spearman / Kendall tau-b over its rated summaries, "
-        "averaged over articles (n_articles with a defined value; a constant judge counts 0). Pooled: over all "
+        "averaged over articles (n_articles with a defined value; an article the judge rated constant is skipped, "
+        "as G-Eval does; the _const0 columns count it as 0 instead, ours). Pooled: over all "
         "rated records. Strict ratings: the last line 'The rating is N' (JSON: the answer field); lenient: any "
         "'rating is N', then the lenient parser. rated_rate = strict ratings / records. A small --limit leaves "
         "few summaries per article, so summary-level values may be n/a: read the pooled ones then."
