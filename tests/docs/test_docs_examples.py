@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 URL = "http://127.0.0.1:8000/v1"
 BLOCK = re.compile(r"(<!-- skip: [^>]*-->\n)?```(python|bash)\n(.*?)```", re.S)
 PAGES = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
-SERVER = f"""
+SERVER = """
 import formtax as _formtax
 from formtax.serve.app import ServerThread as _ServerThread, create_app as _create_app
 _server = _ServerThread(_create_app(_formtax.load_model()))

@@ -22,7 +22,7 @@ from formtax.tasks import OutputFormat, get_task
 def test_items_answer_space_and_prompts(data_dir) -> None:
     task = get_task("summeval")
     items = task.load(data_dir)
-    assert len(items) == 6400 and items[0].id == "A0-S0-coherence" and items[3].id == "A0-S0-relevance"
+    assert len(items) == 5760 and items[0].id == "A0-S0-coherence" and items[3].id == "A0-S0-relevance"
     assert items[0].gold == "1.3333" and task.display_answer(items[0]) == "1"
     assert task.answer_spec("vc", items[0], OutputFormat.REASON_ANSWER) == "The rating is {int:1..5}"
     assert task.answer_spec("vc", items[0], OutputFormat.JSON) == "{int:1..5}"

@@ -58,10 +58,20 @@ class Task(ABC):
     def data_files(self, data_dir: Path) -> list[Path]:
         """The files ``load`` reads, so a run can record their sha256; empty for generated tasks."""
 
+    # a task whose data has no train split holds out a dev split of its own items (``_shot_pool``): shots and the
+    # FEM's distillation prompts come from it, and the evaluation never sees it (GSM8K and EAE have a train /
+    # dev split of their own already)
+    holds_out_dev: ClassVar[bool] = False
+
     def load(self, data_dir: Path | None) -> list[Item]:
-        """Load the evaluation items in file order; ``data_dir=None`` resolves the default data folder."""
+        """Load the evaluation items in file order; ``data_dir=None`` resolves the default data folder. A task that
+        holds out a dev split (``holds_out_dev``) leaves its items out."""
         resolved = self._remember_data_dir(data_dir)
-        return self._load(resolved)
+        items = self._load(resolved)
+        if self.holds_out_dev:
+            dev = {it.id for it in self._cached_shot_pool()}
+            items = [it for it in items if it.id not in dev]
+        return items
 
     @abstractmethod
     def _load(self, data_dir: Path | None) -> list[Item]:

@@ -42,12 +42,15 @@ def _parse_row(index: int, obj: Any) -> Item:
     )
 
 
+DEV_EVERY = 16  # 1 item in 16 is held out for shots and FEM distillation, never evaluated
+
+
 @register_task
 class CsqaTask(ChoiceTask):
-    """CommonsenseQA dev (1221 items); ids are the upstream hex ids."""
+    """CommonsenseQA dev (1221 items: 1144 evaluated, 77 held out for shots and distillation); upstream hex ids."""
 
     name: ClassVar[str] = "csqa"
-    description: ClassVar[str] = "CommonsenseQA commonsense multiple choice (dev, 1221 items; labels A-E)"
+    description: ClassVar[str] = "CommonsenseQA commonsense multiple choice (dev, 1144 items, 77 held out; labels A-E)"
     instructions: ClassVar[tuple[str, str, str]] = (
         "Answer the following commonsense multiple-choice question.",
         "You are given a question that requires commonsense knowledge, with five answer choices. Pick the best one.",
@@ -56,6 +59,12 @@ class CsqaTask(ChoiceTask):
 
     def data_files(self, data_dir: Path) -> list[Path]:
         return [data_dir / "commonsenseqa" / "dev_rand_split.jsonl"]
+
+    holds_out_dev: ClassVar[bool] = True
+
+    def _shot_pool(self, data_dir: Path | None) -> list[Item]:
+        """The held-out dev split (ours: the data has no train split): every DEV_EVERY-th item in file order."""
+        return self._load(data_dir)[::DEV_EVERY]
 
     def _load(self, data_dir: Path | None) -> list[Item]:
         path = self.data_files(self._require_dir(data_dir))[0]

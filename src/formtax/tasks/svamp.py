@@ -32,12 +32,15 @@ def _parse_row(index: int, obj: Any) -> Item:
     return Item(id=item_id, question=f"{body} {question}", gold=str(answer), solution=solution, meta=meta)
 
 
+DEV_EVERY = 16  # 1 item in 16 is held out for shots and FEM distillation, never evaluated
+
+
 @register_task
 class SvampTask(IntegerTask):
-    """SVAMP (1000 items); ids are the upstream ``ID`` (e.g. ``chal-1``)."""
+    """SVAMP (1000 items: 937 evaluated, 63 held out as a dev split); ids are the upstream ``ID`` (e.g. ``chal-1``)."""
 
     name: ClassVar[str] = "svamp"
-    description: ClassVar[str] = "SVAMP arithmetic word problems (1000 items; integer answers)"
+    description: ClassVar[str] = "SVAMP arithmetic word problems (937 items, 63 held out; integer answers)"
     instructions: ClassVar[tuple[str, str, str]] = (
         "Solve the following math word problem.",
         "You are given a short arithmetic word problem. Work out its numerical answer.",
@@ -46,6 +49,12 @@ class SvampTask(IntegerTask):
 
     def data_files(self, data_dir: Path) -> list[Path]:
         return [data_dir / "svamp" / "SVAMP.json"]
+
+    holds_out_dev: ClassVar[bool] = True
+
+    def _shot_pool(self, data_dir: Path | None) -> list[Item]:
+        """The held-out dev split (ours: the data has no train split): every DEV_EVERY-th item in file order."""
+        return self._load(data_dir)[::DEV_EVERY]
 
     def _load(self, data_dir: Path | None) -> list[Item]:
         path = self.data_files(self._require_dir(data_dir))[0]

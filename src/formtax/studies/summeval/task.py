@@ -130,6 +130,8 @@ class SummEvalTask(IntegerTask):
                 ))
         return items
 
+    holds_out_dev: ClassVar[bool] = True  # SHOT_ARTICLES: shots and FEM distillation only, never evaluated
+
     def _shot_pool(self, data_dir: Path | None) -> list[Item]:
         return [it for it in self._load(data_dir) if it.meta["article_id"] in SHOT_ARTICLES]
 
