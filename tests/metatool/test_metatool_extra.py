@@ -99,6 +99,26 @@ def test_breakpoint_table_on_per_item_masses(monkeypatch):
     row = t.iloc[0]
     assert row["status"] == "ok" and row["breakpoint"] == pytest.approx(0.3, abs=0.02)
     assert row["low"] <= row["breakpoint"] <= row["high"] and row["sse_hinge"] < row["sse_line"]
+    assert list(t["allowed_set"]) == ["encoded"]  # a run without the wider set's masses: one row
+    # the wider allowed set leaves less mass outside it: its masses are smaller, and the hinge moves with them
+    per_item["masked_mass_prefixes"] = 0.5 * mass
+    t = breakpoint_table(pd.DataFrame(), 300, 0).set_index("allowed_set")
+    assert t.loc["encoded", "breakpoint"] == pytest.approx(0.3, abs=0.02)
+    assert t.loc["prefixes", "breakpoint"] == pytest.approx(0.15, abs=0.02)
+
+
+def test_the_papers_allowed_set_is_each_options_first_encoded_token():
+    """Issue 37, point 11: the masked mass's allowed set is the first token of each option's encoding, bare and
+    space-prefixed (paper 002, section 3.5); the wider prefix set contains it."""
+    from formtax.backends.fake import FakeBackend
+    from formtax.strategies.firstmass import allowed_first_tokens, prefix_first_tokens
+
+    tok = FakeBackend().tokenizer  # bytes: the first token is the first byte
+    opts = ["Zapier", "None"]
+    allowed = allowed_first_tokens(tok, opts)
+    assert sorted(int(i) for i in allowed.nonzero()) == sorted({ord("Z"), ord("N"), ord(" ")})
+    wider = prefix_first_tokens(tok, opts)
+    assert bool((wider | allowed).eq(wider).all()) and int(wider.sum()) >= int(allowed.sum())
 
 
 def _model_frame(tmp_path, name, short_right, con_right):

@@ -24,7 +24,7 @@ from formtax.strategies.base import (
     with_prefix,
 )
 from formtax.strategies.firstmass import EVENT as FIRST_MASS
-from formtax.strategies.firstmass import FirstTokenMass, allowed_first_tokens
+from formtax.strategies.firstmass import FirstTokenMass, allowed_first_tokens, prefix_first_tokens
 from formtax.strategies.options import JsonOptions
 
 
@@ -65,7 +65,9 @@ class Short(SinglePass):
         tok = backend.tokenizer
         policy: Policy = FreePolicy(tok.eos_ids, tok.newline_ids, phase=Phase.ANSWER)
         if isinstance(request.constraint, ChoiceConstraint):  # paper 002's mechanism variable; no mask
-            policy = FirstTokenMass(policy, allowed_first_tokens(tok, request.constraint.options))
+            options = request.constraint.options
+            policy = FirstTokenMass(policy, allowed_first_tokens(tok, options),
+                                    wider=prefix_first_tokens(tok, options))
         return with_prefix(backend, request, policy)
 
     def fill_answer(self, res: Result, request: Request, out: Any, phases: dict[str, str], constrained: bool) -> None:

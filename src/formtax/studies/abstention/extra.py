@@ -144,7 +144,7 @@ def retention_table(df: pd.DataFrame, n_resamples: int, seed: int) -> pd.DataFra
 # -- masked-mass breakpoint ---------------------------------------------------------------------------------
 
 BREAKPOINT_COLUMNS = [
-    "task", "language", "item_type", "n_items", "breakpoint", "low", "high", "n_replicates_undefined",
+    "task", "language", "item_type", "allowed_set", "n_items", "breakpoint", "low", "high", "n_replicates_undefined",
     "level_below", "slope_above", "sse_hinge", "sse_line", "status",
 ]  # fmt: skip
 
@@ -170,10 +170,18 @@ def hinge_fit(x: Matrix, y: Matrix) -> tuple[float, float, float, float] | None:
     return float(taus[k]), float(a[k]), float(b[k]), float(sse[k])
 
 
-def _breakpoint_row(items: pd.DataFrame, language: str, kind: str, n_resamples: int, seed: int) -> dict[str, Any]:
-    x = items["masked_mass"].to_numpy(dtype=float)
+ALLOWED_SETS = {"encoded": "masked_mass", "prefixes": "masked_mass_prefixes"}
+"""The breakpoint under the paper's allowed set (each option's first encoded token, bare and space-prefixed) and
+under the wider set of every prefix token (strategies/firstmass.py): the sensitivity to that choice."""
+
+
+def _breakpoint_row(items: pd.DataFrame, language: str, kind: str, n_resamples: int, seed: int,
+                    allowed_set: str = "encoded") -> dict[str, Any]:
+    items = items[items[ALLOWED_SETS[allowed_set]].notna()]
+    x = items[ALLOWED_SETS[allowed_set]].to_numpy(dtype=float)
     y = items["penalty"].to_numpy(dtype=float)
-    row: dict[str, Any] = {"task": TASK, "language": language, "item_type": kind, "n_items": len(x)}
+    row: dict[str, Any] = {"task": TASK, "language": language, "item_type": kind, "allowed_set": allowed_set,
+                           "n_items": len(x)}
     fit = hinge_fit(x, y)
     if fit is None:
         return {**row, "status": f"too_few (needs {2 * MIN_SIDE} items with {MIN_SIDE} on each side of a breakpoint)"}
@@ -207,8 +215,9 @@ def breakpoint_table(df: pd.DataFrame, n_resamples: int, seed: int) -> pd.DataFr
             continue
         for language in (["all"] if len(langs) > 1 else []) + langs:
             items = of_kind if language == "all" else of_kind[of_kind["language"] == language]
-            if not items.empty:
-                rows.append(_breakpoint_row(items, language, kind, n_resamples, seed))
+            for allowed_set, column in ALLOWED_SETS.items():
+                if not items.empty and column in items.columns and items[column].notna().any():
+                    rows.append(_breakpoint_row(items, language, kind, n_resamples, seed, allowed_set))
     return frame(rows, BREAKPOINT_COLUMNS) if rows else None
 
 
@@ -350,14 +359,16 @@ register_analysis(
 register_analysis(
     Analysis(
         name="abstention_breakpoint",
-        keys=("task", "language", "item_type"),
+        keys=("task", "language", "item_type", "allowed_set"),
         description=(
             "EXPLORATORY (paper 002 section H): the per-item penalty (constrained - short accuracy, mean over "
             "seeds) against the short condition's exact first-token masked_mass, fitted as a hinge, penalty = "
             "level_below + slope_above * max(0, masked_mass - breakpoint): flat below the breakpoint, linear "
             "above. The breakpoint is found by least squares over a grid of 0.01 steps with at least "
             f"{MIN_SIDE} items on each side (ours); sse_line is a straight line's residual sum of squares on the "
-            "same items, for comparison. language = all pools the languages."
+            "same items, for comparison. language = all pools the languages. allowed_set: encoded = the paper's "
+            "allowed first tokens (each option's first token, bare and space-prefixed); prefixes = every token "
+            "whose text begins an option (wider): the two rows show how much that choice moves the breakpoint."
         ),
         method="95% percentile bootstrap over items (the breakpoint refitted in each replicate)",
         bootstrap=True,

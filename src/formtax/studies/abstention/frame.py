@@ -115,6 +115,7 @@ def score_frame(df: pd.DataFrame) -> pd.DataFrame | None:
             "abstained": False,
             "text": rec.text,
             "masked_mass": NAN,
+            "masked_mass_prefixes": NAN,
             "masked_mass_topk": NAN,
             "topk_coverage": NAN,
             "n_allowed": NAN,
@@ -138,6 +139,7 @@ def score_frame(df: pd.DataFrame) -> pd.DataFrame | None:
             if condition == "short" and isinstance(mass, dict):
                 for name in ("masked_mass", "masked_mass_topk", "topk_coverage", "n_allowed"):
                     row[name] = float(mass[name])
+                row["masked_mass_prefixes"] = float(mass.get("masked_mass_prefixes", NAN))  # absent in older runs
             if condition == "constrained" and rec.masked_mass is not None:
                 row["grammar_masked_mass"] = float(rec.masked_mass)
         rows.append(row)
@@ -218,6 +220,7 @@ def per_item_frame(sf: pd.DataFrame) -> pd.DataFrame | None:
     s = short.groupby(keys, sort=True).agg(
         n_seeds=("seed", "nunique"),
         masked_mass=("masked_mass", "mean"),
+        masked_mass_prefixes=("masked_mass_prefixes", "mean"),
         masked_mass_topk=("masked_mass_topk", "mean"),
         topk_coverage=("topk_coverage", "mean"),
         n_allowed=("n_allowed", "mean"),
