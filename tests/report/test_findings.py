@@ -90,3 +90,23 @@ def test_sentences_follow_the_intervals() -> None:
                              "other 1 are not distinguishable from 0 (largest |diff| 0.05 for short, [-0.10, 0.20], "
                              "paired p = 0.6).")
     assert f["parse"].startswith("Strict parse rate (20 items x 1 run, 95% intervals): json 100% [90, 100], short 75%")
+
+
+def test_decomposition_gains_carry_their_std_over_runs(tmp_path: Path) -> None:
+    """Issue 37, point 4: paper 003 reports each gain as mean +- std over seeds x prompt variants; the table gives
+    that std beside the pooled gain and its bootstrap interval, recomputed here by hand from the records."""
+    import numpy as np
+
+    out = tmp_path / "run"
+    cfg = RunConfig(task="arith", strategies=["inwriting@none", "inwriting@fc", "inwriting@vc"], backend="fake",
+                    limit=6, seeds=3, temperature=1.0, max_tokens=128)
+    run(cfg, out, backend=FakeBackend(random_logits(seed=4)))
+    write_report(out, n_resamples=200)
+    row = pd.read_csv(out / "tables" / "decomposition.csv").iloc[0]
+    recs = pd.read_json(out / "records.jsonl", lines=True)
+    recs["ok"] = recs["scores"].map(lambda s: float(bool(s["strict"])))
+    acc = recs.pivot_table(index="seed", columns="level", values="ok", aggfunc="mean")
+    per_run = acc["vc"] - acc["none"]
+    assert row["total_gain"] == pytest.approx(per_run.mean(), abs=1e-6)
+    assert row["total_gain_std"] == pytest.approx(float(np.std(per_run, ddof=1)), abs=1e-6)
+    assert verify_report(out) == []

@@ -71,7 +71,7 @@ DECOMPOSITION_COLUMNS = (
     + [
         f"{g}{end}"
         for g in ("format_gain", "validity_gain", "reasoning_gain", "total_gain")
-        for end in ("", "_low", "_high")
+        for end in ("", "_low", "_high", "_std")
     ]
     + ["confidence", "interval_method", "n_resamples", "notes"]
 )
@@ -154,7 +154,7 @@ def _decomposition_row(
     for s in SUFFIXES:
         row[f"acc_{s}"] = NAN
     for g in ("format_gain", "validity_gain", "reasoning_gain", "total_gain"):
-        row[g] = row[f"{g}_low"] = row[f"{g}_high"] = NAN
+        row[g] = row[f"{g}_low"] = row[f"{g}_high"] = row[f"{g}_std"] = NAN
     if n_items:
         mats = dict(zip(chosen, matrices, strict=True))
         acc = {s: float(m.mean()) for s, m in mats.items()}
@@ -174,6 +174,9 @@ def _decomposition_row(
             upper, lower = contrasts[name]
             interval = boundary(mats[upper], mats[lower]) or interval
             row[f"{name}_low"], row[f"{name}_high"] = interval.low, interval.high
+            # paper 003's form: the gain per run (seed x prompt variant) on the common items, its sample std
+            per_run = mats[upper].mean(axis=0) - mats[lower].mean(axis=0)
+            row[f"{name}_std"] = float(np.std(per_run, ddof=1)) if len(per_run) > 1 else NAN
     row.update(confidence=CONFIDENCE, interval_method=f"paired percentile-bootstrap ({Resampling(resampling).value}); "
                f"{BOUNDARY_NOTE}", n_resamples=n_resamples)
     row["notes"] = "; ".join(notes)

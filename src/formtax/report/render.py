@@ -41,8 +41,10 @@ DESCRIPTIONS: dict[str, str] = {
     "decomposition": (
         "Paper 003's decomposition per task and base strategy: strict accuracy at each constraint level on "
         "common items x runs; format_gain = fc - none, validity_gain = vc - fc, reasoning_gain = vc_rc - vc, "
-        "total_gain = most constrained level - none. The strategy_<level> columns give the level -> strategy "
-        "mapping (none = unconstrained, vc = fc+vc, vc_rc = fc+vc+rc)."
+        "total_gain = most constrained level - none, with paired bootstrap intervals (_low, _high) and, as paper "
+        "003 reports its gains (mean +- std), the sample std of the gain over runs (seed x prompt variant; _std, "
+        "n/a at one run). The strategy_<level> columns give the level -> strategy mapping (none = unconstrained, "
+        "vc = fc+vc, vc_rc = fc+vc+rc)."
     ),
     "paired": (
         "Comparisons with the baseline strategy (every pair: tables/paired.csv), on the items and runs both scored: "
