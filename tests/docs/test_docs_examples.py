@@ -70,3 +70,18 @@ def test_the_cli_reference_is_current() -> None:
 
     assert (ROOT / "docs" / "cli-reference.md").read_text(encoding="utf-8") == cli_reference(), \
         "docs/cli-reference.md is stale: python -m formtax.cli.reference > docs/cli-reference.md"
+
+
+def test_the_command_order_does_not_depend_on_import_order(monkeypatch) -> None:
+    """CI imported ``formtax.cli.calibrate`` (through another test) before the parser was built, and the help listed
+    calibrate first: the reference must not depend on which test ran before it."""
+    import argparse
+
+    from formtax.cli import main as cli_main
+    from formtax.cli.registry import COMMANDS
+
+    cli_main.build_parser()  # registers every command
+    monkeypatch.setattr("formtax.cli.main.COMMANDS", dict(reversed(list(COMMANDS.items()))))
+    parser = cli_main.build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert list(sub.choices) == list(cli_main.ORDER)

@@ -28,6 +28,9 @@ and measure, with real statistics, when a format constraint helps or hurts.
 `formtax COMMAND --help` shows every option with its default."""
 
 
+ORDER = ("generate", "calibrate", "fem", "run", "report", "compare", "verify", "ls", "serve")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from formtax import __version__
     from formtax.cli import calibrate, fem, generate, lab, ls, serve  # noqa: F401  (registration)
@@ -36,8 +39,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"formtax {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
-    for add, _ in COMMANDS.values():
-        add(sub)
+    # the help lists commands in the order a user meets them, not in the order their modules happened to be imported
+    # (a test or a plugin importing one first would reorder the help and the CLI reference)
+    rank = {name: i for i, name in enumerate(ORDER)}
+    for name in sorted(COMMANDS, key=lambda n: (rank.get(n, len(rank)), n)):
+        COMMANDS[name][0](sub)
     return parser
 
 
