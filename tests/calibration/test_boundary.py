@@ -24,7 +24,7 @@ def _frame(rng: np.random.Generator, p: float, n_items: int = 40, n_seeds: int =
             ok = float(rng.random() < p)
             rows.append({"task": "t", "strategy": "a", "base_strategy": "a", "level": "vc", "rc": False,
                          "item_id": f"i{i}", "seed": s, "prompt_variant": "t1f1", "scored": True,
-                         "score_strict": ok, "score_lenient": ok, "parse_ok_strict": 1.0})
+                         "score_strict": ok, "score_lenient": ok, "parse_ok_strict": 1.0, "format_ok": 1.0})
     return pd.DataFrame(rows)
 
 
@@ -60,7 +60,7 @@ def _paired_frame(rng: np.random.Generator, p_a: float, p_b: float, n_items: int
             ok = float(rng.random() < p)
             rows.append({"task": "t", "strategy": name, "base_strategy": name, "level": "vc", "rc": False,
                          "item_id": f"i{i}", "seed": 0, "prompt_variant": "t1f1", "scored": True,
-                         "score_strict": ok, "score_lenient": ok, "parse_ok_strict": 1.0})
+                         "score_strict": ok, "score_lenient": ok, "parse_ok_strict": 1.0, "format_ok": 1.0})
     return pd.DataFrame(rows)
 
 
@@ -95,7 +95,7 @@ def test_decomposition_gains_at_the_boundary_are_not_points():
         for i in range(16):
             rows.append({"task": "t", "strategy": f"inwriting@{level}", "base_strategy": "inwriting",
                          "level": level, "rc": False, "item_id": f"i{i}", "seed": 0, "prompt_variant": "t1f1",
-                         "scored": True, "score_strict": 0.0, "score_lenient": 0.0, "parse_ok_strict": 1.0})
+                         "scored": True, "score_strict": 0.0, "score_lenient": 0.0, "parse_ok_strict": 1.0, "format_ok": 1.0})
     row = decomposition_table(pd.DataFrame(rows), 200, 0).iloc[0]
     for gain in ("format_gain", "validity_gain", "total_gain"):
         assert row[gain] == 0.0

@@ -95,3 +95,18 @@ def test_bad_worlds_are_refused_with_the_item_and_field(tmp_path):
     (tmp_path / "w.json").write_text("{not json", encoding="utf-8")
     with pytest.raises(WorldError, match="not valid JSON"):
         load_world(tmp_path / "w.json")
+
+
+@pytest.mark.parametrize("tokenizer", ["bytes", "smollm2"])
+def test_json_answer_forms_recover_the_papers_rules(tmp_path, tokenizer):
+    """Issue 37, points 1 and 3: NL-to-Format's unconstrained second call is parsed whole (pretty-printed and
+    newline-led objects parse; a prefaced one does not), and FC admits the unquoted number the prompt shows. The
+    planted numbers are the world author's, from the paper's rules; the old first-line rule gave none 0.2 and the
+    string-only FC refused every object."""
+    world = BUILTIN["json-answer-forms"](n_items=20, tokenizer=tokenizer)
+    cal = calibrate(str(write_world(world, tmp_path / "w.json")), tmp_path / "o", n_resamples=300)
+    assert cal.records_differing == 0
+    planted = [r for r in cal.rows if r.planted is not None and not math.isnan(r.planted)]
+    assert len(planted) == 4
+    for row in planted:
+        assert row.exact == pytest.approx(row.planted) and row.estimate == pytest.approx(row.planted), row

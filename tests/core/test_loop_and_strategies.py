@@ -186,3 +186,12 @@ def test_a_constraint_that_matches_nothing_is_refused_before_running():
     with pytest.raises(ConstraintError, match="matches nothing"):
         formtax.generate(fb, Q, "constrained", r"regex:[^\s\S]", max_tokens=8)
     assert not fb.batches  # no model call
+
+
+@pytest.mark.parametrize("written", ['{\n  "answer": 5\n}', '\n{"answer": 5}'])
+def test_nl2format_unconstrained_second_call_is_parsed_whole(written):
+    """Issue 37, point 1: paper 003's unconstrained second call is only prompted and its whole output parsed; the
+    first line alone (``{`` or ``""``) was what formtax used to read."""
+    r = formtax.generate(fake(written), Q, "nl2format", "answer-json:{int}", max_tokens=60, constrain=False)
+    assert r.answer_text == written and r.calls[1].finish_reason == "eos"
+    assert r.parse_ok and r.parsed == 5

@@ -37,13 +37,42 @@ def _engine_accepts(c, text: str) -> bool:
 @given(value=st.one_of(st.integers(-5, 120), st.text(alphabet="abcz Q", max_size=6)),
        indent=st.sampled_from([None, 1]), seps=st.sampled_from([(", ", ": "), (",", ":")]))
 def test_the_answer_object_engine_agrees_with_its_oracle(value, indent, seps):
-    for spec in ("answer-json:{int:0..99}", "answer-json:{letters:4}", "answer-json:{str}"):
+    for spec in ("answer-json:{int:0..99}", "answer-json:{letters:4}", "answer-json:{str}",
+                 "answer-json:number-or:{str}"):
         c = parse_spec(spec)
         text = json.dumps({"answer": value}, indent=indent, separators=seps)
         engine, oracle = _engine_accepts(c, text), c.validate(text)
         assert engine == oracle.ok, (spec, text)
         if oracle.ok:
             assert oracle.value == value  # the oracle extracts the answer itself
+
+
+@pytest.mark.parametrize("fmt", [OutputFormat.ANSWER_JSON, OutputFormat.REASON_JSON, OutputFormat.JSON])
+def test_fc_admits_the_number_an_integer_prompt_shows_unquoted(fmt):
+    """Issue 37, point 3 (paper 003's Assumption 1): the JSON prompts of an integer task show
+    ``{"answer": <answer>}`` unquoted, so FC must admit ``28`` as well as ``"28"``; VC admits only the integer;
+    a task whose prompt quotes its answer keeps FC a string."""
+    from formtax.constraints.jsonreason import JsonReasonAnswer
+
+    task, item = get_task("arith"), Item(id="1", question="q", gold="28")
+    assert '{"answer": <answer>}' in task.messages(item, OutputFormat.ANSWER_JSON, 1, 1, [])[-1]["content"]
+
+    def accepts(level: str, answer: object) -> tuple[bool, bool]:
+        c = parse_spec(task.answer_spec(level, item, fmt))
+        if fmt is OutputFormat.JSON:
+            c = JsonReasonAnswer(c, reason_tokens=8)
+            text = json.dumps({"reason": "r", "answer": answer})
+        else:
+            text = json.dumps({"answer": answer})
+        return _engine_accepts(c, text), c.validate(text).ok
+
+    assert accepts("fc", 28) == (True, True)
+    assert accepts("fc", "28") == (True, True)
+    assert accepts("fc", "H E N E") == (True, True)  # FC is the format only
+    assert accepts("vc", 28) == (True, True)
+    assert accepts("vc", "28") == (False, False)
+    letters = get_task("lastletter")
+    assert "number-or" not in letters.answer_spec("fc", Item(id="1", question="q", gold="hene"), fmt)
 
 
 def test_the_answer_object_is_found_at_the_end_of_free_text():

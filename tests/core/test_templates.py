@@ -16,7 +16,8 @@ from formtax.errors import ConstraintError
         ("{int:0..}", "-1", False, None),
         ("{letters:4}", "abcd", True, "abcd"),
         ("{letters:4}", "abcde", False, None),
-        ("{letters:4}", "ABCD", False, None),
+        ("{letters:4}", "ABCD", True, "ABCD"),  # either case: strict reads HENE as hene (issue 37, point 3)
+        ("{letters:4}", "H E N", False, None),
         ("{choice:yes|no}", "no", True, "no"),
         ("{choice:yes|no}", "maybe", False, None),
         ("Answer: {str}", "Answer: anything at all", True, "anything at all"),

@@ -87,7 +87,7 @@ def engine_regex(spec: FormatSpec) -> str:
             assert slot.lo is None and slot.hi is None
             return "(-?(0|[1-9][0-9]{0,%d}))" % min(17, hi - 2)  # "-0" is 0, as Slot.accepts reads it
         if slot.kind == "letters":
-            return "([a-z]{%d,%d})" % (max(lo, slot.n or 1), min(hi, slot.n or 64))
+            return "([A-Za-z]{%d,%d})" % (max(lo, slot.n or 1), min(hi, slot.n or 64))
         if slot.kind == "choice":  # token bounds = byte bounds; a boundary space may count as the slot's first token
             fits = [o for o in slot.options if lo <= len(o.encode()) <= hi or (ws and lo <= len(o.encode()) + 1 <= hi)]
             return "(" + "|".join(esc(o) for o in fits) + ")"

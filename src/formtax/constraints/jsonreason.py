@@ -27,6 +27,7 @@ escape-free strings) is the answer's reserve.
 from __future__ import annotations
 
 import json
+import re
 from enum import StrEnum
 from functools import cached_property
 from typing import Any
@@ -35,7 +36,14 @@ import jsonschema
 import llguidance
 
 from formtax.constraints.record import RecordConstraint
-from formtax.constraints.spec import JSON_OPTIONS, NO_ESCAPE_CHAR, Constraint, TemplateConstraint, Validation
+from formtax.constraints.spec import (
+    JSON_OPTIONS,
+    NO_ESCAPE_CHAR,
+    Constraint,
+    ConstraintError,
+    TemplateConstraint,
+    Validation,
+)
 from formtax.constraints.template import STR_SLOT_MAX_TOKENS
 
 
@@ -68,6 +76,51 @@ def _load_checked(text: str, validator: Any) -> tuple[Any, Validation | None]:
     return value, None
 
 
+# A JSON number (RFC 8259 section 6) and the engine's cap on its tokens (ours: every token carries a character, and
+# 24 characters hold any number a model writes as an answer)
+NUMBER_RE = r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?"
+NUMBER_TOKENS = 24
+
+
+class NumberOr(Constraint):
+    """FC's answer where the prompt's own form of the answer is a JSON number (an integer task's
+    ``{"answer": <answer>}``): the free text of ``inner`` as a JSON string, or a JSON number.
+
+    Paper 003's Assumption 1: the format constraint admits every answer the prompt admits, so FC may not refuse
+    ``{"answer": 28}`` when the prompt shows ``<answer>`` unquoted; VC keeps the valid answer (the integer). Only a
+    JSON answer field (:class:`JsonReasonAnswer`, :class:`JsonAnswerObject`) reads the difference between ``28``
+    and ``"28"``; standalone, the text is a number or ``inner``'s text. Spec: ``number-or:SPEC``."""
+
+    kind = "number-or"
+
+    def __init__(self, inner: Constraint) -> None:
+        if not isinstance(inner, TemplateConstraint):
+            raise ConstraintError(f"number-or: wraps an answer template, not a {inner.kind} constraint")
+        self.inner = inner
+        self.source = inner.source
+
+    @cached_property
+    def grammar(self) -> str:
+        lark = (f"start: number | text\nnumber[max_tokens={NUMBER_TOKENS}]: /{NUMBER_RE}/\n"
+                + self.inner.template.lark("text"))
+        return llguidance.grammar_from("lark", lark)
+
+    def validate(self, text: str) -> Validation:
+        if re.fullmatch(NUMBER_RE, text):
+            return Validation(True, json.loads(text))
+        return self.inner.validate(text)
+
+    def search(self, text: str) -> Validation:
+        return self.inner.search(text)
+
+    @property
+    def max_tokens(self) -> int:
+        return max(self.inner.max_tokens, NUMBER_TOKENS)
+
+    def answer_schema(self) -> dict[str, Any]:
+        return {"anyOf": [self.inner.answer_schema(), {"type": "number"}]}
+
+
 def layout_tokens(layout: JsonLayout) -> int:
     """Tokens the layout's whitespace may take at most, on top of :data:`JSON_SCAFFOLD`."""
     return WS_BUDGET if layout is JsonLayout.FLEXIBLE else 0
@@ -82,10 +135,13 @@ class JsonReasonAnswer(Constraint):
     def __init__(self, answer: Constraint, reason_tokens: int, layout: JsonLayout = JsonLayout.FLEXIBLE,
                  escapes: bool = True) -> None:
         self.answer = answer
+        # the answer as text (a JSON string): the answer itself, or the text alternative of a NumberOr
+        self.text_answer = answer.inner if isinstance(answer, NumberOr) else answer
         self.reason_tokens = max(1, reason_tokens)
         self.layout = JsonLayout(layout)
         self.escapes = escapes
         self.answer_field = answer.answer_schema()
+        self.text_field = self.text_answer.answer_schema()
         self.source = f"reason+answer({answer.describe()})"
         # the answer's definitions move to the wrapper's root, where its "#/$defs/..." references point
         field = {k: v for k, v in self.answer_field.items() if k not in ("$defs", "definitions")}
@@ -116,8 +172,8 @@ class JsonReasonAnswer(Constraint):
         caps: dict[int, int] = {}
         if self._policy_caps(self.reason_tokens):
             caps[0] = self.reason_tokens
-        if self._plain_string_answer() and self._policy_caps(self._string_cap(self.answer)):
-            caps[1] = self._string_cap(self.answer)
+        if self._plain_string_answer() and self._policy_caps(self._string_cap(self.text_answer)):
+            caps[1] = self._string_cap(self.text_answer)  # a number answer has no string there: no cap applies
         return caps
 
     def _string_rule(self, name: str, cap: int, nonempty: bool) -> str:
@@ -126,23 +182,30 @@ class JsonReasonAnswer(Constraint):
             return f"{name}: /{JSON_BODY_CHAR}{rep}/\n"
         return f"{name}[max_tokens={cap}]: /{NO_ESCAPE_CHAR}{rep}/\n"
 
-    def lark_answer_rules(self) -> str:
-        """The Lark rules of the ``answer`` value (shared with :class:`JsonAnswerObject`)."""
-        if isinstance(self.answer, RecordConstraint):
-            return self.answer.lark_rules("answer")
+    def lark_answer_rules(self, name: str = "answer") -> str:
+        """The Lark rules of the ``answer`` value, rule ``name`` (shared with :class:`JsonAnswerObject`)."""
+        if isinstance(self.answer, NumberOr):
+            return (f"{name}: {name}_text | {name}_number\n{name}_number[max_tokens={NUMBER_TOKENS}]: /{NUMBER_RE}/\n"
+                    + self._text_rules(f"{name}_text"))
+        return self._text_rules(name)
+
+    def _text_rules(self, name: str) -> str:
+        a = self.text_answer
+        if isinstance(a, RecordConstraint):
+            return a.lark_rules(name)
         if self._template_text_answer():
             # text around a slot, or several slots: the template's own rules inside the string's quotes, so the
             # field's language is exactly the template's (a pattern in a JSON schema could not bound the ints)
-            assert isinstance(self.answer, TemplateConstraint)
-            return 'answer: "\\"" answer_t "\\""\n' + self.answer.template.lark("answer_t", json_string=True)
+            assert isinstance(a, TemplateConstraint)
+            return f'{name}: "\\"" {name}_t "\\""\n' + a.template.lark(f"{name}_t", json_string=True)
         if self._plain_string_answer():
             # the oracle's schema (minLength) decides whether "" is an answer; the engine must agree with it
-            return 'answer: "\\"" answer_body "\\""\n' + self._string_rule(
-                "answer_body", self._string_cap(self.answer), bool(self.answer_field.get("minLength")))
+            return f'{name}: "\\"" {name}_body "\\""\n' + self._string_rule(
+                f"{name}_body", self._string_cap(a), bool(self.text_field.get("minLength")))
         answer = "%json" + json.dumps(
-            {**self.answer_field, "x-guidance": JSON_OPTIONS}, separators=(",", ":"), ensure_ascii=False
+            {**self.text_field, "x-guidance": JSON_OPTIONS}, separators=(",", ":"), ensure_ascii=False
         )
-        return f"answer: {answer}\n"
+        return f"{name}: {answer}\n"
 
     @cached_property
     def grammar(self) -> str:
@@ -160,25 +223,27 @@ class JsonReasonAnswer(Constraint):
         value, failed = _load_checked(text, self._validator)
         if failed is not None:
             return failed
-        if isinstance(self.answer, RecordConstraint):
+        if isinstance(self.answer, NumberOr) and not isinstance(value["answer"], str):
+            pass  # a number, and the schema said so
+        elif isinstance(self.text_answer, RecordConstraint):
             # The schema cannot say "keys in this order, no escapes": the record's own oracle does.
-            rec = self.answer.validate(json.dumps(value["answer"], ensure_ascii=False))
+            rec = self.text_answer.validate(json.dumps(value["answer"], ensure_ascii=False))
             if not rec.ok:
                 return Validation(False, value, error=f"answer: {rec.error}")
         elif self._template_text_answer():
             # the same oracle as the constrained strategy: fullmatch and every slot's bounds
-            tmpl = self.answer.validate(str(value["answer"]))
+            tmpl = self.text_answer.validate(str(value["answer"]))
             if not tmpl.ok:
                 return Validation(False, value, error=f"answer: {tmpl.error}")
         return Validation(True, value)
 
     def _template_text_answer(self) -> bool:
         """A template with text around its slot or several slots (not one bare slot, not one free-text slot)."""
-        a = self.answer
+        a = self.text_answer
         return isinstance(a, TemplateConstraint) and not a.template.is_single_slot
 
     def _plain_string_answer(self) -> bool:
-        return self.answer_field.get("type") == "string" and set(self.answer_field) <= {"type", "minLength"}
+        return self.text_field.get("type") == "string" and set(self.text_field) <= {"type", "minLength"}
 
     @staticmethod
     def _string_cap(answer: Constraint) -> int:
@@ -193,6 +258,8 @@ class JsonReasonAnswer(Constraint):
     def answer_bound(answer: Constraint, default: int) -> int:
         """Tokens the JSON-encoded answer can take: numbers as is; strings add quotes and, at worst, an escape
         per character; a record is written without escapes, so its own bound is exact."""
+        if isinstance(answer, NumberOr):
+            return max(NUMBER_TOKENS, JsonReasonAnswer.answer_bound(answer.inner, default))
         if isinstance(answer, RecordConstraint):
             return answer.max_tokens
         inner = answer.max_tokens if answer.max_tokens is not None else default

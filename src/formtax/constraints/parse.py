@@ -9,7 +9,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from formtax.constraints.jsonreason import JsonAnswerObject
+from formtax.constraints.jsonreason import JsonAnswerObject, NumberOr
 from formtax.constraints.record import RecordConstraint
 from formtax.constraints.spec import (
     ChoiceConstraint,
@@ -99,6 +99,8 @@ def parse_spec(spec: str) -> Constraint:
         c = TemplateConstraint(spec[len("template:") :])
     elif spec.startswith("answer-json:"):
         c = JsonAnswerObject(parse_spec(spec[len("answer-json:") :]))
+    elif spec.startswith("number-or:"):
+        c = NumberOr(parse_spec(spec[len("number-or:") :]))
     else:
         c = TemplateConstraint(spec)
     c.check()

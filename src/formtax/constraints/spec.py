@@ -12,7 +12,8 @@ A :class:`Constraint` is tokenizer-independent. It knows
 SPEC strings (CLI ``--answer``): a template by default (``The answer is: {int}``), or ``regex:PATTERN``,
 ``json:SCHEMA`` (inline JSON or ``@file``), ``choice:a|b|c``, ``lark:GRAMMAR`` (inline or ``@file``),
 ``record:FIELDS`` (inline JSON or ``@file``), ``answer-json:SPEC`` (paper 003's one-field object
-``{"answer": <SPEC's value>}``, constraints/jsonreason.py).
+``{"answer": <SPEC's value>}``, constraints/jsonreason.py), ``number-or:TEMPLATE`` (a JSON answer that is
+the template's text as a string or a JSON number: paper 003's FC where the prompt's answer is a number).
 
 ``record:{"Victim": "{str:5}", "Place": "{choice:none|a b|c}", "Count": "{int:0..}"}`` is a flat JSON object
 with exactly these keys in this order, written compactly as ``json.dumps(..., ensure_ascii=False)`` writes it

@@ -6,15 +6,15 @@ Syntax (documented in the README):
 * ``{{`` and ``}}`` stand for literal braces;
 * a slot is ``{TYPE}`` or ``{TYPE:ARG}``:
 
-  ===================  =====================================================================
+  ===================  ======================================================================================
   ``{int}``            any integer (optional ``-``, no leading zeros, at most 15 digits)
   ``{int:LO..HI}``     an integer in [LO, HI]; either bound may be omitted (``{int:0..}``)
-  ``{letters}``        1 to 64 lowercase letters a-z
-  ``{letters:N}``      exactly N lowercase letters a-z
+  ``{letters}``        1 to 64 ASCII letters, either case (strict parsing reads ``HENE`` as ``hene``)
+  ``{letters:N}``      exactly N ASCII letters, either case
   ``{choice:a|b|c}``   one of the alternatives, spelled exactly
   ``{str}``            any non-empty single-line text (at most 64 tokens)
   ``{str:N}``          any non-empty single-line text of at most N tokens, 1 <= N <= 64
-  ===================  =====================================================================
+  ===================  ======================================================================================
 
 Inside a ``{choice:...}`` argument a backslash escapes the characters that would otherwise end or split
 it: ``\\|``, ``\\{``, ``\\}`` and ``\\\\`` stand for ``|``, ``{``, ``}`` and ``\\``, so an alternative can be
@@ -81,7 +81,7 @@ class Slot:
             }
         if self.kind == "letters":
             n = "{%d}" % self.n if self.n is not None else "{1,%d}" % LETTERS_MAX
-            return {"type": "string", "pattern": f"^[a-z]{n}$"}
+            return {"type": "string", "pattern": f"^[A-Za-z]{n}$"}
         if self.kind == "choice":
             return {"enum": list(self.options)}
         return {"type": "string", "minLength": 1}
@@ -95,7 +95,7 @@ class Slot:
             return "%json" + json.dumps(schema, separators=(",", ":"))
         if self.kind == "letters":
             n = "{%d}" % self.n if self.n is not None else "{1,%d}" % LETTERS_MAX
-            return f"/[a-z]{n}/"
+            return f"/[A-Za-z]{n}/"
         if self.kind == "choice":
             return "(" + " | ".join(lark_string(o) for o in self.options) + ")"
         return r"/[^\n\r]+/"
@@ -108,7 +108,7 @@ class Slot:
         if self.kind == "int":
             return r"-?(?:0|[1-9][0-9]{0,%d})" % (MAX_INT_DIGITS - 1)
         if self.kind == "letters":
-            return "[a-z]{%d}" % self.n if self.n is not None else "[a-z]{1,%d}" % LETTERS_MAX
+            return "[A-Za-z]{%d}" % self.n if self.n is not None else "[A-Za-z]{1,%d}" % LETTERS_MAX
         if self.kind == "choice":
             # Longest first so that no alternative is cut at a shorter prefix.
             return "(?:" + "|".join(re.escape(o) for o in sorted(self.options, key=len, reverse=True)) + ")"

@@ -204,7 +204,7 @@ def slot_node(slot: Slot) -> Node:
     if slot.kind == "letters":
         n_lo = slot.n if slot.n is not None else 1
         n_hi = slot.n if slot.n is not None else LETTERS_MAX
-        return rep(byteset(b"abcdefghijklmnopqrstuvwxyz"), n_lo, n_hi)
+        return rep(byteset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"), n_lo, n_hi)
     if slot.kind == "choice":
         return alt(*(lit(o) for o in slot.options))
     return rep(byteset(set(range(256)) - {10, 13}), 1, None)

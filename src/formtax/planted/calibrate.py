@@ -292,10 +292,10 @@ def render(cal: Calibration) -> str:
 NULL_SUFFIX = "~null"
 
 
-def _draw(t: RequestTruth, rng: np.random.Generator) -> tuple[float, float, float, bool]:
+def _draw(t: RequestTruth, rng: np.random.Generator) -> tuple[float, float, float, float, bool]:
     ps = np.array([o.p for o in t.outcomes], dtype=np.float64)
     o = t.outcomes[int(rng.choice(len(ps), p=ps / ps.sum()))]
-    return o.strict, o.lenient, o.parse_ok, o.scored
+    return o.strict, o.lenient, o.parse_ok, o.format_ok, o.scored
 
 
 def synthetic_frame(g: GridTruth, rng: np.random.Generator, n_items: int, n_seeds: int,
@@ -313,12 +313,12 @@ def synthetic_frame(g: GridTruth, rng: np.random.Generator, n_items: int, n_seed
         for k, idx in enumerate(picks):
             t = by_item[g.items[int(idx)]]
             for seed in range(n_seeds):
-                strict, lenient, parse_ok, scored = _draw(t, rng)
+                strict, lenient, parse_ok, format_ok, scored = _draw(t, rng)
                 rows.append({"task": "planted", "strategy": name, "base_strategy": spec.name + (
                     NULL_SUFFIX if name != source else ""), "level": spec.level, "rc": spec.rc,
                     "item_id": f"s{k:04d}", "seed": seed, "prompt_variant": "t1f1", "scored": scored,
                     "score_strict": strict if scored else nan, "score_lenient": lenient if scored else nan,
-                    "parse_ok_strict": parse_ok if scored else nan})
+                    "parse_ok_strict": parse_ok if scored else nan, "format_ok": format_ok if scored else nan})
     return pd.DataFrame(rows)
 
 

@@ -22,6 +22,7 @@ from formtax.decoding.plan import ERROR_FINISHES
 from formtax.errors import ConfigError
 from formtax.planted.backend import PlantedBackend
 from formtax.planted.exact import Distribution, Kind, Outcome, Semantics, distribution, suffix_distribution
+from formtax.report.load import format_ok
 from formtax.runner.config import RunConfig
 from formtax.runner.execute import make_record, request_for
 from formtax.runner.grid import Planned, parse_strategy_spec, plan_grid
@@ -43,6 +44,7 @@ class Scored:
     lenient: float
     parse_ok: float
     scored: bool
+    format_ok: float = 0.0  # paper 003's parse rate (report.load.format_ok)
     masked_mass: float | None = None
     t_star: int | None = None
     text: str = ""
@@ -55,7 +57,7 @@ class RequestTruth:
     unresolved: float = 0.0
 
     def expect(self, name: str) -> float:
-        """E[field | scored] for strict / lenient / parse_ok (NaN if never scored)."""
+        """E[field | scored] for strict / lenient / parse_ok / format_ok (NaN if never scored)."""
         mass = sum(o.p for o in self.outcomes if o.scored)
         if mass <= 0.0:
             return math.nan
@@ -106,14 +108,13 @@ def _semantics_and_assemble(backend: PlantedBackend, strategy: str, req: Request
             if conv is None:
                 raise ConfigError("nl2format needs the task's conversion prompt")
             m2 = backend.row_model(tok.prompt_ids(conv))
+            # paper 003: the unconstrained second call is only prompted and its whole output parsed; the
+            # constrained one is masked to the answer's grammar. Either way the answer is all it wrote.
             sem = (Semantics(Kind.CONSTRAINED, answer_reserve(c), grammar=c.grammar) if req.constrain
-                   else Semantics(Kind.SHORT, answer_reserve(c), free_phase="answer"))
+                   else Semantics(Kind.FREE, answer_reserve(c), free_phase="answer"))
             second = distribution(m2, tok, sem, req.temperature)
             for o2 in second.outcomes:
-                extracted = tok.decode_text(o2.tokens)
-                if not req.constrain:
-                    extracted = extracted.split("\n", 1)[0]
-                res = result(o2, text, extracted, o2.finish)
+                res = result(o2, text, tok.decode_text(o2.tokens), o2.finish)
                 res.error = (f"the extraction call ended with {o2.finish}"
                              if o2.finish in ("constraint-error", "length-incomplete") else None)
                 out.append((o1.p * o2.p, res, {"unresolved": first.unresolved + second.unresolved}))
@@ -209,6 +210,7 @@ def request_truth(backend: PlantedBackend, task: Task, p: Planned, config: RunCo
         scored.append(Scored(
             p=q, strict=float(rec.scores.get("strict", False)), lenient=float(rec.scores.get("lenient", False)),
             parse_ok=float(strict is not None and strict.status == "ok"), scored=rec.error is None,
+            format_ok=format_ok(strict) if strict is not None else 0.0,
             masked_mass=rec.masked_mass, t_star=extra.get("t_star"), text=res.text))
     return RequestTruth(p, scored, max(unresolved, 1.0 - total))  # nothing enumerated: nothing resolved
 
@@ -272,6 +274,7 @@ def population_truths(g: GridTruth, weights: dict[str, float] | None = None) -> 
         out[("accuracy", s, "acc_strict")] = mean(strict[s])
         out[("accuracy", s, "acc_lenient")] = mean(_item_means(g, s, "lenient"))
         out[("accuracy", s, "parse_rate_strict")] = mean(_item_means(g, s, "parse_ok"))
+        out[("accuracy", s, "parse_rate_format")] = mean(_item_means(g, s, "format_ok"))
     for a, b in [(a, b) for i, a in enumerate(sorted(g.strategies)) for b in sorted(g.strategies)[i + 1:]]:
         common = {k for k in strict[a] if not math.isnan(strict[a][k]) and not math.isnan(strict[b].get(k, math.nan))}
         out[("paired", a, b, "diff")] = mean(strict[a], common) - mean(strict[b], common)
@@ -280,8 +283,8 @@ def population_truths(g: GridTruth, weights: dict[str, float] | None = None) -> 
         spec = parse_strategy_spec(s)
         key = {("none", False): "none", ("fc", False): "fc", ("vc", False): "vc", ("vc", True): "vc_rc"}.get(
             (spec.level, spec.rc))
-        if key is not None:
-            bases.setdefault(spec.name, {}).setdefault(key, s)
+        if key is not None:  # one decomposition per strategy and answer form, as the report's
+            bases.setdefault(spec.family, {}).setdefault(key, s)
     for base, levels in bases.items():
         if len(levels) < 2:
             continue

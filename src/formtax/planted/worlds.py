@@ -89,33 +89,39 @@ _WORDS = ("Yamileth", "Dane", "Aron", "Dee", "Homoh", "Aniba", "Grewar", "Mordoc
 def letters_validity(n_items: int = 40, seed: int = 0, tokenizer: str = "smollm2", top: float = 0.7) -> World:
     """Paper 003 A.4.1's LastLetter cases, which only a validity constraint repairs: the model reads the right
     letters but answers ``H E N E`` (spaced capitals) or ``hen`` (the final letter dropped). Under VC the
-    ``{letters:4}`` slot masks the capital and space (the model's next choice is the lowercase letter) and masks
-    the early end (the model's next choice is the missing letter). Types (shares 0.4 / 0.2 / 0.2 / 0.2): ``ok``,
-    ``spaced``, ``dropped``, ``noline`` (the right letters in a sentence, no answer line: a format failure).
-    Made to go on after its end (InWriting's switch), the model repeats its own answer, with the canonical one as
-    its second choice. Planted: format gain 0.2, validity gain 0.4, strict accuracy none 0.4 / fc 0.6 / vc 1.0
-    under greedy decoding."""
+    ``{letters:4}`` slot masks the space after the first capital (the model's next choice is the rest unspaced,
+    ``HENE``, which the strict parser reads as ``hene``) and masks the early end (the model's next choice is the
+    missing letter). Types (shares 0.2 each): ``ok``, ``case`` (``HENE``: right at every level, since the strict
+    parser reads either case and VC admits what it scores as correct), ``spaced``, ``dropped``, ``noline`` (the
+    right letters in a sentence, no answer line: a format failure). Made to go on after its end (InWriting's
+    switch), the model repeats its own answer, with the canonical one as its second choice. Planted: format gain
+    0.2, validity gain 0.4, strict accuracy none 0.4 / fc 0.6 / vc 1.0 under greedy decoding."""
     rng = np.random.default_rng(seed)
-    types = ["ok", "spaced", "dropped", "noline"]
-    kinds = _kinds(types, (0.4, 0.2, 0.2, 0.2), n_items)
+    types = ["ok", "case", "spaced", "dropped", "noline"]
+    kinds = _kinds(types, (0.2, 0.2, 0.2, 0.2, 0.2), n_items)
     items = []
     for k, kind in enumerate(kinds):
         words = [str(w) for w in rng.choice(_WORDS, size=4, replace=False)]
         gold = "".join(w[-1] for w in words).lower()
+        upper = gold.upper()
         why = "The last letters are " + ", ".join(w[-1] for w in words) + "."
         right = f"The answer is: {gold}"
+        capitals = f"The answer is: {upper}"
         # each failure keeps the canonical answer as the model's (small) second choice at the point of failure
-        spaced = f"The answer is: {' '.join(gold.upper())}"
+        spaced = f"The answer is: {' '.join(upper)}"
         dropped = f"The answer is: {gold[:-1]}"
         conts: list[tuple[str, list[tuple[Any, float]]]] = [
             (f"{why}\n{right}", [(right, 1.0)]),
-            (f"{why}\n{spaced}", [(spaced, 0.95), (right, 0.05)]),  # made to go on, it repeats its answer
+            (f"{why}\n{capitals}", [(capitals, 1.0)]),
+            # segments fix the token boundaries: the unspaced rest follows the first capital as the second choice
+            (f"{why}\n{spaced}", [(["The answer is:", f" {upper[0]}", " " + " ".join(upper[1:])], 0.95),
+                                    (["The answer is:", f" {upper[0]}", upper[1:]], 0.05)]),
             # segments fix the token boundary, so the right answer extends the dropped one token by token
             (f"{why}\n{dropped}", [(["The answer is:", f" {gold[:-1]}"], 0.95),
                                      (["The answer is:", f" {gold[:-1]}", gold[-1]], 0.05)]),
             (f"{why} Together they spell {gold}.", [(right, 1.0)]),
         ]
-        ps = _probs(rng, types.index(kind), 4, top)
+        ps = _probs(rng, types.index(kind), len(types), top)
         items.append({"id": f"w{k:03d}", "question": f'Take the last letter of each word in "{" ".join(words)}" '
                       f"and concatenate them. (item {k})", "gold": gold,
                       "continuations": [_cont(t, p, af) for (t, af), p in zip(conts, ps, strict=True)],
@@ -298,6 +304,44 @@ def decog_format(n_items: int = 30, seed: int = 0, tokenizer: str = "smollm2", t
     })
 
 
+def json_answer_forms(n_items: int = 40, seed: int = 0, tokenizer: str = "smollm2") -> World:
+    """Paper 003's NL-to-Format in the JSON answer form: how the second call writes ``{"answer": <answer>}``.
+    Types (shares 0.2 each): ``compact`` (``{"answer": 36}``), ``pretty`` (``{\\n  "answer": 36\\n}``),
+    ``newline`` (the object after a line break), ``prefaced`` (``Answer: {"answer": 36}``; made to start with
+    the object, the model writes it compactly) and ``wrong`` (a compact object with a wrong number). Every object
+    shows the integer unquoted, as the prompt does.
+
+    The paper's rules: the unconstrained second call is only prompted and its whole output parsed (a JSON parser
+    reads the pretty, the compact and the newline-led object; the prefaced one is not the object the prompt asks
+    for); FC admits every answer the prompt admits (Assumption 1), so the unquoted number passes FC and the
+    prefix does not; VC admits the same integers here. Planted: strict accuracy none 0.6 / fc 0.8 / vc 0.8,
+    format gain 0.2, validity gain 0, under greedy decoding."""
+    rng = np.random.default_rng(seed)
+    types = ["compact", "pretty", "newline", "prefaced", "wrong"]
+    kinds = _kinds(types, (0.2, 0.2, 0.2, 0.2, 0.2), n_items)
+    items = []
+    for k, kind in enumerate(kinds):
+        a, b = int(rng.integers(10, 60)), int(rng.integers(10, 40))
+        g, w = a + b, a + b + int(rng.integers(1, 9))
+        compact = '{"answer": %d}' % g
+        written = {"compact": compact, "pretty": '{\n  "answer": %d\n}' % g, "newline": "\n" + compact,
+                   "prefaced": "Answer: " + compact, "wrong": '{"answer": %d}' % w}[kind]
+        conversion = [_cont(written, 0.9), _cont(compact, 0.1)] if kind == "prefaced" else [_cont(written, 1.0)]
+        items.append({"id": f"j{k:03d}", "question": f"What is {a} plus {b}? (item {k})", "gold": str(g),
+                      "continuations": [_cont(f"{a} plus {b} is {w if kind == 'wrong' else g}.", 1.0)],
+                      "contexts": [{"format": "conversion", "continuations": conversion}],
+                      "meta": {"type": kind}})
+    return parse_world({
+        "name": "json-answer-forms", "tokenizer": tokenizer, "items": items,
+        "description": (json_answer_forms.__doc__ or "").split("\n\n")[0],
+        "study": {"strategies": ["nl2format@none:json", "nl2format@fc:json", "nl2format@vc:json"], "max_tokens": 48,
+                  "planted": {"accuracy/nl2format@none:json/acc_strict": 0.6,
+                              "accuracy/nl2format@fc:json/acc_strict": 0.8,
+                              "decomposition/nl2format:json/format_gain": 0.2,
+                              "decomposition/nl2format:json/validity_gain": 0.0}},
+    })
+
+
 BUILTIN: dict[str, Callable[..., World]] = {
     "format-validity": format_validity,
     "letters-validity": letters_validity,
@@ -307,4 +351,5 @@ BUILTIN: dict[str, Callable[..., World]] = {
     "suffix-branch": suffix_branch,
     "missing": missing,
     "decog-format": decog_format,
+    "json-answer-forms": json_answer_forms,
 }

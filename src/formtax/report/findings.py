@@ -89,10 +89,11 @@ def findings_table(accuracy: pd.DataFrame, paired: pd.DataFrame, baseline: str |
         fmt = acc[acc["parse_rate_format"].notna()].sort_values(["parse_rate_format", "strategy"],
                                                                 ascending=[False, True], kind="stable")
         if len(fmt):
-            listed = ", ".join(f"{r.strategy} {_pct(r.parse_rate_format)}" for r in fmt.itertuples(index=False))
+            listed = ", ".join(_rate(str(r.strategy), r.parse_rate_format, r.parse_rate_format_low,
+                                     r.parse_rate_format_high) for r in fmt.itertuples(index=False))
             rows.append({"task": task, "finding": "parse_format",
-                         "sentence": "Format-level parse rate (the answer constraint's own acceptance, constrained "
-                                     f"strategies): {listed}."})
+                         "sentence": "Format-level parse rate (paper 003's: the requested shape, whatever the "
+                                     f"answer's spelling): {listed}."})
         by_acc = acc.sort_values(["acc_strict", "strategy"], ascending=[False, True], kind="stable")
         if len(by_acc):
             best, worst = by_acc.iloc[0], by_acc.iloc[-1]

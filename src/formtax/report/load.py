@@ -26,7 +26,7 @@ import pandas as pd
 from pydantic import ValidationError
 
 from formtax.errors import DataError
-from formtax.records.schema import SCHEMA_VERSION, Record
+from formtax.records.schema import SCHEMA_VERSION, ParseRecord, Record
 
 RECORDS_FILE = "records.jsonl"
 MANIFEST_FILE = "manifest.json"
@@ -56,6 +56,7 @@ BASE_COLUMNS = (
     "parse_status_lenient",
     "parse_ok_strict",
     "parse_ok_lenient",
+    "format_ok",
     "finish_reason",
     "masked_mass",
     "constraint_ok",
@@ -69,6 +70,17 @@ BASE_COLUMNS = (
     "record",  # the whole Record, for study analyses that need text, stats or parses
 )
 
+
+
+def format_ok(parse: ParseRecord | None) -> float:
+    """Paper 003's parse rate, per output: 1 when the output "can be parsed according to the specified format
+    schema", i.e. the strict parser found the requested shape (the answer line, the object) holding a non-empty
+    answer, whatever its spelling: ``The answer is: H E N E`` parses at the format level and is ``invalid``
+    for the strict parser, which also asks for the task's canonical spelling. Defined for every output,
+    constrained or not."""
+    if parse is None:
+        return math.nan
+    return 1.0 if parse.status == "ok" or (parse.status == "invalid" and bool(parse.raw)) else 0.0
 
 def records_path(run_dir: Path) -> Path:
     return Path(run_dir) / RECORDS_FILE
@@ -122,6 +134,8 @@ def _flatten(rec: Record, where: str, line: int) -> dict[str, Any]:
         if not rec.scored:
             row[f"score_{parser}"] = nan
             row[f"parse_ok_{parser}"] = nan
+            if parser == "strict":
+                row["format_ok"] = nan
             continue
         if parser not in rec.scores:
             raise DataError(f"{where}: scored record (no error) has no {parser!r} score; scores={rec.scores}")
@@ -132,6 +146,8 @@ def _flatten(rec: Record, where: str, line: int) -> dict[str, Any]:
             row[f"parse_ok_{parser}"] = nan
         else:
             row[f"parse_ok_{parser}"] = 1.0 if parse.status == "ok" else 0.0
+        if parser == "strict":
+            row["format_ok"] = format_ok(parse)
     tokens = rec.tokens
     for name in TOKEN_FIELDS:
         row[f"tokens_{name}"] = _number(tokens[name], f"tokens.{name}", where) if name in tokens else nan

@@ -26,11 +26,12 @@ DESCRIPTIONS: dict[str, str] = {
     ),
     "summary": (
         "Per task x strategy: strict accuracy with its 95% interval, the strict parse rate (the task's strict "
-        "parser), the format-level parse rate (the answer constraint's own acceptance, where one was enforced) "
-        "and mean generated tokens. Counts, lenient scores, timing: the detailed tables."
+        "parser: the requested shape with the answer in its canonical spelling), the format-level parse rate "
+        "(paper 003's: the requested shape, whatever the answer's spelling) and mean generated tokens. Counts, lenient scores, timing: the detailed tables."
     ),
     "accuracy": (
-        "Accuracy per task x strategy under the strict and lenient parsers, and the strict parse rate: "
+        "Accuracy per task x strategy under the strict and lenient parsers, the strict and the format-level parse "
+        "rates: "
         "the mean of the items x runs score matrix (run = seed x prompt variant) after dropping items "
         "with an unscored or absent entry (n_items_dropped)."
     ),

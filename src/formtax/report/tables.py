@@ -56,7 +56,8 @@ ACCURACY_COLUMNS = [
     "n_items_used", "n_items_dropped", "drop_reasons",
     "acc_strict", "acc_strict_low", "acc_strict_high",
     "acc_lenient", "acc_lenient_low", "acc_lenient_high",
-    "parse_rate_strict", "parse_rate_strict_low", "parse_rate_strict_high", "parse_rate_format",
+    "parse_rate_strict", "parse_rate_strict_low", "parse_rate_strict_high",
+    "parse_rate_format", "parse_rate_format_low", "parse_rate_format_high",
     "confidence", "interval_method", "resampling", "n_resamples",
 ]  # fmt: skip
 
@@ -149,12 +150,12 @@ def accuracy_table(
         items = [i for i in present if i in basis[task]]  # the task's one basis (task_basis)
         matrices = [
             score_matrix(cell, col, items, runs)
-            for col in ("score_strict", "score_lenient", "parse_ok_strict")
+            for col in ("score_strict", "score_lenient", "parse_ok_strict", "format_ok")
         ]
         if items:
-            (strict, lenient, parse_ok), n_dropped = complete_cases(*matrices)
+            (strict, lenient, parse_ok, format_ok), n_dropped = complete_cases(*matrices)
         else:
-            strict = lenient = parse_ok = np.zeros((0, len(runs)))
+            strict = lenient = parse_ok = format_ok = np.zeros((0, len(runs)))
             n_dropped = 0
         n_dropped += len(present) - len(items)  # unscored or missing here or in another strategy of the task
         n_scored = int(cell["scored"].sum())
@@ -175,13 +176,12 @@ def accuracy_table(
             ("acc_strict", strict),
             ("acc_lenient", lenient),
             ("parse_rate_strict", parse_ok),
+            ("parse_rate_format", format_ok),  # paper 003's parse rate: the format's shape (report/load.format_ok)
         ):
             row[name], row[f"{name}_low"], row[f"{name}_high"] = _interval(
                 matrix, n_resamples, seed, resampling
             )
-        judged = cell["constraint_ok"].dropna() if "constraint_ok" in cell.columns else pd.Series([], dtype=bool)
         row.update(
-            parse_rate_format=float(judged.astype(bool).mean()) if len(judged) else NAN,
             confidence=CONFIDENCE,
             interval_method=f"percentile-bootstrap; {BOUNDARY_METHOD}",
             resampling=Resampling(resampling).value,

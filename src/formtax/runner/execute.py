@@ -29,6 +29,7 @@ from formtax.strategies.decog import parse_fem_spec
 from formtax.strategies.options import options_model
 from formtax.tasks import OutputFormat, Task
 from formtax.tasks.base import ConstraintLevel
+from formtax.tasks.vocab import ANSWER_ALONE
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +82,8 @@ def make_record(task: Task, p: Planned, res: Result | None, prompt_text: str, ba
     # Parse what the strategy presents as its answer: the constrained part when there is one.
     text = res.answer_text if res.answer_text is not None else res.text
     fmt = OutputFormat(p.output_format)
+    if p.spec.strategy.answer_alone and res.answer_text is not None:
+        fmt = ANSWER_ALONE.get(fmt, fmt)  # the second call's whole output is the answer (paper 003)
     if isinstance(task, OwnParsing):
         parses = task.parse_output(text, p.item, fmt)
     else:

@@ -130,6 +130,9 @@ class Strategy(ABC):
     # the format its (first) prompt describes when that differs from what the answer is read in (nl2format:
     # free reasoning, the second call asking for the answer); None: output_format
     prompt_format: ClassVar[str | None] = None
+    # True: the answer the parsers read is the whole output of a call asked for the answer alone (NL-to-Format's
+    # second call), so it is parsed in the answer-only form of the output format (tasks.vocab.ANSWER_ALONE)
+    answer_alone: ClassVar[bool] = False
     # True: the task picks the output format (Task.fem_output_format: the FEM strategies, Deco-G's key phrase)
     task_output_format: ClassVar[bool] = False
     # the strategy's own settings (Request.options), declared once for the API, the CLI and the check

@@ -1,4 +1,9 @@
-"""NL-to-Format (docs/ALGORITHMS.md section 5; paper 003): free reasoning, then a constrained extraction call."""
+"""NL-to-Format (docs/ALGORITHMS.md section 5; paper 003): free reasoning, then a constrained extraction call.
+
+At level ``none`` the second call is only prompted, as in the paper: it runs to EOS (or its budget, the answer's
+reserve) and its whole output is the answer that the parsers read, so a pretty-printed ``{\n  "answer": 36\n}``
+or a leading newline is parsed as a JSON parser would (paper 003, Table 11's parse rates of 95.9-99.7%).
+"""
 
 from __future__ import annotations
 
@@ -53,6 +58,7 @@ class NL2Format(Strategy):
     name = "nl2format"
     summary = "call 1: free reasoning; call 2: a conversion prompt decoded with the answer constraint"
     prompt_format = "reasoning"  # call 1's prompt asks for reasoning only; call 2's asks for the answer
+    answer_alone = True  # paper 003 parses call 2's whole output: the answer line (or object) and nothing else
 
     def __init__(self, extractor: Backend | None = None) -> None:
         self.extractor = extractor
@@ -106,7 +112,7 @@ class NL2Format(Strategy):
                 constrained_policy(ext, r.constraint,
                                    closing_limit=request_reserve(ext, r) if r.closing else None)
                 if r.constrain
-                else FreePolicy(ext.tokenizer.eos_ids, ext.tokenizer.newline_ids, phase=Phase.ANSWER)
+                else FreePolicy(ext.tokenizer.eos_ids, phase=Phase.ANSWER)  # only prompted: runs to EOS
             )
             second_rows.append(RowRequest(ext.tokenizer.prompt_ids(prompt), policy, request_reserve(ext, r), r.seed))
         second = decoder(ext, second_rows, batch_sampling(requests),
@@ -114,9 +120,7 @@ class NL2Format(Strategy):
         wall = time.perf_counter() - t0
         results = []
         for r, o1, o2, text in zip(requests, first, second, reasonings, strict=True):
-            answer = ext.tokenizer.decode_text(o2.tokens)
-            if not r.constrain:
-                answer = answer.split("\n", 1)[0]
+            answer = ext.tokenizer.decode_text(o2.tokens)  # the whole output, constrained or not
             res = Result(
                 strategy=self.name,
                 model=backend.model_id,

@@ -115,6 +115,11 @@ class Task(ABC):
         answer line, e.g. a bare choice, override it). JSON strategies get the slot alone: it types the
         ``answer`` field."""
         slot = self.answer_slot(level, item)
+        if (level == "fc" and self.answer_kind is AnswerKind.INTEGER
+                and (output_format in JSON_ANSWER_FORMATS or output_format is OutputFormat.JSON)):
+            # the JSON prompts show an integer's <answer> unquoted (prompts.json_template): FC admits that form
+            # too, a JSON number, beside any text (paper 003's Assumption 1); VC keeps the valid integer
+            slot = "number-or:" + slot
         if output_format in JSON_ANSWER_FORMATS:
             return "answer-json:" + slot
         if output_format is OutputFormat.REASON_KEYPHRASE:

@@ -65,6 +65,8 @@ class OutputFormat(StrEnum):
 
 
 JSON_ANSWER_FORMATS = frozenset({OutputFormat.REASON_JSON, OutputFormat.ANSWER_JSON})
+ANSWER_ALONE = {OutputFormat.REASON_ANSWER: OutputFormat.ANSWER_ONLY, OutputFormat.REASON_JSON: OutputFormat.ANSWER_JSON}
+"""The answer-only form of a format: what a call asked for the answer alone must write (NL-to-Format's second)."""
 
 
 @dataclass(frozen=True)
