@@ -306,7 +306,9 @@ def decog_format(n_items: int = 30, seed: int = 0, tokenizer: str = "smollm2", t
 
 def json_answer_forms(n_items: int = 40, seed: int = 0, tokenizer: str = "smollm2") -> World:
     """Paper 003's NL-to-Format in the JSON answer form: how the second call writes ``{"answer": <answer>}``.
-    Types (shares 0.2 each): ``compact`` (``{"answer": 36}``), ``pretty`` (``{\\n  "answer": 36\\n}``),
+    Types (shares 0.2 each): ``compact`` (``{"answer": 36}``), ``pretty`` (``{\\n "answer": 36\\n}``, indent 1:
+    the answer object's grammar caps each whitespace run at a few tokens, ours, and a byte-level tokenizer spends a
+    token per space),
     ``newline`` (the object after a line break), ``prefaced`` (``Answer: {"answer": 36}``; made to start with
     the object, the model writes it compactly) and ``wrong`` (a compact object with a wrong number). Every object
     shows the integer unquoted, as the prompt does.
@@ -324,7 +326,7 @@ def json_answer_forms(n_items: int = 40, seed: int = 0, tokenizer: str = "smollm
         a, b = int(rng.integers(10, 60)), int(rng.integers(10, 40))
         g, w = a + b, a + b + int(rng.integers(1, 9))
         compact = '{"answer": %d}' % g
-        written = {"compact": compact, "pretty": '{\n  "answer": %d\n}' % g, "newline": "\n" + compact,
+        written = {"compact": compact, "pretty": '{\n "answer": %d\n}' % g, "newline": "\n" + compact,
                    "prefaced": "Answer: " + compact, "wrong": '{"answer": %d}' % w}[kind]
         conversion = [_cont(written, 0.9), _cont(compact, 0.1)] if kind == "prefaced" else [_cont(written, 1.0)]
         items.append({"id": f"j{k:03d}", "question": f"What is {a} plus {b}? (item {k})", "gold": str(g),

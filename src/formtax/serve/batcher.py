@@ -178,6 +178,10 @@ class Batcher:
 
         order: list[Prepared] = []
         t0 = time.perf_counter()
+        # the session's row count, kept current as rows are taken in (before any of them is answered, so a client
+        # that got its answer reads the count that includes its row)
+        slot = len(self.batches)
+        self.batches.append(0)
 
         def prepare(jobs: list[Job]) -> list[RowRequest]:
             rows = []
@@ -194,6 +198,7 @@ class Batcher:
                     continue
                 order.append(p)
                 rows.append(p.row)
+            self.batches[slot] = len(order)
             return rows
 
         def admit(n_live: int) -> list[RowRequest]:
@@ -208,6 +213,7 @@ class Batcher:
 
         rows = prepare([first, *self._pull(fits, self.max_batch - 1, self.window_s)])
         if not rows:
+            del self.batches[slot]  # nothing decoded (only this worker thread appends to the list)
             return
         try:
             decode(self.backend, rows, Sampling(*key), admit=admit, on_finish=on_finish)
@@ -216,8 +222,6 @@ class Batcher:
             for p in order:
                 if not p.job.future.done():
                     p.job.future.set_exception(e)
-        finally:
-            self.batches.append(len(order))
 
 
 @dataclass
