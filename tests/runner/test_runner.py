@@ -175,7 +175,8 @@ def test_sigkill_mid_run_then_rerun(tmp_path):
 
 
 def test_paper_prompt_plan_per_strategy(tmp_path):
-    """--prompt-variants paper: 3 x 3 for InWriting and NL-to-Format, 3 x 1 for JSON (paper 003 A.2)."""
+    """--prompt-variants paper: 3 x 3 for InWriting and NL-to-Format, 3 x 1 for JSON (paper 003 A.2), and
+    InWriting and NL-to-Format answer in the JSON form (the paper's target after section 5.2) unless :plain."""
     import collections
     import json as _json
 
@@ -183,19 +184,26 @@ def test_paper_prompt_plan_per_strategy(tmp_path):
     from formtax.runner import RunConfig, run
     from formtax.runner.config import paper_variants
 
-    cfg = RunConfig(task="arith", strategies=["json@vc", "inwriting@vc", "nl2format@vc"], backend="fake", limit=2,
-                    max_tokens=96, prompt_variants="paper")
+    cfg = RunConfig(task="arith", strategies=["json@vc", "inwriting@vc", "nl2format@vc", "nl2format@none:plain"],
+                    backend="fake", limit=2, max_tokens=96, prompt_variants="paper")
     run(cfg, tmp_path / "r")
     recs = [_json.loads(x) for x in (tmp_path / "r" / "records.jsonl").read_text().splitlines()]
     variants = collections.defaultdict(set)
+    formats = collections.defaultdict(set)
     for r in recs:
         variants[r["strategy"]].add(r["prompt_variant"])
+        formats[r["strategy"]].add(r["output_format"])
     assert variants["json@vc"] == {"t1f1", "t2f1", "t3f1"}
-    assert len(variants["inwriting@vc"]) == 9 and len(variants["nl2format@vc"]) == 9
+    assert len(variants["inwriting@vc:json"]) == 9 and len(variants["nl2format@vc:json"]) == 9
+    assert formats["inwriting@vc:json"] == formats["nl2format@vc:json"] == {"reason-json"}
+    assert formats["nl2format@none:plain"] == {"reason-answer"}
     assert paper_variants("aime", "inwriting") == [(1, 1), (1, 2), (1, 3)]
     with pytest.raises(ConfigError, match="paper 003 runs"):
         run(RunConfig(task="arith", strategies=["free"], backend="fake", limit=1, prompt_variants="paper"),
             tmp_path / "bad")
+    with pytest.raises(ConfigError, match="same strategy"):
+        run(RunConfig(task="arith", strategies=["inwriting", "inwriting:json"], backend="fake", limit=1,
+                      prompt_variants="paper"), tmp_path / "dup")
 
 
 def test_nl2format_extractor_model_writes_the_second_call(tmp_path):

@@ -40,7 +40,8 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--world", type=Path, default=None,
                    help="a planted world file: sets --backend planted and --task planted (calibration)")
     p.add_argument("--strategies", required=True,
-                   help="comma list of NAME[@none|fc|vc][+rc], e.g. free,constrained,json@fc,json@vc,inwriting+rc")
+                   help="comma list of NAME[@none|fc|vc][:json|:plain][+rc], e.g. "
+                        "free,constrained,json@fc,json@vc,inwriting:json,inwriting+rc")
     p.add_argument("--limit", type=int, default=None, help="items (the same fixed-seed sample for every strategy)")
     p.add_argument("--seeds", type=int, default=1, help="seeds per request (only matter when sampling)")
     p.add_argument("--seeding", choices=["request", "index"], default="request",
@@ -48,7 +49,8 @@ def _run_args(p: argparse.ArgumentParser) -> None:
                         "every item and strategy (formtax's older rule; common random numbers)")
     p.add_argument("--prompt-variants", default="t1f1",
                    help="'all' (3 task x 3 format), 'paper' (paper 003's plan: 3 x 3 for InWriting and NL-to-Format, "
-                        "3 x 1 for JSON, 1 x 3 on AIME) or e.g. t1f1,t2f3")
+                        "3 x 1 for JSON, 1 x 3 on AIME; InWriting and NL-to-Format answer in the JSON form unless "
+                        "a spec says :plain) or e.g. t1f1,t2f3")
     p.add_argument("--shots", type=int, default=0, help="few-shot examples from the task's train split")
     p.add_argument("--prompt-style", choices=["chat", "base"], default=None,
                    help="chat: instruction, format description and question as chat messages; base: a plain "

@@ -231,7 +231,7 @@ class GridTruth:
 
 def grid_truth(backend: PlantedBackend, task: Task, config: RunConfig) -> GridTruth:
     """The exact truth of every request ``formtax run`` would make for ``config`` (seeds collapse under greedy)."""
-    specs = [parse_strategy_spec(s) for s in config.strategies]
+    specs = config.strategy_specs(task)
     items = sample_items(task.load(None), config.limit, config.item_seed)
     planned = plan_grid(task, items, specs, lambda s: config.variants(s.name), [0], config.shots)  # truths do not depend on seeds
     truths = [request_truth(backend, task, p, config) for p in planned]

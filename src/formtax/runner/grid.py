@@ -4,8 +4,12 @@ A strategy spec is ``NAME[@LEVEL][:json][+rc]``: LEVEL is paper 003's constraint
 prompt and budget with no mask; ``fc``: format constraint, the answer any string; ``vc``: validity constraint, the
 typed answer space; the default for constrained strategies), ``:json`` is paper 003's JSON answer form of
 InWriting and NL-to-Format (the answer as the object ``{"answer": ...}`` instead of the answer line, A.2),
-``+rc`` adds the reasoning constraint (a forced "Let's think step by step." prefix). ``free`` and ``short`` are
-always unconstrained.
+``:plain`` asks for the answer line explicitly, ``+rc`` adds the reasoning constraint (a forced "Let's think step
+by step." prefix). ``free`` and ``short`` are always unconstrained.
+
+Under ``--prompt-variants paper`` InWriting and NL-to-Format take the JSON answer form unless ``:plain`` says
+otherwise (:func:`paper_answer_form`): paper 003 uses JSON as the target format for every experiment after its
+section 5.2 (A.2.2's expected format), and compares the plain answer line only in its Table 2.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import hashlib
 import json
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from formtax.constraints.parse import parse_spec
@@ -33,6 +37,7 @@ from formtax.tasks import (
 RC_PREFIX = "Let's think step by step."
 LEVELS = ("none", "fc", "vc")
 JSON_FORM = ":json"
+PLAIN_FORM = ":plain"  # the answer line, said explicitly (under --prompt-variants paper the default is :json)
 JSON_FORM_STRATEGIES = ("inwriting", "nl2format")  # paper 003 A.2: the strategies with a JSON answer form
 
 
@@ -43,6 +48,7 @@ class StrategySpec:
     level: str
     rc: bool
     json_answer: bool = False  # paper 003's JSON answer form (``:json``)
+    plain_answer: bool = False  # ``:plain``: the answer line, whatever the prompt plan's default
 
     @property
     def strategy(self) -> Strategy:
@@ -75,13 +81,14 @@ def parse_strategy_spec(spec: str) -> StrategySpec:
     rc = s.endswith("+rc")
     if rc:
         s = s[: -len("+rc")]
-    json_answer = s.endswith(JSON_FORM)
-    if json_answer:
-        s = s[: -len(JSON_FORM)]
+    json_answer, plain_answer = s.endswith(JSON_FORM), s.endswith(PLAIN_FORM)
+    if json_answer or plain_answer:
+        s = s[: -len(JSON_FORM if json_answer else PLAIN_FORM)]
     name, _, level = s.partition("@")
     strat = get_strategy(name)  # unknown names list the known ones
-    if json_answer and name not in JSON_FORM_STRATEGIES:
-        raise ConfigError(f"the JSON answer form {JSON_FORM!r} applies to {', '.join(JSON_FORM_STRATEGIES)}, "
+    if (json_answer or plain_answer) and name not in JSON_FORM_STRATEGIES:
+        form = JSON_FORM if json_answer else PLAIN_FORM
+        raise ConfigError(f"the answer form {form!r} applies to {', '.join(JSON_FORM_STRATEGIES)}, "
                           f"not {name!r} (in {spec!r})")
     if not strat.requires_constraint:
         if level and level != "none":
@@ -90,7 +97,18 @@ def parse_strategy_spec(spec: str) -> StrategySpec:
     level = level or "vc"
     if level not in LEVELS:
         raise ConfigError(f"unknown constraint level {level!r} in {spec!r}; use one of {', '.join(LEVELS)}")
-    return StrategySpec(spec=spec.strip(), name=name, level=level, rc=rc, json_answer=json_answer)
+    return StrategySpec(spec=spec.strip(), name=name, level=level, rc=rc, json_answer=json_answer,
+                        plain_answer=plain_answer)
+
+
+def paper_answer_form(s: StrategySpec, task: Task) -> StrategySpec:
+    """``s`` under paper 003's prompt plan: InWriting and NL-to-Format answer in the JSON form (the paper's target
+    format after section 5.2), unless the spec says ``:plain`` or the task has its own answer format. The spec
+    is rewritten (``inwriting@fc`` -> ``inwriting@fc:json``) so records name the form they ran."""
+    if s.name not in JSON_FORM_STRATEGIES or s.json_answer or s.plain_answer or not task.has_json_answer_form:
+        return s
+    head = s.spec[: -len("+rc")] if s.rc else s.spec
+    return replace(s, spec=head + JSON_FORM + ("+rc" if s.rc else ""), json_answer=True)
 
 
 def answer_spec(task: Task, item: Item, s: StrategySpec) -> str:

@@ -1,8 +1,10 @@
 """LastLetter (4 names) and LastLetter-Extended (8 names): concatenate the last letters of the names.
 
-Following paper 003 A.3.3, names come from the PyPI package ``names-dataset`` (an optional dependency: the
-``lastletter`` extra) and compound names are excluded. The paper samples from the whole dataset; we instead use
-a stable, sorted pool — the 1000 most common male and 1000 most common female first names of the US and of the
+The original task (4 names) is Last Letter Concatenation from Wei et al. (2022, chain-of-thought prompting; also
+used by Kojima et al. 2022), which paper 003 cites in its section 4.1; the 8-name Extended variant is paper
+003's own (A.3.3). For both, following A.3.3, names come from the PyPI package ``names-dataset`` (an optional
+dependency: the ``lastletter`` extra) and compound names are excluded. The paper samples from the whole
+dataset; we instead use a stable, sorted pool — the 1000 most common male and 1000 most common female first names of the US and of the
 UK (``get_top_names``) — so items do not hinge on rare, noisy entries and the pool is identical wherever the
 same ``names-dataset`` version is installed. A name is kept only if it is a single ASCII word of 2+ letters
 (``[A-Z][a-z]+``), which drops compound names (space, hyphen, apostrophe), non-ASCII names and initials.
