@@ -21,7 +21,7 @@ from formtax.report import write_report
 from formtax.report.combine import write_pooled
 from formtax.report.verify import verify_report
 from formtax.runner.config import RunConfig
-from formtax.runner.grid import parse_strategy_spec
+from formtax.runner.grid import AnswerForm, parse_strategy_spec
 from formtax.runner.run import run
 from formtax.tasks import Item, OutputFormat, get_task
 
@@ -103,9 +103,27 @@ def test_the_json_form_spec():
     s = parse_strategy_spec("inwriting@vc:json+rc")
     assert (s.name, s.level, s.rc, s.json_answer, s.family) == ("inwriting", "vc", True, True, "inwriting:json")
     assert s.output_format(get_task("lastletter")) is OutputFormat.REASON_JSON
-    for bad in ("json@vc:json", "free:json", "constrained:json"):
-        with pytest.raises(ConfigError, match="JSON answer form"):
+    for bad in ("json@vc:json", "free:json", "constrained:json", "inwriting:keyphrase", "json:plain", "decog:plain"):
+        with pytest.raises(ConfigError, match="answer form"):
             parse_strategy_spec(bad)
+    plain = parse_strategy_spec("nl2format@none:plain")
+    assert (plain.name, plain.level, plain.json_answer, plain.family) == ("nl2format", "none", False, "nl2format")
+    key = parse_strategy_spec("constrained@fc+rc").with_form(AnswerForm.KEYPHRASE)
+    assert key.spec == "constrained@fc:keyphrase+rc" and parse_strategy_spec(key.spec) == key
+    assert key.output_format(get_task("gsm8k")) is OutputFormat.REASON_KEYPHRASE
+
+
+def test_the_paper_plan_compares_the_explicit_plain_form_with_the_json_one(tmp_path):
+    """--prompt-variants paper: the JSON form by default, its Table 2 twin written :plain; the answer-form table
+    pairs them and verify accepts the rewritten specs."""
+    out = tmp_path / "p"
+    run(RunConfig(task="lastletter", strategies=["nl2format@vc", "nl2format@vc:plain"], backend="fake", limit=3,
+                  max_tokens=96, prompt_variants="paper"), out)
+    assert {r.strategy for r in read_records(out / "records.jsonl")} == {"nl2format@vc:json", "nl2format@vc:plain"}
+    write_report(out, n_resamples=100)
+    assert verify_report(out) == []
+    table = (out / "tables" / "answer_forms.csv").read_text().splitlines()
+    assert len(table) == 2 and "nl2format@vc:plain" in table[1]
 
 
 def test_a_grid_with_both_answer_forms_runs_reports_and_verifies(tmp_path):

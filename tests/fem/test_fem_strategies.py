@@ -191,8 +191,8 @@ def test_gsm8k_decodes_deco_gs_key_phrase_anywhere_by_default(tmp_path, fems, da
     from formtax.parsing import parse_all
     from formtax.tasks import OutputFormat, get_task
 
-    cfg = RunConfig(task="gsm8k", strategies=["decog", "free"], backend="fake", limit=2, max_tokens=48,
-                    fem=fems["decog"], data_dir=str(data_dir))
+    cfg = RunConfig(task="gsm8k", strategies=["decog", "free", "constrained", "free:plain"], backend="fake", limit=2,
+                    max_tokens=48, fem=fems["decog"], data_dir=str(data_dir))
     assert run(cfg, tmp_path / "a").errors == 0
     recs = [r for r in read_records(tmp_path / "a" / "records.jsonl") if r.strategy == "decog"]
     assert recs and all(r.output_format == "reason-keyphrase" for r in recs)
@@ -201,8 +201,21 @@ def test_gsm8k_decodes_deco_gs_key_phrase_anywhere_by_default(tmp_path, fems, da
         assert "The final answer is <answer>" in r.prompt
         assert r.constraint_ok and r.parses["strict"].status == "ok", r.text
         assert parse_spec(r.answer_spec).validate(r.answer_text).ok
-    free = [r for r in read_records(tmp_path / "a" / "records.jsonl") if r.strategy == "free"]
-    assert free and all(r.output_format == "reason-answer" for r in free)  # the other strategies keep theirs
+    # paper 001 prompts its natural-language baselines for the same phrase (section 4.1): one prompt for all
+    by_strategy = {s: [r for r in read_records(tmp_path / "a" / "records.jsonl") if r.strategy == s]
+                   for s in ("free:keyphrase", "constrained:keyphrase", "free:plain")}
+    for s in ("free:keyphrase", "constrained:keyphrase"):
+        got = by_strategy[s]
+        assert len(got) == 2 and all(r.output_format == "reason-keyphrase" for r in got), s
+        assert {r.prompt for r in got} == {r.prompt for r in recs}  # byte-identical to Deco-G's prompts
+    constrained = by_strategy["constrained:keyphrase"]
+    assert all(r.answer_spec == "The final answer is {int:0..}" and r.constraint_ok for r in constrained)
+    assert all(r.text.startswith("The final answer is ") and r.parses["strict"].status == "ok" for r in constrained)
+    assert all(r.output_format == "reason-answer" for r in by_strategy["free:plain"])  # :plain keeps the line
+    alone = RunConfig(task="gsm8k", strategies=["free"], backend="fake", limit=1, max_tokens=16,
+                      data_dir=str(data_dir))
+    assert run(alone, tmp_path / "alone").errors == 0  # without a FEM strategy free keeps its answer line
+    assert [r.output_format for r in read_records(tmp_path / "alone" / "records.jsonl")] == ["reason-answer"]
     write_report(tmp_path / "a", n_resamples=50)
     assert verify_report(tmp_path / "a") == []
     cost = pd.read_csv(tmp_path / "a" / "tables" / "fem_cost.csv")

@@ -12,6 +12,7 @@ from scipy import stats
 from formtax.backends.fake import FakeBackend
 from formtax.fem.artifact import save_fem
 from formtax.records.schema import ParseRecord, Record
+from formtax.records.store import read_records
 from formtax.report import verify_report, write_report
 from formtax.runner import RunConfig, run
 from formtax.runner.distill import DistillConfig, build_fem, task_only_messages
@@ -112,3 +113,43 @@ def test_g_evals_article_rule_on_the_issue_toy_case() -> None:
     df = pd.DataFrame({"task": [r.task for r in recs], "strategy": [r.strategy for r in recs], "record": recs})
     row = judge_table(df).set_index("aspect").loc["fluency"]
     assert row["spearman"] == pytest.approx(1.0) and row["spearman_const0"] == pytest.approx(0.5)
+
+
+def test_summeval_deco_g_places_the_rating_phrase_anywhere(tmp_path, data_dir) -> None:
+    """Paper 001 section 4.3: Deco-G integrates "The rating is <score>" anywhere (the baselines append it at the
+    end). The FEM strategies' prompt asks for the sentence somewhere, the FEM is placed anywhere, the last phrase
+    is read; free and constrained beside them share that prompt (issue 37, point 7)."""
+    from formtax.parsing import parse_all
+
+    task = get_task("summeval")
+    item = task.load(data_dir)[0]
+    assert task.fem_output_format is OutputFormat.REASON_KEYPHRASE
+    assert task.answer_spec("vc", item, OutputFormat.REASON_KEYPHRASE) == "The rating is {int:1..5}"
+    for variant in (1, 2, 3):
+        msg = task.messages(item, OutputFormat.REASON_KEYPHRASE, 1, variant, [])[0]["content"]
+        assert "The rating is" in msg and "last line" not in msg and "nothing" not in msg.lower()
+    got = parse_all("The rating is 4 because it is clear. Some more words.", task, item,
+                    OutputFormat.REASON_KEYPHRASE)
+    assert (got["strict"].status, got["strict"].value) == ("ok", "4")
+
+    backend = FakeBackend()
+    hmm, meta = build_fem(backend, DistillConfig(task="summeval", states=6, samples=3, max_tokens=16, em_iters=1,
+                                                 data_dir=str(data_dir)))
+    fem = save_fem(tmp_path / "fem.npz", hmm, meta)
+    cfg = RunConfig(task="summeval", strategies=["decog", "free", "free:plain"], backend="fake", limit=4,
+                    max_tokens=48, fem=str(fem), data_dir=str(data_dir))
+    assert run(cfg, tmp_path / "run").errors == 0
+    recs = read_records(tmp_path / "run" / "records.jsonl")
+    decog = [r for r in recs if r.strategy == "decog"]
+    assert decog and all(r.output_format == "reason-keyphrase" and r.stats["fem_placement"] == "anywhere"
+                         for r in decog)
+    assert all(strict_rating(r) is not None for r in decog)  # every output holds a rating phrase somewhere
+    free = [r for r in recs if r.strategy == "free:keyphrase"]
+    assert {r.prompt for r in free} == {r.prompt for r in decog}
+    assert all(r.output_format == "reason-answer" for r in recs if r.strategy == "free:plain")
+    # the judge's strict reader takes the phrase anywhere in a key-phrase record, only the last line otherwise
+    mid = _rec("A0-S0-fluency", 3, "The rating is 4, since it reads well.\nMore.", fmt="reason-keyphrase")
+    parsed = parse_all(mid.text, task, item, OutputFormat.REASON_KEYPHRASE)["strict"]
+    mid.parses["strict"] = ParseRecord(status=parsed.status, value=parsed.value)
+    assert strict_rating(mid) == 4
+    assert strict_rating(_rec("A0-S0-fluency", 3, "The rating is 4, since it reads well.\nMore.")) is None

@@ -127,3 +127,18 @@ def test_decomposition_gains_carry_their_std_over_runs(tmp_path: Path) -> None:
     assert row["total_gain"] == pytest.approx(per_run.mean(), abs=1e-6)
     assert row["total_gain_std"] == pytest.approx(float(np.std(per_run, ddof=1)), abs=1e-6)
     assert verify_report(out) == []
+
+
+def test_the_baseline_is_found_under_the_form_a_prompt_plan_gave_it() -> None:
+    """``free`` listed beside decog runs as ``free:keyphrase`` (one prompt for Deco-G's comparison): the default
+    baseline and ``--baseline free`` both find it; an absent strategy is still refused."""
+    from formtax.errors import ConfigError
+    from formtax.report.findings import resolve_baseline
+
+    df = pd.DataFrame({"strategy": ["decog", "free:keyphrase", "free:plain"]})
+    manifest = {"config": {"strategies": ["free", "decog", "free:plain"]}}
+    assert resolve_baseline(df, None, manifest) == "free:keyphrase"
+    assert resolve_baseline(df, "free", manifest) == "free:keyphrase"
+    assert resolve_baseline(df, "free:plain", manifest) == "free:plain"
+    with pytest.raises(ConfigError, match="not a strategy"):
+        resolve_baseline(df, "constrained", manifest)

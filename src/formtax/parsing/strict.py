@@ -7,7 +7,8 @@
   ``answer``. Whitespace inside the JSON is fine; a Markdown code fence or any text around the object is not
   (paper 003 A.4.3 counts both as failures, since a schema-constrained decoder could never produce them).
   The answer may be a JSON string or number.
-- REASON_KEYPHRASE (Deco-G's GSM8K format): the last ``The final answer is `` anywhere in the text, followed
+- REASON_KEYPHRASE (Deco-G's format): the last key phrase (:attr:`Task.key_phrase`: ``The final answer is `` on
+  GSM8K, ``The rating is `` on SummEval) anywhere in the text, followed
   by the answer: the run of non-space characters after it, less one trailing period or comma (ours: the
   phrase's answers are single words, numbers here, and a sentence may go on after them).
 - REASON_JSON / ANSWER_JSON (paper 003's JSON answer form): the output must end with the object
@@ -27,7 +28,7 @@ import json
 from formtax.constraints.jsontail import trailing_json_object
 from formtax.parsing.common import from_json_answer, from_raw, strip_trailing_period
 from formtax.parsing.result import NO_ANSWER, ParseResult
-from formtax.tasks.base import ANSWER_PREFIX, KEY_PHRASE, Item, OutputFormat, Task
+from formtax.tasks.base import ANSWER_PREFIX, Item, OutputFormat, Task
 
 
 def _answer_line(line: str, task: Task) -> ParseResult:
@@ -40,10 +41,10 @@ def _answer_line(line: str, task: Task) -> ParseResult:
 
 
 def _key_phrase(text: str, task: Task) -> ParseResult:
-    at = text.rfind(KEY_PHRASE)
+    at = text.rfind(task.key_phrase)
     if at < 0:
         return NO_ANSWER
-    word = text[at + len(KEY_PHRASE):].split(maxsplit=1)
+    word = text[at + len(task.key_phrase):].split(maxsplit=1)
     raw = word[0].removesuffix(",") if word else ""
     raw = strip_trailing_period(raw) if raw.endswith(".") else raw
     if not raw:

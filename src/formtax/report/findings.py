@@ -57,19 +57,27 @@ def baseline_rows(paired: pd.DataFrame, task: str, baseline: str) -> pd.DataFram
 
 
 def resolve_baseline(df: pd.DataFrame, wanted: str | None, manifest: dict[str, Any] | None) -> str | None:
-    """The baseline strategy: ``wanted`` when given (it must be a strategy of the run), else the run's first
-    strategy (its ``--strategies`` order), else the first strategy in the records."""
+    """The baseline strategy: ``wanted`` when given (it must be a strategy of the run, as recorded or as
+    ``--strategies`` spelled it), else the run's first strategy (its ``--strategies`` order), else the first
+    strategy in the records."""
     from formtax.errors import ConfigError
+    from formtax.runner.grid import as_listed
 
     present = [str(s) for s in dict.fromkeys(df["strategy"].astype(str))] if "strategy" in df.columns else []
+
+    def recorded(name: str) -> str | None:  # a prompt plan may have given the listed spec a form
+        return name if name in present else next((p for p in present if as_listed(p) == name), None)
+
     if wanted is not None:
-        if wanted not in present:
+        found = recorded(wanted)
+        if found is None:
             raise ConfigError(f"--baseline {wanted!r} is not a strategy of this run ({', '.join(present)})")
-        return wanted
+        return found
     listed = ((manifest or {}).get("config") or {}).get("strategies") or []
     for s in listed:
-        if str(s).strip() in present:
-            return str(s).strip()
+        found = recorded(str(s).strip())
+        if found is not None:
+            return found
     return present[0] if present else None
 
 

@@ -26,9 +26,14 @@ COLUMNS = [
 ]  # fmt: skip
 
 
-def line_form(strategy: str) -> str:
-    """The spec of a JSON-form strategy's answer-line twin (``inwriting@vc:json+rc`` -> ``inwriting@vc+rc``)."""
-    return strategy.replace(JSON_FORM, "", 1)
+PLAIN_FORM = ":plain"
+
+
+def line_form(strategy: str, present: set[str] | None = None) -> str:
+    """The spec of a JSON-form strategy's answer-line twin (``inwriting@vc:json+rc`` -> ``inwriting@vc+rc``, or
+    ``inwriting@vc:plain+rc`` where that is the one ``present``: the explicit form of ``--prompt-variants paper``)."""
+    bare, plain = strategy.replace(JSON_FORM, "", 1), strategy.replace(JSON_FORM, PLAIN_FORM, 1)
+    return plain if present is not None and bare not in present and plain in present else bare
 
 
 def answer_form_table(df: pd.DataFrame, n_resamples: int, seed: int) -> pd.DataFrame | None:
@@ -38,14 +43,14 @@ def answer_form_table(df: pd.DataFrame, n_resamples: int, seed: int) -> pd.DataF
     for task, group in df.groupby("task", sort=True):
         present = set(group["strategy"].astype(str))
         for strategy in sorted(present):
-            if JSON_FORM not in strategy or line_form(strategy) not in present:
+            line = line_form(strategy, present)
+            if JSON_FORM not in strategy or line not in present:
                 continue
             first = group[group["strategy"] == strategy].iloc[0]
-            paired = _paired_row(str(task), strategy, line_form(strategy), group, n_resamples, seed,
-                                 DEFAULT_RESAMPLING)
+            paired = _paired_row(str(task), strategy, line, group, n_resamples, seed, DEFAULT_RESAMPLING)
             rows.append({
                 "task": task, "base_strategy": str(first["base_strategy"]).removesuffix(JSON_FORM),
-                "level": first["level"], "rc": bool(first["rc"]), "strategy_line": line_form(strategy),
+                "level": first["level"], "rc": bool(first["rc"]), "strategy_line": line,
                 "strategy_json": strategy, "n_items": paired["n_items"], "n_runs": paired["n_runs"],
                 "n_items_dropped": paired["n_items_dropped"], "drop_reasons": paired["drop_reasons"],
                 "acc_line": paired["acc_b"], "acc_json": paired["acc_a"], "diff": paired["diff"],

@@ -22,6 +22,7 @@ from formtax.report.analyses import table_keys
 from formtax.report.load import load_records, records_path, sha256_of
 from formtax.report.tables import compute_tables
 from formtax.report.write import META_FILE, TABLES_DIR, read_manifest, table_to_csv
+from formtax.runner.grid import as_listed
 from formtax.stats import DEFAULT_RESAMPLING, Resampling
 
 TOLERANCE = 1e-9
@@ -153,7 +154,7 @@ def check_manifest(run_dir: Path) -> list[str]:
             problems.append(f"{where}: item {rec.item_id!r} is not among the manifest's items")
         if seeds and rec.seed not in seeds:
             problems.append(f"{where}: seed {rec.seed} is not among the manifest's seeds")
-        if strategies and rec.strategy not in strategies:
+        if strategies and rec.strategy not in strategies and as_listed(rec.strategy) not in strategies:
             problems.append(f"{where}: strategy {rec.strategy!r} is not in the manifest's grid")
     return problems
 

@@ -12,7 +12,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from formtax.errors import ConfigError
 from formtax.parsing import ParseResult
-from formtax.runner.grid import StrategySpec, paper_answer_form, parse_strategy_spec
+from formtax.runner.grid import StrategySpec, deco_g_baselines, paper_answer_form, parse_strategy_spec
 from formtax.tasks import Item, OutputFormat, PromptStyle, Task, parse_variant_id
 
 # Options that change how fast a run goes, not what it computes: they may differ between resumptions.
@@ -106,12 +106,14 @@ class RunConfig:
         return d
 
     def strategy_specs(self, task: Task) -> list[StrategySpec]:
-        """The parsed strategies as they run on ``task``: under ``--prompt-variants paper`` InWriting and
-        NL-to-Format take paper 003's JSON answer form unless a spec says ``:plain`` (grid.paper_answer_form)."""
+        """The parsed strategies as they run on ``task``, each spec without a named form in its plan's: under
+        ``--prompt-variants paper`` InWriting and NL-to-Format take paper 003's JSON answer form
+        (grid.paper_answer_form); beside a FEM strategy, free and constrained take the task's key phrase
+        (grid.deco_g_baselines). ``:plain`` keeps the answer line."""
         specs = [parse_strategy_spec(s) for s in self.strategies]
         if self.prompt_variants == "paper":
             specs = [paper_answer_form(s, task) for s in specs]
-        return specs
+        return deco_g_baselines(specs, task)
 
     def variants(self, strategy: str | None = None) -> list[tuple[int, int]]:
         """The (task variant, format variant) pairs of ``strategy`` (a base strategy name; None: any)."""

@@ -4,12 +4,18 @@ A strategy spec is ``NAME[@LEVEL][:json][+rc]``: LEVEL is paper 003's constraint
 prompt and budget with no mask; ``fc``: format constraint, the answer any string; ``vc``: validity constraint, the
 typed answer space; the default for constrained strategies), ``:json`` is paper 003's JSON answer form of
 InWriting and NL-to-Format (the answer as the object ``{"answer": ...}`` instead of the answer line, A.2),
-``:plain`` asks for the answer line explicitly, ``+rc`` adds the reasoning constraint (a forced "Let's think step
-by step." prefix). ``free`` and ``short`` are always unconstrained.
+``:keyphrase`` is Deco-G's format for ``free`` and ``constrained`` (the task's key phrase, e.g. "The final answer
+is <answer>" on GSM8K, placed anywhere), ``:plain`` asks for the answer line explicitly, ``+rc`` adds the reasoning
+constraint (a forced "Let's think step by step." prefix). ``free`` and ``short`` are always unconstrained.
 
-Under ``--prompt-variants paper`` InWriting and NL-to-Format take the JSON answer form unless ``:plain`` says
-otherwise (:func:`paper_answer_form`): paper 003 uses JSON as the target format for every experiment after its
-section 5.2 (A.2.2's expected format), and compares the plain answer line only in its Table 2.
+Two prompt plans pick a form where a spec names none (:meth:`RunConfig.strategy_specs`):
+
+* under ``--prompt-variants paper`` InWriting and NL-to-Format take the JSON answer form
+  (:func:`paper_answer_form`): paper 003 uses JSON as the target format for every experiment after its section
+  5.2 (A.2.2's expected format), and compares the plain answer line only in its Table 2;
+* in a grid with a FEM strategy (decog, ctrlg) on a task whose FEM format is a key phrase, ``free`` and
+  ``constrained`` take that key phrase (:func:`deco_g_baselines`): paper 001 prompts every natural-language
+  method for "The final answer is ..." (section 4.1), so a study of Deco-G compares on one prompt.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import json
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from typing import Any
 
 from formtax.constraints.parse import parse_spec
@@ -36,9 +43,25 @@ from formtax.tasks import (
 
 RC_PREFIX = "Let's think step by step."
 LEVELS = ("none", "fc", "vc")
-JSON_FORM = ":json"
-PLAIN_FORM = ":plain"  # the answer line, said explicitly (under --prompt-variants paper the default is :json)
 JSON_FORM_STRATEGIES = ("inwriting", "nl2format")  # paper 003 A.2: the strategies with a JSON answer form
+NL_BASELINES = ("free", "constrained")  # paper 001's Prompt-Only (NL) and Structured generation (NL)
+
+
+class AnswerForm(StrEnum):
+    """A spec's answer form (``NAME:FORM``); a spec without one takes its strategy's format or the plan's."""
+
+    JSON = "json"  # paper 003's one-field object after free reasoning
+    PLAIN = "plain"  # the answer line, said explicitly (a plan's default would otherwise apply)
+    KEYPHRASE = "keyphrase"  # the task's FEM key phrase (Deco-G's), placed anywhere
+
+    @property
+    def suffix(self) -> str:
+        return ":" + self.value
+
+
+FORM_STRATEGIES = {AnswerForm.JSON: JSON_FORM_STRATEGIES, AnswerForm.PLAIN: JSON_FORM_STRATEGIES + NL_BASELINES,
+                   AnswerForm.KEYPHRASE: NL_BASELINES}
+JSON_FORM = AnswerForm.JSON.suffix
 
 
 @dataclass(frozen=True)
@@ -47,8 +70,12 @@ class StrategySpec:
     name: str
     level: str
     rc: bool
-    json_answer: bool = False  # paper 003's JSON answer form (``:json``)
-    plain_answer: bool = False  # ``:plain``: the answer line, whatever the prompt plan's default
+    form: AnswerForm | None = None
+
+    @property
+    def json_answer(self) -> bool:
+        """Paper 003's JSON answer form (``:json``)."""
+        return self.form is AnswerForm.JSON
 
     @property
     def strategy(self) -> Strategy:
@@ -56,10 +83,10 @@ class StrategySpec:
 
     def output_format(self, task: Task) -> OutputFormat:
         """The output format the prompt asks for: the strategy's, the JSON answer form's, or for the FEM strategies
-        the task's (:attr:`Task.fem_output_format`: Deco-G's key phrase on GSM8K)."""
+        and the key-phrase form the task's (:attr:`Task.fem_output_format`: Deco-G's key phrase on GSM8K)."""
         if self.json_answer:
             return OutputFormat.REASON_JSON
-        if self.strategy.task_output_format:
+        if self.strategy.task_output_format or self.form is AnswerForm.KEYPHRASE:
             return task.fem_output_format
         return OutputFormat(self.strategy.output_format)
 
@@ -73,7 +100,13 @@ class StrategySpec:
     def family(self) -> str:
         """The strategy with its answer form (``inwriting``, ``inwriting:json``): the records' ``base_strategy``,
         so a decomposition compares the levels of one form."""
-        return self.name + (JSON_FORM if self.json_answer else "")
+        return self.name + (self.form.suffix if self.form in (AnswerForm.JSON, AnswerForm.KEYPHRASE) else "")
+
+    def with_form(self, form: AnswerForm) -> StrategySpec:
+        """This spec in ``form``, its text rewritten (``inwriting@fc+rc`` -> ``inwriting@fc:json+rc``) so records
+        name the form they ran and the text parses back to the same spec."""
+        head = self.spec[: -len("+rc")] if self.rc else self.spec
+        return replace(self, spec=head + form.suffix + ("+rc" if self.rc else ""), form=form)
 
 
 def parse_strategy_spec(spec: str) -> StrategySpec:
@@ -81,14 +114,13 @@ def parse_strategy_spec(spec: str) -> StrategySpec:
     rc = s.endswith("+rc")
     if rc:
         s = s[: -len("+rc")]
-    json_answer, plain_answer = s.endswith(JSON_FORM), s.endswith(PLAIN_FORM)
-    if json_answer or plain_answer:
-        s = s[: -len(JSON_FORM if json_answer else PLAIN_FORM)]
+    form = next((f for f in AnswerForm if s.endswith(f.suffix)), None)
+    if form is not None:
+        s = s[: -len(form.suffix)]
     name, _, level = s.partition("@")
     strat = get_strategy(name)  # unknown names list the known ones
-    if (json_answer or plain_answer) and name not in JSON_FORM_STRATEGIES:
-        form = JSON_FORM if json_answer else PLAIN_FORM
-        raise ConfigError(f"the answer form {form!r} applies to {', '.join(JSON_FORM_STRATEGIES)}, "
+    if form is not None and name not in FORM_STRATEGIES[form]:
+        raise ConfigError(f"the answer form {form.suffix!r} applies to {', '.join(FORM_STRATEGIES[form])}, "
                           f"not {name!r} (in {spec!r})")
     if not strat.requires_constraint:
         if level and level != "none":
@@ -97,18 +129,35 @@ def parse_strategy_spec(spec: str) -> StrategySpec:
     level = level or "vc"
     if level not in LEVELS:
         raise ConfigError(f"unknown constraint level {level!r} in {spec!r}; use one of {', '.join(LEVELS)}")
-    return StrategySpec(spec=spec.strip(), name=name, level=level, rc=rc, json_answer=json_answer,
-                        plain_answer=plain_answer)
+    return StrategySpec(spec=spec.strip(), name=name, level=level, rc=rc, form=form)
 
 
 def paper_answer_form(s: StrategySpec, task: Task) -> StrategySpec:
     """``s`` under paper 003's prompt plan: InWriting and NL-to-Format answer in the JSON form (the paper's target
-    format after section 5.2), unless the spec says ``:plain`` or the task has its own answer format. The spec
-    is rewritten (``inwriting@fc`` -> ``inwriting@fc:json``) so records name the form they ran."""
-    if s.name not in JSON_FORM_STRATEGIES or s.json_answer or s.plain_answer or not task.has_json_answer_form:
+    format after section 5.2), unless the spec names a form or the task has its own answer format."""
+    if s.name not in JSON_FORM_STRATEGIES or s.form is not None or not task.has_json_answer_form:
         return s
-    head = s.spec[: -len("+rc")] if s.rc else s.spec
-    return replace(s, spec=head + JSON_FORM + ("+rc" if s.rc else ""), json_answer=True)
+    return s.with_form(AnswerForm.JSON)
+
+
+def as_listed(strategy: str) -> str:
+    """The grid's spelling (``--strategies``) of a recorded spec: a spec a prompt plan gave a form
+    (``inwriting@vc:json`` under --prompt-variants paper, ``free:keyphrase`` beside a FEM strategy) less that
+    form. It may also have been listed with the form; callers accept either."""
+    for form in (AnswerForm.JSON, AnswerForm.KEYPHRASE):
+        if form.suffix in strategy:
+            return strategy.replace(form.suffix, "", 1)
+    return strategy
+
+
+def deco_g_baselines(specs: list[StrategySpec], task: Task) -> list[StrategySpec]:
+    """Paper 001's comparison on one prompt: where the grid runs a FEM strategy and the task's FEM format is a key
+    phrase (GSM8K's "The final answer is", SummEval's "The rating is"), ``free`` and ``constrained`` without a
+    named form take it too, as the paper's Prompt-Only and Structured (NL) baselines do."""
+    if (task.fem_output_format is not OutputFormat.REASON_KEYPHRASE
+            or not any(s.strategy.task_output_format for s in specs)):
+        return specs
+    return [s.with_form(AnswerForm.KEYPHRASE) if s.name in NL_BASELINES and s.form is None else s for s in specs]
 
 
 def answer_spec(task: Task, item: Item, s: StrategySpec) -> str:

@@ -216,8 +216,9 @@ def _run(config: RunConfig, out_dir: Path, progress: Callable[[int, int], None] 
     items = sample_items(task.load(data_dir), config.limit, config.item_seed)
     specs = config.strategy_specs(task)
     if len({s.spec for s in specs}) != len(specs):
-        raise ConfigError(f"{config.strategies}: under --prompt-variants paper InWriting and NL-to-Format answer in "
-                          "the JSON form, so two of these are the same strategy; write :plain for the answer line")
+        raise ConfigError(f"{config.strategies}: two of these run in the same answer form (--prompt-variants paper "
+                          "gives InWriting and NL-to-Format the JSON form; a FEM strategy gives free and constrained "
+                          "its key phrase), so they are the same strategy; write :plain for the answer line")
     planned = plan_grid(task, items, specs, lambda s: config.variants(s.name), list(range(config.seeds)),
                         config.shots, style=style)
     if config.reasoning_tokens is not None and config.reasoning_tokens < 1:

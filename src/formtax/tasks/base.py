@@ -46,7 +46,11 @@ class Task(ABC):
     """Three task-description variants (prompt variants t1..t3); they must not mention the output format."""
     fem_output_format: ClassVar[OutputFormat] = OutputFormat.REASON_ANSWER
     """The output format of the FEM strategies (decog, ctrlg) on this task: the answer line at the end by default;
-    GSM8K takes Deco-G's key phrase placed anywhere (REASON_KEYPHRASE)."""
+    GSM8K and SummEval take Deco-G's key phrase placed anywhere (REASON_KEYPHRASE), and so do the natural-language
+    baselines beside them (runner.grid.deco_g_baselines)."""
+    key_phrase: ClassVar[str] = KEY_PHRASE
+    """The REASON_KEYPHRASE format's phrase: "The final answer is " (GSM8K, paper 001 section 4.1); SummEval's is
+    "The rating is " (section 4.3)."""
 
     def __init__(self) -> None:
         self._data_dir: Path | None = None
@@ -123,7 +127,7 @@ class Task(ABC):
         if output_format in JSON_ANSWER_FORMATS:
             return "answer-json:" + slot
         if output_format is OutputFormat.REASON_KEYPHRASE:
-            return KEY_PHRASE + slot
+            return self.key_phrase + slot
         return slot if output_format is OutputFormat.JSON else ANSWER_PREFIX + slot
 
     def messages(

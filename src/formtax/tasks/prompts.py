@@ -18,7 +18,6 @@ from formtax.errors import ConfigError
 from formtax.tasks.vocab import (
     ANSWER_PREFIX,
     JSON_ANSWER_FORMATS,
-    KEY_PHRASE,
     AnswerKind,
     Item,
     OutputFormat,
@@ -34,6 +33,9 @@ class Task(Protocol):
 
     @property
     def instructions(self) -> tuple[str, str, str]: ...
+
+    @property
+    def key_phrase(self) -> str: ...
 
     def answer_description(self, item: Item) -> str: ...
 
@@ -71,11 +73,11 @@ _FORMAT_TEMPLATES: dict[OutputFormat, tuple[str, str, str]] = {
         "<answer>, which is {desc}. No markdown, no text before or after the object.",
     ),
     OutputFormat.REASON_KEYPHRASE: (  # before REASONING: the planted backend tells formats apart by these texts
-        f'Think step by step, and state your result in a sentence "{KEY_PHRASE}<answer>", where <answer> is '
+        'Think step by step, and state your result in a sentence "{phrase}<answer>", where <answer> is '
         "{desc}.",
         "First reason about the problem in as much detail as you need. Give your result in a sentence of the "
-        f"form:\n{KEY_PHRASE}<answer>\nHere <answer> is {{desc}}.",
-        f'Explain your reasoning, and write "{KEY_PHRASE}" followed by your answer somewhere in your response. '
+        "form:\n{phrase}<answer>\nHere <answer> is {desc}.",
+        'Explain your reasoning, and write "{phrase}" followed by your answer somewhere in your response. '
         "The answer must be {desc}.",
     ),
     OutputFormat.REASONING: (  # REASON_ANSWER's variants without the phrase that asks for the answer line
@@ -145,7 +147,7 @@ def format_description(task: Task, item: Item, output_format: OutputFormat, form
     """The format instruction for one output format and variant, with the item's answer description."""
     _check_variant("format", format_variant)
     template = _FORMAT_TEMPLATES[OutputFormat(output_format)][format_variant - 1]
-    return template.format(desc=task.answer_description(item), json=json_template(task),
+    return template.format(desc=task.answer_description(item), json=json_template(task), phrase=task.key_phrase,
                            answer_json='{"answer": ' + _answer_placeholder(task) + "}")
 
 
@@ -167,7 +169,7 @@ def render_answer(task: Task, item: Item, output_format: OutputFormat, reason: s
         obj = json.dumps({"answer": value}, ensure_ascii=False)
         return f"{reason.strip()}\n{obj}" if fmt is OutputFormat.REASON_JSON and reason else obj
     if fmt is OutputFormat.REASON_KEYPHRASE:
-        phrase = f"{KEY_PHRASE}{answer}."
+        phrase = f"{task.key_phrase}{answer}."
         return f"{reason.strip()}\n{phrase}" if reason else phrase
     line = f"{ANSWER_PREFIX}{answer}"
     if fmt in (OutputFormat.REASON_ANSWER, OutputFormat.REASONING) and reason:  # a reasoning shot ends as usual

@@ -8,7 +8,8 @@ records, which a small ``--limit`` can still estimate, and the mean absolute err
 Our choices (the paper leaves them open):
 
 * ratings are read from the records alone: the *strict* rating is the last non-empty line ``The rating is N``
-  (optionally ending with a period), or the strict JSON parse for JSON outputs; the *lenient* rating falls back to
+  (optionally ending with a period), or the strict parse for JSON outputs and for Deco-G's key-phrase format
+  (the last ``The rating is N`` anywhere, paper 001 section 4.3); the *lenient* rating falls back to
   the last ``rating (is|of|:) N`` anywhere in the text, then to the shared lenient parser's value;
 * an unrated record (no rating, or an errored request) is left out and counted (``n_rated`` vs ``n_records``);
 * an article whose expert means are all equal, or with fewer than two rated summaries, has no correlation and is
@@ -50,7 +51,7 @@ _ANY = re.compile(r"rating\s*(?:is|of|:|=)\s*:?\s*\**\s*([1-5])(?![0-9])", re.IG
 def strict_rating(rec: Any) -> int | None:
     if rec.error:
         return None
-    if rec.output_format == "json":
+    if rec.output_format in ("json", "reason-keyphrase"):
         p = rec.parses.get("strict")
         return int(p.value) if p is not None and p.status == "ok" and p.value is not None else None
     text = rec.answer_text if rec.answer_text is not None else rec.text

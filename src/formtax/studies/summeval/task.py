@@ -5,7 +5,11 @@ experts' ratings for coherence, consistency, fluency and relevance; see the fold
 (summary, aspect): id ``A<article>-S<summary>-<aspect>``, 6400 items in file order.
 
 The answer line is Deco-G's natural-language format ``The rating is <score>`` (``answer_spec``), and the JSON format
-has the score in ``answer``. The prompts are ours (the paper's criteria come from ChatGPT and are not reproduced):
+has the score in ``answer``. Deco-G places the rating phrase anywhere (paper 001 section 4.3: "能够将评分短语灵活集成到
+任意位置", while the baselines append it at the end), so the FEM strategies' format is the key phrase
+(``fem_output_format`` REASON_KEYPHRASE, ``key_phrase`` "The rating is "): a prompt that asks for the sentence
+somewhere in the response, the FEM placed ``anywhere``, the last phrase read. Beside them ``free`` and
+``constrained`` get the same prompt (runner.grid.deco_g_baselines); alone, they keep the last-line format. The prompts are ours (the paper's criteria come from ChatGPT and are not reproduced):
 a one-sentence task, the aspect's definition in our words, the format instruction, then the article and the summary.
 
 Gold and scoring (our choices): ``Item.gold`` is the expert *mean* written with 4 decimals (the correlation
@@ -13,11 +17,11 @@ analysis, :mod:`formtax.studies.summeval.judge`, needs it from the records alone
 tasks; ``score`` counts a rating as correct when it equals the mean rounded to the nearest integer (means are
 multiples of 1/3, so there are no ties). The study's metric is the summary-level correlation, not this accuracy.
 Note that the shared strict parser reads only ``The answer is: ...`` lines, so its verdicts on this task's
-``reason-answer`` outputs are ``no_answer``; the judge analysis has its own reader of ``The rating is N``.
+``reason-answer`` outputs are ``no_answer`` (its key-phrase verdicts read ``The rating is N``); the judge analysis
+has its own reader of ``The rating is N``.
 
 There is no train split: the shot pool (few-shot examples, and the questions an instruction-aware FEM is distilled
-from) is the items of articles A90-A99. Evaluating those items as well is still fair for distillation, which uses
-the model's own answers and no gold rating.
+from) is the items of articles A90-A99, which the evaluation never sees (``holds_out_dev``).
 """
 
 from __future__ import annotations
@@ -57,6 +61,14 @@ _FORMATS: dict[OutputFormat, tuple[str, str, str]] = {
         f"{RATING_PREFIX}<score>\nHere <score> is an integer from 1 to 5.",
         "Reason about the criterion, then write a last line that starts with "
         f'"{RATING_PREFIX}" followed by your score, an integer from 1 to 5; nothing may follow that line.',
+    ),
+    OutputFormat.REASON_KEYPHRASE: (  # Deco-G's: the rating sentence anywhere in the response
+        f'Explain your assessment, and state your score in a sentence "{RATING_PREFIX}<score>", where <score> is '
+        "an integer from 1 to 5.",
+        "Give your reasoning and your score. State the score in a sentence of the form:\n"
+        f"{RATING_PREFIX}<score>\nHere <score> is an integer from 1 to 5.",
+        f'Reason about the criterion, and write "{RATING_PREFIX}" followed by your score, an integer from 1 to '
+        "5, somewhere in your response.",
     ),
     OutputFormat.ANSWER_ONLY: (
         f'Respond with a single line of the form "{RATING_PREFIX}<score>" and nothing else, where <score> is an '
@@ -109,6 +121,8 @@ class SummEvalTask(IntegerTask):
         "Evaluate the summary of the news article below on the criterion given.",
         "Read the news article and its summary, then judge how good the summary is on the criterion described.",
     )
+    fem_output_format: ClassVar[OutputFormat] = OutputFormat.REASON_KEYPHRASE
+    key_phrase: ClassVar[str] = RATING_PREFIX
     vc_min: ClassVar[int | None] = 1
     vc_max: ClassVar[int | None] = 5
     folder: ClassVar[str] = "summeval"
