@@ -47,7 +47,7 @@ def test_zero_of_sixteen_is_not_a_point():
 
 @pytest.mark.parametrize("p", [0.01, 0.99])
 def test_coverage_holds_at_the_boundary(p):
-    for rule in (Resampling.ITEMS_AND_SEEDS, Resampling.ITEMS):
+    for rule in (Resampling.CORRECTED, Resampling.ITEMS_AND_SEEDS, Resampling.ITEMS):
         c = coverage(p, rule, 120)
         assert c >= 0.9, (p, rule, c)
         assert not math.isnan(c)

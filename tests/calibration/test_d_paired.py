@@ -41,6 +41,9 @@ def test_coverage_study_of_d_paired_is_sane():
     pairs = [PairTruth(str(k), 0.8, 0.7 + 0.02 * (k % 5), 0.7, 0.5) for k in range(20)]
     cov = d_paired_coverage(pairs, n_studies=40, n_items=30, n_seeds=2, n_resamples=300)
     assert cov.truth == pytest.approx(d_paired_truth(pairs))
-    assert set(cov.by_rule) == {"items", "items+seeds"}
+    assert set(cov.by_rule) == {"items", "items+seeds", "items+seeds-corrected"}
     assert 0.75 <= cov.by_rule["items"]["coverage"] <= 1.0
     assert cov.by_rule["items+seeds"]["mean_width"] > cov.by_rule["items"]["mean_width"]
+    # the corrected default sits between the conservative crossed rule and the cluster bootstrap
+    assert (cov.by_rule["items+seeds"]["mean_width"] > cov.by_rule["items+seeds-corrected"]["mean_width"]
+            >= cov.by_rule["items"]["mean_width"] * 0.95)

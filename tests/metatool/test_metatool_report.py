@@ -19,6 +19,7 @@ from formtax.records import read_records
 from formtax.records.schema import ParseRecord, Record
 from formtax.report import load_records, verify_report, write_report
 from formtax.runner import RunConfig, run
+from formtax.stats import bootstrap_replicates, crossed_variance
 from formtax.studies.abstention.data import N_ROWS, parse_item_id, sample_positions
 from formtax.studies.abstention.frame import contrast_replicates, study_frame
 from formtax.studies.abstention.language import d_paired_cells, language_table
@@ -368,8 +369,14 @@ def test_cli_run_report_verify(tmp_path, capsys):
 def test_contrasts_are_paired_and_add_up_per_replicate():
     rng = np.random.default_rng(3)
     cells = {c: rng.integers(0, 2, size=(30, 5)).astype(float) for c in ("free", "short", "constrained")}
-    reps = contrast_replicates(cells, 2000, 7)
-    np.testing.assert_allclose(reps["delta_total"], reps["delta_mask"] + reps["delta_length"], atol=1e-12)
+    raw = bootstrap_replicates(cells, 2000, 7)  # the shared draw: the contrasts add up per replicate
+    np.testing.assert_allclose(raw["constrained"] - raw["free"],
+                               (raw["constrained"] - raw["short"]) + (raw["short"] - raw["free"]), atol=1e-12)
+    reps = contrast_replicates(cells, 2000, 7)  # each corrected about its estimate by its own components
+    for name, (a, b) in (("delta_total", ("constrained", "free")), ("delta_mask", ("constrained", "short"))):
+        d = cells[a] - cells[b]
+        assert reps[name].var() == pytest.approx(crossed_variance(d), rel=1e-9)
+        assert np.median(reps[name]) == pytest.approx(d.mean(), abs=0.02)
     # identical cells: a paired contrast has no variance at all (an unpaired one would)
     same = contrast_replicates(
         {"free": cells["free"], "short": cells["free"], "constrained": cells["free"]}, 500, 0

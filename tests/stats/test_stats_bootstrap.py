@@ -14,9 +14,12 @@ from formtax.stats import (
     Resampling,
     bootstrap_replicates,
     complete_cases,
+    corrected_replicates,
+    crossed_variance,
     paired_bootstrap_contrasts,
     paired_bootstrap_diff,
     percentile_bootstrap_mean,
+    ratio_parts,
 )
 from formtax.stats.bootstrap import _resample_indices
 
@@ -41,11 +44,17 @@ def test_replicates_match_naive_ix_definition() -> None:
     fast = bootstrap_replicates({"x": scores}, n_resamples, seed)["x"]
     np.testing.assert_allclose(fast, naive, rtol=0, atol=1e-12)
 
-    interval = percentile_bootstrap_mean(scores, n_resamples=n_resamples, confidence=0.9, seed=seed)
+    interval = percentile_bootstrap_mean(scores, n_resamples=n_resamples, confidence=0.9, seed=seed,
+                                         resampling=Resampling.ITEMS_AND_SEEDS)
     low, high = np.quantile(naive, [0.05, 0.95])
     assert interval.low == pytest.approx(low, abs=1e-12)
     assert interval.high == pytest.approx(high, abs=1e-12)
     assert interval.estimate == pytest.approx(scores.mean(), abs=1e-15)
+    # the default: the same draws, scaled about the estimate to the variance components' variance
+    corrected = percentile_bootstrap_mean(scores, n_resamples=n_resamples, confidence=0.9, seed=seed)
+    scaled = scores.mean() + (naive - scores.mean()) * np.sqrt(crossed_variance(scores) / naive.var())
+    low, high = np.quantile(np.clip(scaled, scores.min(), scores.max()), [0.05, 0.95])
+    assert (corrected.low, corrected.high) == (pytest.approx(low, abs=1e-12), pytest.approx(high, abs=1e-12))
 
 
 def test_chunked_replicates_match_naive(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -188,7 +197,8 @@ def test_contrast_replicates_add_up() -> None:
 
 def test_contrasts_are_percentiles_of_shared_replicates() -> None:
     cells = _paper_cells()
-    results = paired_bootstrap_contrasts(cells, PAPER_002_CONTRASTS, n_resamples=3000, confidence=0.9, seed=1)
+    results = paired_bootstrap_contrasts(cells, PAPER_002_CONTRASTS, n_resamples=3000, confidence=0.9, seed=1,
+                                         resampling=Resampling.ITEMS_AND_SEEDS)
     assert list(results) == list(PAPER_002_CONTRASTS)
     reps = bootstrap_replicates(cells, n_resamples=3000, seed=1)
     for name, (minuend, subtrahend) in PAPER_002_CONTRASTS.items():
@@ -395,3 +405,58 @@ def test_crossed_resampling_is_wider_when_seeds_are_independent_per_item() -> No
     crossed = percentile_bootstrap_mean(x, n_resamples=4000, seed=1)
     items = percentile_bootstrap_mean(x, n_resamples=4000, seed=1, resampling=Resampling.ITEMS)
     assert (crossed.high - crossed.low) > 1.2 * (items.high - items.low)
+
+
+# --- the variance-components correction (issue 37, point 12) ----------------------------------------------
+
+
+def test_crossed_variance_equals_statsmodels_two_way_anova() -> None:
+    """The components come from the two-way ANOVA's mean squares; statsmodels' anova_lm is the oracle."""
+    import pandas as pd
+    import statsmodels.formula.api as smf
+    from statsmodels.stats.anova import anova_lm
+
+    rng = np.random.default_rng(3)
+    z = rng.normal(size=(12, 4)) + rng.normal(size=(12, 1)) + 0.5 * rng.normal(size=(1, 4))
+    df = pd.DataFrame([{"y": z[i, j], "item": i, "seed": j} for i in range(12) for j in range(4)])
+    table = anova_lm(smf.ols("y ~ C(item) + C(seed)", data=df).fit())
+    ms = table["sum_sq"] / table["df"]
+    ms_item, ms_seed, ms_noise = ms["C(item)"], ms["C(seed)"], ms["Residual"]
+    want = (max(0.0, (ms_item - ms_noise) / 4) / 12 + max(0.0, (ms_seed - ms_noise) / 12) / 4
+            + ms_noise / 48)
+    assert crossed_variance(z) == pytest.approx(want, rel=1e-10)
+    assert crossed_variance(z[:, :1]) == pytest.approx(z[:, 0].var(ddof=1) / 12)  # one seed: items only
+
+
+def test_the_correction_removes_the_pigeonhole_over_count() -> None:
+    """Y = a_i + b_j + e_ij: the true variance of the mean is s_a/I + s_b/S + s_e/(I S). The crossed bootstrap's
+    own variance over-counts the noise (Owen 2007: by about 2 s_e/(I S)); the components' estimate does not,
+    beyond the upward bias of truncating negative components at 0 (here, a weak item effect and 3 seeds, about
+    half the variance; chosen: the untruncated, unbiased total leans on a seed mean square of 2 degrees of
+    freedom and collapsed D_paired's interval, 0.77 coverage in bench/calibration.py's world)."""
+    rng = np.random.default_rng(0)
+    n_i, n_s, s_a, s_b, s_e = 30, 3, 0.04, 0.0, 1.0  # independent seeds: formtax's per-request sampling
+    truth = s_a / n_i + s_b / n_s + s_e / (n_i * n_s)
+    ours, crossed = [], []
+    for k in range(300):
+        z = (rng.normal(0, np.sqrt(s_a), (n_i, 1)) + rng.normal(0, np.sqrt(s_b), (1, n_s))
+             + rng.normal(0, np.sqrt(s_e), (n_i, n_s)))
+        ours.append(crossed_variance(z))
+        crossed.append(bootstrap_replicates({"z": z}, 400, k, Resampling.ITEMS_AND_SEEDS)["z"].var())
+    assert truth * 0.95 <= np.mean(ours) <= truth * 1.6
+    # the crossed draw's variance is the plug-in (divisor n) of each component, the noise in all three
+    plug_in = ((n_i - 1) / n_i * (s_a + s_e / n_s) / n_i + (n_s - 1) / n_s * (s_b + s_e / n_i) / n_s
+               + (n_i - 1) * (n_s - 1) / (n_i * n_s) * s_e / (n_i * n_s))
+    assert np.mean(crossed) == pytest.approx(plug_in, rel=0.1)
+    assert np.mean(crossed) > 2.0 * truth and np.mean(crossed) > 1.3 * np.mean(ours)
+
+
+def test_ratio_parts_linearise_the_ratio() -> None:
+    rng = np.random.default_rng(1)
+    num, den = rng.random((20, 3)), 1.0 + rng.random((20, 3))
+    reps = bootstrap_replicates({"n": num, "d": den}, 2000, 0, Resampling.ITEMS_AND_SEEDS)
+    raw, est, infl, lin = ratio_parts(reps["n"], reps["d"], num, den)
+    assert est == pytest.approx(num.mean() / den.mean()) and infl.mean() == pytest.approx(0.0, abs=1e-12)
+    assert np.corrcoef(raw, lin)[0, 1] > 0.99  # the linearisation tracks the ratio's replicates
+    out = corrected_replicates(raw, est, infl, lin)
+    assert out.var() == pytest.approx(crossed_variance(infl) * raw.var() / lin.var(), rel=1e-9)

@@ -177,6 +177,8 @@ def run_cmd(args: argparse.Namespace) -> int:
 
 
 def _report_args(p: argparse.ArgumentParser) -> None:
+    from formtax.stats.bootstrap import DEFAULT_RESAMPLING, Resampling
+
     p.add_argument("run_dirs", type=Path, nargs="+", metavar="RUN_DIR",
                    help="a run directory (formtax run --out); several are pooled into one report (--out)")
     p.add_argument("--out", type=Path, default=None,
@@ -189,10 +191,11 @@ def _report_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--baseline", default=None,
                    help="the strategy the findings and the report's comparisons are against (default: the run's "
                         "first strategy); every pair stays in tables/paired.csv")
-    p.add_argument("--resample", choices=["items+seeds", "items"], default="items+seeds",
-                   help="what a bootstrap replicate resamples: items and seeds crossed (paper 002's rule, "
-                        "conservative when seeds act independently per item) or items keeping their seeds "
-                        "(the cluster bootstrap; see README, Calibration)")
+    p.add_argument("--resample", choices=[r.value for r in Resampling], default=DEFAULT_RESAMPLING.value,
+                   help="what a bootstrap replicate resamples: items and seeds crossed with the spread corrected to "
+                        "the design's variance components (nominal coverage), items and seeds crossed as they are "
+                        "(paper 002's rule, conservative), or items keeping their seeds (the cluster bootstrap); "
+                        "see docs/calibration.md")
 
 
 def _report(args: argparse.Namespace) -> Path:

@@ -368,7 +368,8 @@ def _kind(key: Key) -> str:
 def coverage_study(g: GridTruth, n_studies: int = 400, n_items: int = 40, n_seeds: int = 3,
                    n_resamples: int = 2000, seed: int = 0, null_of: str | None = None,
                    progress: Callable[[int], None] | None = None,
-                   resamplings: tuple[Resampling, ...] = (Resampling.ITEMS_AND_SEEDS, Resampling.ITEMS),
+                   resamplings: tuple[Resampling, ...] = (Resampling.CORRECTED, Resampling.ITEMS_AND_SEEDS,
+                                                         Resampling.ITEMS),
                    ) -> Coverage:
     """Coverage of every interval the report prints, over ``n_studies`` synthetic studies (module docstring),
     under each bootstrap ``resampling`` rule on the same synthetic studies."""

@@ -75,7 +75,8 @@ class DPairedCoverage:
 
 def d_paired_coverage(pairs: list[PairTruth], n_studies: int = 400, n_items: int = 40, n_seeds: int = 3,
                       n_resamples: int = 2000, seed: int = 0,
-                      resamplings: tuple[Resampling, ...] = (Resampling.ITEMS_AND_SEEDS, Resampling.ITEMS),
+                      resamplings: tuple[Resampling, ...] = (Resampling.CORRECTED, Resampling.ITEMS_AND_SEEDS,
+                                                         Resampling.ITEMS),
                       progress: Callable[[int], None] | None = None) -> DPairedCoverage:
     """Coverage of the report's D_paired interval over synthetic studies (module docstring)."""
     from formtax.studies.abstention.language import d_paired_cells, d_paired_interval

@@ -120,7 +120,9 @@ def footer(name: str, table: pd.DataFrame, ctx: ReportContext) -> str:
     replicates = ctx.meta["n_resamples"] if boot else 0
     seed = f", bootstrap seed = {ctx.meta['seed']}" if boot else ""
     rule = str(ctx.meta.get("resampling", "items+seeds"))
-    resampling = "items and runs jointly" if rule == "items+seeds" else "items, each with all its runs"
+    resampling = {"items+seeds": "items and runs jointly",
+                  "items+seeds-corrected": "items and runs jointly, the spread corrected to the design's variance "
+                                           "components"}.get(rule, "items, each with all its runs")
     if name in analyses():
         return (
             f"n = {n} records ({n - unscored} scored), unscored = {unscored}, replicates = {replicates}, "

@@ -23,7 +23,7 @@ from formtax.report.load import load_records, records_path, sha256_of
 from formtax.report.tables import compute_tables
 from formtax.report.write import META_FILE, TABLES_DIR, read_manifest, table_to_csv
 from formtax.runner.grid import as_listed
-from formtax.stats import DEFAULT_RESAMPLING, Resampling
+from formtax.stats import Resampling
 
 TOLERANCE = 1e-9
 
@@ -216,7 +216,8 @@ def verify_report(run_dir: Path) -> list[str]:
         problems.append(f"cannot recompute the tables: {exc}")
         return problems
     # reports written before the option existed used the default rule
-    resampling = Resampling(meta.get("resampling", DEFAULT_RESAMPLING.value))
+    # a report written before the key existed used the crossed rule, the only one then
+    resampling = Resampling(meta.get("resampling", Resampling.ITEMS_AND_SEEDS.value))
     expected = compute_tables(df, n_resamples=n_resamples, seed=seed, resampling=resampling,
                               baseline=meta.get("baseline"))
     problems += check_findings(run_dir, expected)

@@ -10,9 +10,13 @@ from formtax.stats.bootstrap import (
     Resampling,
     bootstrap_replicates,
     complete_cases,
+    corrected_replicates,
+    crossed_variance,
+    linear_replicates,
     paired_bootstrap_contrasts,
     paired_bootstrap_diff,
     percentile_bootstrap_mean,
+    ratio_parts,
 )
 from formtax.stats.interval import Interval, paired_boundary_interval, wilson_interval
 from formtax.stats.mcnemar import McNemarResult, mcnemar_exact
@@ -27,6 +31,9 @@ __all__ = [
     "McNemarResult",
     "bootstrap_replicates",
     "complete_cases",
+    "corrected_replicates",
+    "crossed_variance",
+    "linear_replicates",
     "decomposition",
     "logistic_fit",
     "mcnemar_exact",
@@ -35,5 +42,6 @@ __all__ = [
     "paired_bootstrap_diff",
     "paired_boundary_interval",
     "percentile_bootstrap_mean",
+    "ratio_parts",
     "wilson_interval",
 ]

@@ -8,14 +8,19 @@ item indices and ``n_seeds`` seed indices with replacement and takes the mean of
 happened to contain and which seeds the run happened to use, treating the seed as a factor shared by every
 item (paper 002's server seed changes tie-breaking for all items at once).
 
-When seeds act independently per item (no shared seed effect, e.g. formtax's own per-request sampling RNG),
-that crossed ("pigeonhole") bootstrap counts the within-item noise twice, once through the item means and
-once through the seed columns, so its intervals are conservative: Owen (2007, "The pigeonhole bootstrap",
-Ann. Appl. Stat. 1(2)) shows its variance estimate is biased upwards by up to the interaction/noise term.
-The calibration study measures this (README, "Calibration": about 0.99 coverage for a nominal 0.95 with 40
-items x 3 seeds at temperature 1). :attr:`Resampling.ITEMS` resamples items only and keeps each item's
-seeds together (the cluster bootstrap), which is the right unit when seeds are independent per item and
-covers at the nominal rate in the same study.
+Resampling items and seeds independently (the crossed, "pigeonhole" bootstrap) over-estimates the variance of
+a crossed design: Owen (2007, "The pigeonhole bootstrap", Ann. Appl. Stat. 1(2)) shows that for a mean its
+variance counts the item-by-seed interaction (the noise) three times instead of once, because the item means
+and the seed means each carry it again. The calibration study measured 0.98-0.998 coverage for a nominal 0.95
+(docs/calibration.md). The default, :attr:`Resampling.CORRECTED`, keeps the crossed draw and corrects its
+spread: for a statistic with influence matrix ``Z`` (the matrix itself for a mean, ``a - b`` for a paired
+difference, the linearised ratio for D_paired) the two-way random-effects ANOVA of ``Z`` (method of moments,
+components truncated at 0) gives the design's variance ``s_item^2/I + s_seed^2/S + s_noise^2/(I S)``, and the
+replicates are scaled about the estimate so that their variance equals it (:func:`corrected_replicates`); the
+interval is their percentiles. A real seed effect shared by every item (paper 002's server seed) is kept in
+``s_seed^2``; with independent seeds it estimates 0 and the interval is the cluster bootstrap's. The crossed
+rule stays available as :attr:`Resampling.ITEMS_AND_SEEDS` (conservative) and the cluster bootstrap as
+:attr:`Resampling.ITEMS` (items with all their seeds; slightly narrow for a ratio such as D_paired).
 
 Unscored entries (NaN) are not allowed in the bootstrap functions, which raise ``ValueError`` if they see
 one. Call :func:`complete_cases` first: it drops every item that has a NaN in *any* of the matrices, so
@@ -62,13 +67,64 @@ IntMatrix = npt.NDArray[np.int64]
 class Resampling(StrEnum):
     """What one bootstrap replicate resamples (module docstring)."""
 
+    CORRECTED = "items+seeds-corrected"
+    """The crossed draw, its spread corrected to the variance-components estimate (the default: nominal)."""
     ITEMS_AND_SEEDS = "items+seeds"
-    """Items and seeds drawn independently with replacement (crossed); paper 002's rule, the default."""
+    """Items and seeds drawn independently with replacement (crossed); paper 002's rule, conservative."""
     ITEMS = "items"
     """Items drawn with replacement, each keeping all its seeds (cluster bootstrap)."""
 
 
-DEFAULT_RESAMPLING = Resampling.ITEMS_AND_SEEDS
+DEFAULT_RESAMPLING = Resampling.CORRECTED
+
+
+def crossed_variance(influence: npt.ArrayLike) -> float:
+    """The variance of the mean of an ``(n_items, n_seeds)`` matrix under the crossed random-effects design,
+    from its two-way ANOVA (method of moments; each component truncated at 0): ``s_item^2/I + s_seed^2/S +
+    s_noise^2/(I S)``. One seed: the items' sample variance over ``I``; one item: the seeds' over ``S``.
+
+    Each component is truncated at 0 (ours): conservative by the truncation (with 3 seeds and a weak item
+    effect up to about half the variance), where the untruncated, unbiased total leans on a seed mean square of
+    ``S - 1`` degrees of freedom and collapsed D_paired's interval (0.77 coverage in bench/calibration.py).
+
+    Written here because no maintained library estimates this for a bootstrap's rescaling (statsmodels'
+    mixed models fit the components by REML, iteratively, for every replicate study: far too slow)."""
+    z = np.asarray(influence, dtype=np.float64)
+    n_i, n_s = z.shape
+    if n_i * n_s < 2:
+        return 0.0
+    if n_s == 1 or n_i == 1:
+        return float(z.var(ddof=1)) / z.size
+    grand = float(z.mean())
+    rows, cols = z.mean(axis=1), z.mean(axis=0)
+    resid = z - rows[:, None] - cols[None, :] + grand
+    ms_noise = float((resid**2).sum()) / ((n_i - 1) * (n_s - 1))
+    ms_item = n_s * float(((rows - grand) ** 2).sum()) / (n_i - 1)
+    ms_seed = n_i * float(((cols - grand) ** 2).sum()) / (n_s - 1)
+    s_item = max(0.0, (ms_item - ms_noise) / n_s)
+    s_seed = max(0.0, (ms_seed - ms_noise) / n_i)
+    return s_item / n_i + s_seed / n_s + ms_noise / (n_i * n_s)
+
+
+def corrected_replicates(replicates: npt.ArrayLike, estimate: float, influence: npt.ArrayLike,
+                         linear: npt.ArrayLike | None = None) -> FloatVector:
+    """Crossed-bootstrap ``replicates`` of a statistic scaled about ``estimate`` so that their variance is
+    :func:`crossed_variance` of the statistic's ``influence`` matrix (:attr:`Resampling.CORRECTED`; NaN
+    replicates, e.g. an empty ratio denominator, stay NaN). Unchanged where the replicates do not vary.
+
+    For a non-linear statistic (a ratio) pass ``linear``, the same draws' replicates of its linearisation (the
+    replicate means of ``influence``): the scale is taken from them, so the correction removes the design's
+    over-count and leaves the statistic's own skew (the ratio's heavy tail would otherwise shrink the centre)."""
+    reps = np.asarray(replicates, dtype=np.float64)
+    base = reps if linear is None else np.asarray(linear, dtype=np.float64)
+    finite = base[np.isfinite(base)]
+    spread = float(finite.var()) if finite.size > 1 else 0.0
+    if not spread > 0.0:
+        return reps
+    z = np.asarray(influence, dtype=np.float64)
+    out = estimate + (reps - estimate) * np.sqrt(crossed_variance(z) / spread)
+    # a mean of Z cannot leave [min Z, max Z] (an accuracy stays in [0, 1]); a ratio keeps its own range
+    return np.clip(out, z.min(), z.max()) if linear is None else out
 
 
 def complete_cases(*matrices: npt.ArrayLike) -> tuple[tuple[FloatMatrix, ...], int]:
@@ -104,6 +160,31 @@ def complete_cases(*matrices: npt.ArrayLike) -> tuple[tuple[FloatMatrix, ...], i
         keep &= ~np.isnan(matrix).any(axis=1)
     filtered = tuple(matrix[keep] for matrix in converted)
     return filtered, int(n_items - keep.sum())
+
+
+def linear_replicates(reps: Mapping[str, FloatVector], cells: Mapping[str, FloatMatrix],
+                      weights: Mapping[str, float]) -> FloatVector:
+    """Corrected replicates (:func:`corrected_replicates`) of the linear statistic ``sum w_k mean(cells[k])``
+    from :func:`bootstrap_replicates`' crossed ``reps`` (a contrast: ``{"a": 1, "b": -1}``)."""
+    raw = sum(w * np.asarray(reps[k], dtype=np.float64) for k, w in weights.items())
+    estimate = float(sum(w * float(np.mean(cells[k])) for k, w in weights.items()))
+    influence = sum(w * np.asarray(cells[k], dtype=np.float64) for k, w in weights.items())
+    return corrected_replicates(np.asarray(raw), estimate, np.asarray(influence))
+
+
+def ratio_parts(reps_num: FloatVector, reps_den: FloatVector, num: FloatMatrix, den: FloatMatrix
+                ) -> tuple[FloatVector, float, FloatMatrix, FloatVector]:
+    """``(replicates, estimate, influence, linear replicates)`` of ``mean(num) / mean(den)`` (NaN where a
+    replicate's denominator is 0), the arguments of :func:`corrected_replicates`; sums and differences of ratios
+    add their parts."""
+    mean_den = float(np.mean(den))
+    estimate = float(np.mean(num)) / mean_den if mean_den else float("nan")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        raw = np.where(reps_den == 0, np.nan, reps_num / reps_den)
+    if not mean_den:
+        return raw, estimate, np.zeros_like(num, dtype=np.float64), np.zeros_like(raw)
+    influence = (np.asarray(num, dtype=np.float64) - estimate * np.asarray(den, dtype=np.float64)) / mean_den
+    return raw, estimate, influence, (reps_num - estimate * reps_den) / mean_den
 
 
 def _resample_indices(
@@ -204,7 +285,9 @@ def bootstrap_replicates(
     """Paired bootstrap replicate means for each cell.
 
     Every replicate draws one set of item and seed indices and applies it to all cells, so the difference
-    of two cells' replicate arrays is the paired bootstrap distribution of their mean difference.
+    of two cells' replicate arrays is the paired bootstrap distribution of their mean difference. Under
+    :attr:`Resampling.CORRECTED` these are the crossed draw's replicates: correct the statistic computed from
+    them with :func:`corrected_replicates` and its influence matrix.
 
     Args:
         cells: Score matrices by name, all of the same shape ``(n_items, n_seeds)``, without NaN.
@@ -254,6 +337,8 @@ def percentile_bootstrap_mean(
     confidence = check_confidence(confidence)
     seed = check_seed(seed)
     replicates = _replicate_means(matrix[None], n_resamples, seed, resampling)[0]
+    if resampling is Resampling.CORRECTED:
+        replicates = corrected_replicates(replicates, float(matrix.mean()), matrix)
     shape = (matrix.shape[0], matrix.shape[1])
     return _percentile_interval(replicates, float(matrix.mean()), shape, n_resamples, confidence)
 
@@ -293,8 +378,11 @@ def paired_bootstrap_diff(
     seed = check_seed(seed)
     means = _replicate_means(np.stack([matrix_a, matrix_b]), n_resamples, seed, resampling)
     estimate = float(matrix_a.mean() - matrix_b.mean())
+    diff = means[0] - means[1]
+    if resampling is Resampling.CORRECTED:
+        diff = corrected_replicates(diff, estimate, matrix_a - matrix_b)
     shape = (matrix_a.shape[0], matrix_a.shape[1])
-    return _percentile_interval(means[0] - means[1], estimate, shape, n_resamples, confidence)
+    return _percentile_interval(diff, estimate, shape, n_resamples, confidence)
 
 
 def paired_bootstrap_contrasts(
@@ -350,5 +438,7 @@ def paired_bootstrap_contrasts(
     for name, (minuend, subtrahend) in contrasts.items():
         estimate = float(checked[minuend].mean() - checked[subtrahend].mean())
         diff = replicates[minuend] - replicates[subtrahend]
+        if resampling is Resampling.CORRECTED:
+            diff = corrected_replicates(diff, estimate, checked[minuend] - checked[subtrahend])
         results[name] = _percentile_interval(diff, estimate, shape, n_resamples, confidence)
     return results

@@ -38,7 +38,13 @@ import statsmodels.api as sm
 
 from formtax.report.analyses import MODEL_SEP, Analysis, per_model_frames, register_analysis
 from formtax.report.matrices import frame
-from formtax.stats import bootstrap_replicates, complete_cases
+from formtax.stats import (
+    bootstrap_replicates,
+    complete_cases,
+    corrected_replicates,
+    linear_replicates,
+    ratio_parts,
+)
 from formtax.studies.abstention.frame import (
     CONDITIONS,
     CONTRASTS,
@@ -125,7 +131,8 @@ def retention_table(df: pd.DataFrame, n_resamples: int, seed: int) -> pd.DataFra
                 if reps:
                     row["acc_minuend"], row["acc_subtrahend"] = float(cells[a].mean()), float(cells[b].mean())
                     row["retention"] = float(_ratio(row["acc_minuend"], row["acc_subtrahend"]))
-                    r = _ratio(reps[a], reps[b])
+                    raw, est, infl, lin = ratio_parts(reps[a], reps[b], cells[a], cells[b])
+                    r = corrected_replicates(raw, est, infl, lin) if math.isfinite(est) else raw
                     row["low"], row["high"] = percentile_bounds(r)
                     row["n_replicates_undefined"] = int(np.isnan(r).sum())
                 if language != langs[0]:
@@ -134,7 +141,11 @@ def retention_table(df: pd.DataFrame, n_resamples: int, seed: int) -> pd.DataFra
                         point = _ratio(both[f"{a}_2"].mean(), both[f"{b}_2"].mean()) - _ratio(
                             both[f"{a}_1"].mean(), both[f"{b}_1"].mean())
                         rr = bootstrap_replicates(both, n_resamples, seed)
-                        diff = _ratio(rr[f"{a}_2"], rr[f"{b}_2"]) - _ratio(rr[f"{a}_1"], rr[f"{b}_1"])
+                        p2 = ratio_parts(rr[f"{a}_2"], rr[f"{b}_2"], both[f"{a}_2"], both[f"{b}_2"])
+                        p1 = ratio_parts(rr[f"{a}_1"], rr[f"{b}_1"], both[f"{a}_1"], both[f"{b}_1"])
+                        diff = p2[0] - p1[0]
+                        if math.isfinite(p2[1] - p1[1]):
+                            diff = corrected_replicates(diff, p2[1] - p1[1], p2[2] - p1[2], p2[3] - p1[3])
                         row["retention_diff"] = float(point)
                         row["diff_low"], row["diff_high"] = percentile_bounds(diff)
                 rows.append(row)
@@ -257,7 +268,8 @@ def naming_table(df: pd.DataFrame, n_resamples: int, seed: int) -> pd.DataFrame 
                                          ("shift_mask", ("constrained", "short"))):
                         if a in cells and b in cells:
                             row[name] = row[a] - row[b]
-                            row[f"{name}_low"], row[f"{name}_high"] = percentile_bounds(reps[a] - reps[b])
+                            row[f"{name}_low"], row[f"{name}_high"] = percentile_bounds(
+                                linear_replicates(reps, cells, {a: 1.0, b: -1.0}))
                 rows.append(row)
     return frame(rows, NAMING_COLUMNS) if rows else None
 

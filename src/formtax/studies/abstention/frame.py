@@ -22,6 +22,7 @@ from formtax.report.matrices import CONFIDENCE
 from formtax.stats import (
     bootstrap_replicates,
     complete_cases,
+    linear_replicates,
     wilson_interval,
 )
 from formtax.strategies.firstmass import EVENT as FIRST_MASS
@@ -187,8 +188,8 @@ def mean_interval(matrix: Matrix, n_resamples: int, seed: int) -> tuple[float, f
         n = int(clean.shape[0])
         w = wilson_interval(int(round(float(clean.mean()) * n)), n, confidence=CONFIDENCE)
         return w.estimate, w.low, w.high
-    reps = bootstrap_replicates({"m": clean}, n_resamples, seed)["m"]
-    low, high = percentile_bounds(reps)
+    reps = bootstrap_replicates({"m": clean}, n_resamples, seed)
+    low, high = percentile_bounds(linear_replicates(reps, {"m": clean}, {"m": 1.0}))
     return float(clean.mean()), low, high
 
 
@@ -196,9 +197,12 @@ def contrast_replicates(cells: dict[str, Matrix], n_resamples: int, seed: int) -
     """Paired bootstrap replicates of every contrast whose two conditions are in ``cells``.
 
     ``cells`` are complete matrices of one shape. Each replicate is one draw of positions and seeds, applied
-    to every cell, so within a replicate delta_total = delta_mask + delta_length exactly (up to rounding)."""
+    to every cell (so the crossed draws' delta_total = delta_mask + delta_length exactly), then each contrast's
+    spread is corrected to its variance components (stats.linear_replicates, the default rule), one factor per
+    contrast: the corrected replicates no longer add up exactly, as interval endpoints never did."""
     means = bootstrap_replicates(cells, n_resamples, seed)
-    return {name: means[a] - means[b] for name, (a, b) in CONTRASTS.items() if a in means and b in means}
+    return {name: linear_replicates(means, cells, {a: 1.0, b: -1.0}) for name, (a, b) in CONTRASTS.items()
+            if a in means and b in means}
 
 
 def aligned_cells(

@@ -17,6 +17,9 @@ from formtax.stats import (
     Resampling,
     bootstrap_replicates,
     complete_cases,
+    corrected_replicates,
+    linear_replicates,
+    ratio_parts,
 )
 from formtax.studies.abstention.frame import (
     CONDITIONS,
@@ -81,9 +84,9 @@ def d_paired_interval(cells: dict[str, Matrix], n_resamples: int, seed: int,
     s, b, c = (float(cells[k].sum()) for k in ("S", "b", "c"))
     d = (b - c) / s if s else NAN
     reps = bootstrap_replicates({k: cells[k] for k in ("S", "b", "c")}, n_resamples, seed, resampling)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        r = (reps["b"] - reps["c"]) / reps["S"]
-    r[reps["S"] == 0] = np.nan
+    r, _, influence, linear = ratio_parts(reps["b"] - reps["c"], reps["S"], cells["b"] - cells["c"], cells["S"])
+    if resampling is Resampling.CORRECTED and s:  # scaled by the linearised ratio's crossed spread
+        r = corrected_replicates(r, d, influence, linear)
     low, high = percentile_bounds(r)
     return d, low, high, int(np.isnan(r).sum())
 
@@ -106,7 +109,8 @@ def _length_total_diffs(sf: pd.DataFrame, first: str, second: str, kind: str, co
     for name in ("delta_length", "delta_total"):
         a, b = CONTRASTS[name]
         point = float(m[f"{a}_2"].mean() - m[f"{b}_2"].mean() - (m[f"{a}_1"].mean() - m[f"{b}_1"].mean()))
-        low, high = percentile_bounds((reps[f"{a}_2"] - reps[f"{b}_2"]) - (reps[f"{a}_1"] - reps[f"{b}_1"]))
+        low, high = percentile_bounds(linear_replicates(reps, m, {f"{a}_2": 1, f"{b}_2": -1, f"{a}_1": -1,
+                                                                  f"{b}_1": 1}))
         out.update({f"{name}_diff": point, f"{name}_diff_low": low, f"{name}_diff_high": high})
     return out
 
@@ -168,9 +172,9 @@ def language_table(df: pd.DataFrame, n_resamples: int, seed: int) -> pd.DataFram
                 _, row["d_paired_low"], row["d_paired_high"], row["n_replicates_undefined"] = d_paired_interval(
                     cells, n_resamples, seed)
                 reps = bootstrap_replicates(cells, n_resamples, seed)
-                dm1 = reps["constrained_1"] - reps["short_1"]
-                dm2 = reps["constrained_2"] - reps["short_2"]
-                row["delta_mask_diff_low"], row["delta_mask_diff_high"] = percentile_bounds(dm2 - dm1)
+                dm = linear_replicates(reps, cells, {"constrained_2": 1, "short_2": -1, "constrained_1": -1,
+                                                     "short_1": 1})
+                row["delta_mask_diff_low"], row["delta_mask_diff_high"] = percentile_bounds(dm)
                 row["short_acc_1"], row["short_acc_2"] = (
                     float(m["short_1"].mean()),
                     float(m["short_2"].mean()),
