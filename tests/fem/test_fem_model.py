@@ -29,7 +29,8 @@ def fems(default_model) -> dict[str, FemArtifact]:
         cfg = DistillConfig(task="gsm8k", form=form, states=16, samples=3, max_tokens=20, em_iters=2, batch_size=3)
         hmm, meta = build_fem(default_model, cfg)
         out[name] = FemArtifact(hmm, meta)
-        assert meta["init"] == "kmeans" and meta["n_samples"] == 3
+        # each form's paper: Deco-G's n-gram frequencies, Ctrl-G's hidden-state clusters (issue 37, point 8)
+        assert meta["init"] == ("ngram" if form == "instruction-aware" else "kmeans") and meta["n_samples"] == 3
     return out
 
 

@@ -25,7 +25,9 @@ def _args(p: argparse.ArgumentParser) -> None:
     b.add_argument("--max-tokens", type=int, default=256, help="token budget per generation (default 256)")
     b.add_argument("--em-iters", type=int, default=5, help="Baum-Welch iterations (default 5)")
     b.add_argument("--init", default="auto", choices=["auto", "kmeans", "ngram"],
-                   help="initial labelling: k-means of LM hidden states (auto when available) or bigram statistics")
+                   help="initial labelling: bigram statistics (ngram: Deco-G's n-gram frequencies, auto for "
+                        "instruction-aware) or k-means of LM hidden states (kmeans: Ctrl-G's, auto for unconditional "
+                        "where the backend has them)")
     b.add_argument("--temperature", type=float, default=None,
                    help="sampling temperature (default: 0 = greedy for instruction-aware, 1 for unconditional)")
     b.add_argument("--seed", type=int, default=0, help="sampling and EM seed")

@@ -9,9 +9,11 @@ Two forms:
 * ``unconditional`` (Ctrl-G): samples from a bare start token (the tokenizer's BOS, else its EOS), temperature 1.
 
 Each response (EOS included when the model stopped) becomes a training sequence after an *empty token*; the HMM is
-initialised from a hard labelling of positions (``kmeans``: k-means of the LM's last hidden state that predicts the
-token, our default when the backend exposes hidden states; ``ngram``: k-means of previous-token bigram
-statistics), refined by Baum-Welch, and the empty token's mass is then spread over what follows it
+initialised from a hard labelling of positions (``ngram``: k-means of previous-token bigram statistics, so the
+transition weights start from the n-gram frequencies of the model's own answers as Deco-G does, paper 001 section
+3.1, the default of the instruction-aware form; ``kmeans``: k-means of the LM's last hidden state that predicts the
+token, Ctrl-G's latent-variable distillation, the default of the unconditional form where the backend exposes
+hidden states), refined by Baum-Welch, and the empty token's mass is then spread over what follows it
 (:func:`formtax.fem.hmm.spread_empty`).
 """
 
@@ -151,6 +153,8 @@ def build_fem(backend: Backend, cfg: DistillConfig, progress: Progress | None = 
     if not seqs:
         raise ConfigError("the model produced no tokens to distil from")
     init = cfg.init
+    if init == "auto":  # each form's own paper: Deco-G's n-gram frequencies, Ctrl-G's hidden-state clusters
+        init = "ngram" if cfg.form == "instruction-aware" else "auto"
     labels: list[list[int]] | None = None
     if init in ("auto", "kmeans"):
         hidden = lm_hidden_states(backend, prompts, responses, progress)

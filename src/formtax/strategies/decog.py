@@ -6,9 +6,10 @@ format is the request's answer template placed as the *last line* of a free reas
 ``reason-answer`` output format the prompts ask for), with an optional leading space; ``placement = "anywhere"``
 instead requires the key phrase to appear anywhere (text may follow it), as Deco-G does for GSM8K.
 
-* ``decog``: an instruction-aware HMM (``formtax fem build --form instruction-aware``), top-k state pruning
-  keeping 5% of the states by default (the paper keeps 200 of 4096; ``state_top_k=200`` gives an absolute k), gamma =
-  1 (the paper tunes it per model; ours is a starting point). Each record keeps the retained mass per step
+* ``decog``: an instruction-aware HMM (``formtax fem build --form instruction-aware``, initialised from n-gram
+  frequencies as the paper's section 3.1), top-k state pruning keeping 5% of the states by default (the paper's
+  "top 5% (k = 200)" of about 4096; ``state_top_k=200`` gives an absolute k; docs/ALGORITHMS.md section 7 has the
+  measured effect of both), gamma = 1 (the paper tunes it per model; ours is a starting point). Each record keeps the retained mass per step
   (``stats.fem_mass``); the report's ``fem_mass`` table and figure show it per step (the paper's
   hidden-state concentration figure).
 * ``ctrlg``: Ctrl-G's setting: an HMM from unconditional samples (``--form unconditional``), the full state space,
