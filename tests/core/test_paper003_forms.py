@@ -113,6 +113,11 @@ def test_the_json_form_spec():
     assert key.output_format(get_task("gsm8k")) is OutputFormat.REASON_KEYPHRASE
 
 
+def test_the_key_phrase_form_needs_a_task_with_one(tmp_path):
+    with pytest.raises(ConfigError, match="no key-phrase format"):
+        run(RunConfig(task="arith", strategies=["free:keyphrase"], backend="fake", limit=1), tmp_path / "k")
+
+
 def test_the_paper_plan_compares_the_explicit_plain_form_with_the_json_one(tmp_path):
     """--prompt-variants paper: the JSON form by default, its Table 2 twin written :plain; the answer-form table
     pairs them and verify accepts the rewritten specs."""

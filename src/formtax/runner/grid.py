@@ -215,6 +215,9 @@ def plan_grid(
         if s.json_answer and not task.has_json_answer_form:
             raise ConfigError(f"{s.spec}: task {task.name!r} has its own answer format; the JSON answer form needs "
                               "the generic prompts")
+        if s.form is AnswerForm.KEYPHRASE and task.fem_output_format is not OutputFormat.REASON_KEYPHRASE:
+            raise ConfigError(f"{s.spec}: task {task.name!r} has no key-phrase format (Deco-G's GSM8K and SummEval "
+                              "phrases); drop :keyphrase")
         if s.json_answer and style is PromptStyle.BASE:
             raise ConfigError(f"{s.spec}: a base-model prompt shows the answer line in its shots, not the JSON "
                               "answer form; use --prompt-style chat")
