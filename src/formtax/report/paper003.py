@@ -16,17 +16,15 @@ import pandas as pd
 from formtax.report.analyses import Analysis, register_analysis
 from formtax.report.comparisons import _paired_row
 from formtax.report.matrices import frame
+from formtax.runner.grid import JSON_FORM, AnswerForm
 from formtax.stats import DEFAULT_RESAMPLING
 
-JSON_FORM = ":json"
+PLAIN_FORM = AnswerForm.PLAIN.suffix
 COLUMNS = [
     "task", "base_strategy", "level", "rc", "strategy_line", "strategy_json", "n_items", "n_runs",
     "n_items_dropped", "drop_reasons", "acc_line", "acc_json", "diff", "diff_low", "diff_high", "items_json_better",
     "items_line_better", "paired_p", "paired_test", "confidence", "interval_method", "n_resamples",
 ]  # fmt: skip
-
-
-PLAIN_FORM = ":plain"
 
 
 def line_form(strategy: str, present: set[str] | None = None) -> str:

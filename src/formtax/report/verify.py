@@ -215,7 +215,6 @@ def verify_report(run_dir: Path) -> list[str]:
     except DataError as exc:
         problems.append(f"cannot recompute the tables: {exc}")
         return problems
-    # reports written before the option existed used the default rule
     # a report written before the key existed used the crossed rule, the only one then
     resampling = Resampling(meta.get("resampling", Resampling.ITEMS_AND_SEEDS.value))
     expected = compute_tables(df, n_resamples=n_resamples, seed=seed, resampling=resampling,

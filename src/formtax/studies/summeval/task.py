@@ -9,8 +9,9 @@ has the score in ``answer``. Deco-G places the rating phrase anywhere (paper 001
 任意位置", while the baselines append it at the end), so the FEM strategies' format is the key phrase
 (``fem_output_format`` REASON_KEYPHRASE, ``key_phrase`` "The rating is "): a prompt that asks for the sentence
 somewhere in the response, the FEM placed ``anywhere``, the last phrase read. Beside them ``free`` and
-``constrained`` get the same prompt (runner.grid.deco_g_baselines); alone, they keep the last-line format. The prompts are ours (the paper's criteria come from ChatGPT and are not reproduced):
-a one-sentence task, the aspect's definition in our words, the format instruction, then the article and the summary.
+``constrained`` get the same prompt (runner.grid.deco_g_baselines); alone, they keep the last-line format. The
+prompts are ours (the paper's criteria come from ChatGPT and are not reproduced): a one-sentence task, the aspect's
+definition in our words, the format instruction, then the article and the summary.
 
 Gold and scoring (our choices): ``Item.gold`` is the expert *mean* written with 4 decimals (the correlation
 analysis, :mod:`formtax.studies.summeval.judge`, needs it from the records alone), not a normalised answer as for other
