@@ -16,6 +16,13 @@ Against the suite's own ``valid`` flags: an invalid instance reported as parsed 
 happen (``invalid_parsed``, target 0); a valid one the grammar refuses is coverage lost (``valid_refused``).
 ``ratio``: the share of schemas compiled (exactly or approximated).
 
+Format assertion: the suite's ``optional/format`` tests (vendored beside it) run the same way with the oracle's format
+checker on (formtax's default: :func:`~formtax.constraints.spec.schema_validator`), so an invalid date, email, URI
+template, ... must come back unparsed (``format_invalid_parsed``, target 0). Their table adds ``unchecked``: schemas
+with a format neither the grammar nor the oracle checks (named in ``Result.stats["formats_unchecked"]``). In the
+required suite's ``format.json`` the suite counts a wrong format as valid (annotation only), so format assertion
+refuses those instances there: counted in ``valid_refused``, on purpose.
+
 ``--jsonschemabench DIR`` also compiles every schema of a JSONSchemaBench checkout's ``data`` folder (real-world
 schemas from GitHub, Kubernetes, JSON Schema Store, ...; not vendored: pass the folder) and reports, per source, the
 share compiled exactly, approximated and refused (target: at least 95% compiled).
@@ -37,6 +44,7 @@ from formtax.constraints.spec import JsonConstraint
 from formtax.errors import ConstraintError
 
 SUITE = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "json-schema-test-suite" / "draft2020-12"
+FORMATS = SUITE / "optional" / "format"
 
 
 @dataclass
@@ -49,13 +57,14 @@ class Tally:
     invalid_parsed: int = 0  # must stay 0
     invalid_rejected: int = 0
     grammar_admits_invalid: int = 0  # the grammar admitted an invalid instance; the oracle caught it
+    unchecked: int = 0  # compiled schemas with a format that neither the grammar nor the oracle checks
     reasons: Counter[str] = field(default_factory=Counter)
     approximations: Counter[str] = field(default_factory=Counter)
     refused_schemas: list[str] = field(default_factory=list)
 
     def add(self, other: Tally) -> None:
         for k in ("exact", "approximated", "refused", "valid_parsed", "valid_refused", "invalid_parsed",
-                  "invalid_rejected", "grammar_admits_invalid"):
+                  "invalid_rejected", "grammar_admits_invalid", "unchecked"):
             setattr(self, k, getattr(self, k) + getattr(other, k))
         self.reasons.update(other.reasons)
         self.approximations.update(other.approximations)
@@ -88,6 +97,7 @@ def run_group(group: dict[str, Any], where: str) -> Tally:
         t.reasons[_reason(str(e))] += 1
         t.refused_schemas.append(f"{where}: {_reason(str(e))}")
         return t
+    t.unchecked += int(bool(c.unchecked_formats))
     if c.approximations:
         t.approximated += 1
         t.approximations.update(c.approximations)
@@ -153,6 +163,25 @@ def report_bench(folder: Path) -> dict[str, Any]:
             "jsonschemabench_compiled": round(share, 4), "jsonschemabench_target": 0.95}
 
 
+def report_formats() -> dict[str, Any]:
+    """The ``optional/format`` table, format assertion on (module docstring), and its totals."""
+    per = run_suite(FORMATS)
+    total = Tally()
+    print("\n| format (assertion on) | schemas | exact | approximated | unchecked | refused | valid parsed | "
+          "valid refused | invalid rejected | invalid parsed |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for name, t in [*per.items(), ("**all**", total)]:
+        if name != "**all**":
+            total.add(t)
+        print(f"| {name} | {t.schemas} | {t.exact} | {t.approximated} | {t.unchecked} | {t.refused} | "
+              f"{t.valid_parsed} | {t.valid_refused} | {t.invalid_rejected} | {t.invalid_parsed} |")
+    t = total
+    return {"format_schemas": t.schemas, "format_exact": t.exact, "format_approximated": t.approximated,
+            "format_unchecked": t.unchecked, "format_refused": t.refused, "format_valid_parsed": t.valid_parsed,
+            "format_valid_refused": t.valid_refused, "format_invalid_parsed": t.invalid_parsed,
+            "format_invalid_rejected": t.invalid_rejected, "format_invalid_parsed_target": 0}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--details", action="store_true", help="list every refused schema with its reason")
@@ -174,8 +203,9 @@ def main() -> None:
     if a.details:
         print("\n".join(t.refused_schemas))
     compiled = t.exact + t.approximated
+    fmt = report_formats()
     bench = report_bench(a.jsonschemabench) if a.jsonschemabench is not None else {}
-    finish({**bench, "bench": "schema_coverage", "schemas": t.schemas, "exact": t.exact, "approximated": t.approximated,
+    finish({**bench, **fmt, "bench": "schema_coverage", "schemas": t.schemas, "exact": t.exact, "approximated": t.approximated,
             "refused": t.refused, "valid_parsed": t.valid_parsed, "valid_refused": t.valid_refused,
             "invalid_parsed": t.invalid_parsed, "invalid_rejected": t.invalid_rejected,
             "grammar_admits_invalid": t.grammar_admits_invalid, "invalid_parsed_target": 0,

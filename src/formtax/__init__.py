@@ -18,13 +18,14 @@ _LAZY: dict[str, str] = {
     "stream": "formtax.streaming",
     "from_pydantic": "formtax.constraints.native",
     "from_transformers": "formtax.api",
+    "agenerate": "formtax.api",
     "generate": "formtax.api",
     "generate_batch": "formtax.api",
     "load_model": "formtax.api",
 }
 
 if TYPE_CHECKING:
-    from formtax.api import from_transformers, generate, generate_batch, load_model
+    from formtax.api import agenerate, from_transformers, generate, generate_batch, load_model
     from formtax.constraints.native import from_pydantic
     from formtax.streaming import Delta, astream, stream
 
@@ -36,5 +37,5 @@ def __dir__() -> list[str]:
     return sorted([*globals(), *_LAZY])
 
 
-__all__ = ["Delta", "__version__", "astream", "from_pydantic", "from_transformers", "generate", "generate_batch",
+__all__ = ["Delta", "__version__", "agenerate", "astream", "from_pydantic", "from_transformers", "generate", "generate_batch",
            "load_model", "stream"]

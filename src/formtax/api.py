@@ -19,7 +19,7 @@ from formtax.backends import Backend, load_backend
 from formtax.constraints.native import as_constraint
 from formtax.constraints.spec import Constraint
 from formtax.decoding.engine import Capability
-from formtax.decoding.sampling import Sampling
+from formtax.decoding.sampling import Sampling, row_seeds
 from formtax.errors import ConfigError, ContextLengthError
 from formtax.strategies import Request, Result, get_strategy
 from formtax.strategies.base import Prompt, Strategy
@@ -102,7 +102,7 @@ def generate_batch(
     max_tokens: int = 256,
     reasoning: str | None = None,
     triggers: Sequence[str] = (),
-    seed: int = 0,
+    seed: int | None = None,
     constrain: bool = True,
     temperature: float = 0.0,
     top_p: float = 1.0,
@@ -137,17 +137,18 @@ def generate_batch(
 
 
 def requests_of(backend: Backend, prompts: Sequence[Prompt], constraint: Constraint | None, max_tokens: int,
-                reasoning: str | None, triggers: Sequence[str], seed: int, constrain: bool, sampling: Sampling,
+                reasoning: str | None, triggers: Sequence[str], seed: int | None, constrain: bool, sampling: Sampling,
                 model_defaults: bool, raw: bool, closing: bool | None, options: dict[str, Any]) -> list[Request]:
     """The strategy requests of :func:`generate_batch` (shared with the server's batches, which decode them
     under their own hooks)."""
     sampling = resolve_sampling(backend, sampling, model_defaults)
     closing = resolve_closing(backend, closing)
+    listed = _prompts(prompts)
     return [
-        Request(_prompt(p, raw), constraint, max_tokens=max_tokens, seed=seed, reasoning_prefix=reasoning,
+        Request(_prompt(p, raw), constraint, max_tokens=max_tokens, seed=s, reasoning_prefix=reasoning,
                 triggers=triggers, constrain=constrain, temperature=sampling.temperature, top_p=sampling.top_p,
                 top_k=sampling.top_k, min_p=sampling.min_p, closing=closing, options=dict(options))
-        for p in _prompts(prompts)
+        for p, s in zip(listed, row_seeds(seed, len(listed)), strict=True)
     ]
 
 
@@ -155,6 +156,9 @@ def finish_results(backend: Backend, strat: Strategy, reqs: Sequence[Request], r
                    ) -> list[Result]:
     """Typed answers, and whether closing mode was in effect (its default depends on the backend)."""
     out = [typed_result(r, reqs[0].constraint) for r in results]
+    for r, q in zip(out, reqs, strict=False):
+        if q.temperature > 0:  # the seed the row drew with (fresh when none was given): enough to reproduce it
+            r.stats["seed"] = q.seed
     if reqs and reqs[0].constraint is not None and reqs[0].constrain:
         for r in out:
             r.stats.setdefault("closing", reqs[0].closing and strat.closing_target(backend, reqs[0]) is not None)
@@ -195,6 +199,20 @@ def resolve_sampling(model: Backend, sampling: Sampling, model_defaults: bool) -
     return defaults
 
 
+async def agenerate(model: Backend, prompt: Prompt, strategy: str = "free", answer: Any = None,
+                    **kwargs: Any) -> Result:
+    """:func:`generate` for asyncio code: decoding runs in a worker thread, so the event loop stays free.
+
+    Thread safety (tested in tests/core/test_api_threads.py): calls on one model from several threads (or
+    concurrent ``agenerate`` tasks) are safe and give what sequential calls give, token for token. Each call has
+    its own grammar matchers, KV cache and generators; the weights are only read, and the compiled-grammar and
+    witness caches are locked LRU maps. They share the CPU, so they do not run faster than one batch
+    (:func:`generate_batch` is the fast way to decode many prompts)."""
+    import asyncio
+
+    return await asyncio.to_thread(generate, model, prompt, strategy, answer, **kwargs)
+
+
 def generate(
     model: Backend,
     prompt: Prompt,
@@ -203,7 +221,7 @@ def generate(
     max_tokens: int = 256,
     reasoning: str | None = None,
     triggers: Sequence[str] = (),
-    seed: int = 0,
+    seed: int | None = None,
     constrain: bool = True,
     temperature: float = 0.0,
     top_p: float = 1.0,

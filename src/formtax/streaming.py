@@ -11,8 +11,9 @@ How: the strategy's own rows run through the ordinary decode loop (``SinglePass.
 behind a :class:`Tap`, a transparent wrapper that reports every emitted token with the phase its policy was in.
 So the Result is exactly ``generate``'s. Each phase run is detokenised cumulatively, as the Result's per-phase texts
 are (``Result.phases``), and a delta is held back while it ends inside an incomplete UTF-8 character; the deltas
-of a phase concatenate to that phase's text, and all deltas to ``Result.text`` whenever no character straddles a
-phase boundary. A phase is the
+of a phase that carry tokens concatenate to that phase's text, and all deltas to ``Result.text`` whenever no
+character straddles a phase boundary (InWriting's line break at a glued switch is a delta of its own, with no
+tokens). A phase is the
 policy's at the token: InWriting's switch moves from ``reasoning`` to ``answer`` live; strategies that decide the
 split afterwards (Deco-G's last line) stream as ``reasoning`` and the Result holds the split.
 
@@ -38,7 +39,8 @@ from formtax.constraints.native import as_constraint
 from formtax.constraints.spec import Constraint
 from formtax.decoding.engine import Backend, Capability, TokenizerInfo
 from formtax.decoding.loop import Plan, Policy, RowOutput, RowRequest, decode
-from formtax.decoding.sampling import Sampling
+from formtax.decoding.plan import Phase
+from formtax.decoding.sampling import Sampling, row_seeds
 from formtax.errors import ConfigError
 from formtax.strategies import Request, Result, get_strategy
 from formtax.strategies.base import Prompt, SinglePass
@@ -78,6 +80,9 @@ class Tap(Policy):
     def budget_exhausted(self) -> str:
         return self.inner.budget_exhausted()
 
+    def row_stats(self) -> dict[str, Any]:
+        return self.inner.row_stats()
+
     def __getattr__(self, name: str) -> Any:  # strategies may read their policy's own state
         return getattr(self.inner, name)
 
@@ -87,7 +92,7 @@ END = object()
 
 
 def stream(model: Backend, prompt: Prompt, strategy: str = "free", answer: Any = None, max_tokens: int = 256,
-           reasoning: str | None = None, triggers: Sequence[str] = (), seed: int = 0, constrain: bool = True,
+           reasoning: str | None = None, triggers: Sequence[str] = (), seed: int | None = None, constrain: bool = True,
            temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0,
            model_defaults: bool = False, raw: bool = False, closing: bool | None = None) -> Iterator[Delta | Result]:
     """Deltas as they are decoded, then the Result (module docstring; arguments as :func:`formtax.generate`)."""
@@ -99,7 +104,8 @@ def stream(model: Backend, prompt: Prompt, strategy: str = "free", answer: Any =
         raise ConfigError(f"backend {backend.name!r} decodes outside formtax's loop and cannot stream")
     constraint = as_constraint(answer) if answer is not None else None
     sampling = resolve_sampling(backend, Sampling(temperature, top_p, top_k, min_p), model_defaults)
-    req = Request(_prompt(prompt, raw), constraint, max_tokens=max_tokens, seed=seed, reasoning_prefix=reasoning,
+    req = Request(_prompt(prompt, raw), constraint, max_tokens=max_tokens, seed=row_seeds(seed, 1)[0],
+                  reasoning_prefix=reasoning,
                   triggers=triggers, constrain=constrain, temperature=sampling.temperature, top_p=sampling.top_p,
                   top_k=sampling.top_k, min_p=sampling.min_p,
                   closing=resolve_closing(backend, closing))
@@ -122,17 +128,23 @@ def stream(model: Backend, prompt: Prompt, strategy: str = "free", answer: Any =
             q.put(END)
 
     threading.Thread(target=work, name="formtax-stream", daemon=True).start()
-    yield from deltas(backend.tokenizer, q)
+    yield from deltas(backend.tokenizer, q, seam=strategy == "inwriting")
 
 
-def deltas(tok: TokenizerInfo, q: queue.Queue[Any]) -> Iterator[Delta | Result]:
+def deltas(tok: TokenizerInfo, q: queue.Queue[Any], seam: bool = False) -> Iterator[Delta | Result]:
     """Deltas from a queue of ``(token, phase)`` items, then the Result put after them; an exception put there is
     raised; :data:`END` ends (module docstring: cumulative detokenisation per phase run, incomplete characters
-    held back). Shared by :func:`stream` and the server's streamed requests (which decode in shared batches)."""
+    held back). Shared by :func:`stream` and the server's streamed requests (which decode in shared batches).
+
+    ``seam``: the Result's text puts a line break where InWriting's switch glued the reasoning to the answer
+    (:func:`~formtax.strategies.inwriting.reader_text`); that break comes as a delta of its own, in the answer's
+    phase and with no tokens, so the deltas always concatenate to ``Result.text``."""
     run: list[int] = []  # the tokens of the current phase run, detokenised together
     run_phase = ""
     sent = ""  # what of the run's text was sent
     pending: list[int] = []
+    last = ""  # the last character sent before the answer phase (for the seam)
+    answered = False  # an answer delta with text was sent
 
     def flush(final: bool) -> Delta | None:
         nonlocal sent, pending
@@ -145,6 +157,18 @@ def deltas(tok: TokenizerInfo, q: queue.Queue[Any]) -> Iterator[Delta | Result]:
         sent, pending = text, []
         return d
 
+    def sealed(d: Delta) -> list[Delta]:
+        """``d``, after the seam's line break where it belongs (docstring)."""
+        nonlocal last, answered
+        if d.phase != Phase.ANSWER:
+            last = d.text[-1] if d.text else last
+            return [d]
+        if not seam or answered or not d.text:
+            return [d]
+        answered = True
+        glued = last and not last.isspace() and not d.text[0].isspace()
+        return [Delta("\n", d.phase, ()), d] if glued else [d]
+
     while True:
         item = q.get()
         if item is END:
@@ -154,21 +178,21 @@ def deltas(tok: TokenizerInfo, q: queue.Queue[Any]) -> Iterator[Delta | Result]:
         if isinstance(item, Result):
             d = flush(final=True)  # what an incomplete character held back, or an EOS (text "")
             if d is not None:
-                yield d
+                yield from sealed(d)
             yield item
             continue
         token, phase = item
         if phase != run_phase and run:  # a new phase: the old run's text is complete as it is
             d = flush(final=True)
             if d is not None:
-                yield d
+                yield from sealed(d)
             run, sent, pending = [], "", []
         run_phase = phase
         run.append(token)
         pending.append(token)
         d = flush(final=False)
         if d is not None:
-            yield d
+            yield from sealed(d)
 
 
 async def astream(model: Backend, prompt: Prompt, strategy: str = "free", answer: Any = None,

@@ -42,9 +42,10 @@ def test_sampled_run_estimate_matches_exact(tmp_path):
     path = write_world(world, tmp_path / "w.json")
     cal = calibrate(str(path), tmp_path / "o", strategies=["free", "short", "constrained"], seeds=10,
                     temperature=1.0, n_resamples=500)
-    for row in cal.rows:
-        if row.quantity.startswith("accuracy"):
-            assert abs(row.exact - row.estimate) < 0.12, row  # 200 sampled records per cell
+    rows = [row for row in cal.rows if row.quantity.startswith("accuracy")]
+    assert len(rows) >= 3  # one per strategy at least
+    for row in rows:
+        assert abs(row.exact - row.estimate) < 0.12, row  # 200 sampled records per cell
 
 
 def test_coverage_study_runs_and_is_sane(tmp_path):

@@ -25,19 +25,19 @@ Q = "What is 12 + 30?"
 def test_bounded_slot_inside_text_is_never_out_of_range(seed):
     r = formtax.generate(FakeBackend(random_logits(seed=seed)), Q, "json", "The answer is: {int:0..999}",
                          max_tokens=120, temperature=1.0, seed=seed)
-    if r.parse_ok:
-        answer = json.loads(r.answer_text or "")["answer"]
-        m = re.fullmatch(r"The answer is: (-?\d+)", answer)
-        assert m is not None and 0 <= int(m.group(1)) <= 999, answer
+    assert r.parse_ok, (r.text, r.finish_reason)  # closing mode: every answer finishes inside the budget
+    answer = json.loads(r.answer_text or "")["answer"]
+    m = re.fullmatch(r"The answer is: (-?\d+)", answer)
+    assert m is not None and 0 <= int(m.group(1)) <= 999, answer
 
 
 @pytest.mark.parametrize("seed", range(10))
 def test_free_text_slot_keeps_its_cap_and_is_never_empty(seed):
     r = formtax.generate(FakeBackend(random_logits(seed=seed)), Q, "json", "Label: {str:3}", max_tokens=120,
                          temperature=1.0, seed=seed)
-    if r.parse_ok:
-        answer = json.loads(r.answer_text or "")["answer"]
-        assert answer.startswith("Label: ") and 1 <= len(answer) - len("Label: ") <= 3 * 4, answer
+    assert r.parse_ok, (r.text, r.finish_reason)  # closing mode: every answer finishes inside the budget
+    answer = json.loads(r.answer_text or "")["answer"]
+    assert answer.startswith("Label: ") and 1 <= len(answer) - len("Label: ") <= 3 * 4, answer
 
 
 def test_adjacent_slots_try_every_split():

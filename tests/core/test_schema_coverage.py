@@ -99,4 +99,7 @@ def test_the_grammar_keeps_the_declared_property_order():
 
 
 def test_valid_instances_stay_parsed(suite):
-    assert sum(t.valid_parsed for t in suite.values()) >= 686  # 686 of 715 at the time of writing
+    # 679 of 715: format assertion (constraints/formats.py) refuses the 7 instances of format.json whose wrong format
+    # the required suite counts as valid (annotation only); 686 before it
+    assert sum(t.valid_parsed for t in suite.values()) >= 679
+    assert suite["format"].valid_refused == 19

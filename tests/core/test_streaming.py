@@ -26,10 +26,9 @@ def test_stream_adds_up_to_generate(strategy, answer, seed):
     assert res.token_ids == ref.token_ids and res.parsed == ref.parsed and res.finish_reason == ref.finish_reason
     assert [t for d in deltas for t in d.token_ids] == ref.token_ids
     phases = list(dict.fromkeys(d.phase for d in deltas))
-    if len(phases) == 1:
-        assert "".join(d.text for d in deltas) == ref.text
-    for ph in phases:  # each phase's deltas are that phase's text
-        assert "".join(d.text for d in deltas if d.phase == ph) == res.phases[ph], ph
+    assert "".join(d.text for d in deltas) == ref.text  # all of them: the text (InWriting's seam included)
+    for ph in phases:  # each phase's deltas are that phase's text; the seam's line break carries no token
+        assert "".join(d.text for d in deltas if d.phase == ph and d.token_ids) == res.phases[ph], ph
     if strategy == "inwriting":  # the switch shows live: reasoning deltas, then answer deltas
         assert phases in (["reasoning", "answer"], ["answer"], ["reasoning"])
 

@@ -109,6 +109,25 @@ def test_sentences_follow_the_intervals() -> None:
     assert f["parse"].startswith("Strict parse rate (20 items x 1 run, 95% intervals): json 100% [90, 100], short 75%")
 
 
+def test_an_interval_that_excludes_0_beside_a_paired_p_of_1_is_not_called_a_difference() -> None:
+    """Issue 49's example: 3 items x 2 variants, one correct cell; the corrected bootstrap put the interval off 0
+    while the exact paired test gave p = 1. A finding needs both to reject, and names the one that does not."""
+    acc = pd.DataFrame([
+        {"task": "gsm8k", "strategy": s, "n_items_used": 3, "n_runs": 2, "acc_strict": a, "acc_strict_low": 0.0,
+         "acc_strict_high": 0.6, "parse_rate_strict": 1.0, "parse_rate_strict_low": 0.4,
+         "parse_rate_strict_high": 1.0, "parse_rate_format": 1.0, "parse_rate_format_low": 0.4,
+         "parse_rate_format_high": 1.0} for s, a in (("free", 0.0), ("inwriting", 1 / 6))])
+    paired = pd.DataFrame([{"task": "gsm8k", "strategy_a": "free", "strategy_b": "inwriting", "diff": -1 / 6,
+                            "diff_low": -0.577, "diff_high": -0.030, "paired_p": 1.0, "n_pairs": 6}])
+    sentence = findings_table(acc, paired, "free").set_index("finding")["sentence"]["baseline"]
+    assert "distinguishable" in sentence and "is not called distinguishable" in sentence
+    assert sentence == ("Accuracy against the baseline free: inwriting +0.17 [0.03, 0.58] is not called "
+                        "distinguishable: the interval excludes 0 but the paired test does not reject (paired p = 1).")
+    paired.loc[0, ["diff", "diff_low", "diff_high"]] = [0.001, -0.004, 0.3]
+    sentence = findings_table(acc, paired, "free").set_index("finding")["sentence"]["baseline"]
+    assert "-0.00" not in sentence and "[-0.30, 0.00]" in sentence
+
+
 def test_decomposition_gains_carry_their_std_over_runs(tmp_path: Path) -> None:
     """Issue 37, point 4: paper 003 reports each gain as mean +- std over seeds x prompt variants; the table gives
     that std beside the pooled gain and its bootstrap interval, recomputed here by hand from the records."""

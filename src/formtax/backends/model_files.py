@@ -56,14 +56,6 @@ def default_gguf() -> Path:
     return path
 
 
-def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
 # Bumped whenever a converted folder's contents change, so a folder written by older code (or by another
 # environment's transformers) is converted afresh instead of reused. 2: the GGUF's add_bos/add_eos flags are
 # written into the folder's tokenizer (transformers 5.19's GGUF reader drops Gemma's BOS; 5.24's keeps it).

@@ -98,7 +98,8 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-closing", action="store_true",
                    help="let a constrained answer run out of budget unfinished (default on transformers: closing "
                         "mode, the answer always finishes inside --max-tokens; vLLM and servers do not close)")
-    p.add_argument("--seed", type=int, default=0, help="sampler seed (only matters when sampling)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="sampler seed (only matters when sampling; default: fresh entropy, recorded in the stats)")
     # the strategies' own flags (--tau, --beam-rule, --fem, --json-layout, ...), generated from their options models
     from formtax.strategies.options import add_option_args
 

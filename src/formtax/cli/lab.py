@@ -68,6 +68,9 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json-layout", choices=["flexible", "compact"], default="flexible",
                    help="json strategy: JSON whitespace wherever a parser allows it (default; paper 003's schema) "
                         "or json.dumps' compact spelling")
+    p.add_argument("--closing", action="store_true",
+                   help="closing mode: every constrained answer finishes inside its budget (off by default: the "
+                        "papers' decoders); the tokens table then reports per strategy how many records it changed")
     p.add_argument("--batch-size", type=int, default=8, help="requests decoded together")
     p.add_argument("--extractor-model", default=None,
                    help="nl2format: the model of the second (extraction) call, e.g. a larger one as in paper 003 "
@@ -130,6 +133,8 @@ def run_cmd(args: argparse.Namespace) -> int:
     elif given:
         flags = ", ".join("--" + k.replace("_", "-") for k in given)
         raise ConfigError(f"{flags}: only for --task jsonl:PATH (not --task {args.task})")
+    if args.closing and args.backend == "openai":
+        raise ConfigError("--closing needs the logits of every step; an OpenAI-compatible server does not expose them")
     if args.pairs is not None:
         task_options["pairs"] = args.pairs
     if args.translations is not None:
@@ -147,7 +152,8 @@ def run_cmd(args: argparse.Namespace) -> int:
                     data_dir=args.data_dir, task_options=task_options,
                     hypotheses=str(args.hypotheses.resolve()) if args.hypotheses is not None else None,
                     workers=args.workers, ray_address=args.ray_address, backend_options=backend_options(args),
-                    fem=args.fem, json_layout=args.json_layout)
+                    fem=args.fem, json_layout=args.json_layout,
+                    closing=args.closing)
     bar: tqdm | None = None
 
     def progress(done: int, total: int) -> None:

@@ -59,7 +59,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args._run(args))
     except FormtaxError as e:
-        print(f"formtax: error: {e}", file=sys.stderr)
+        # the library names the API's parameter (max_tokens, as HTTP does); the CLI names its flag
+        print(f"formtax: error: {e}".replace("raise max_tokens", "raise --max-tokens"), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("formtax: interrupted", file=sys.stderr)

@@ -76,10 +76,6 @@ def compile_grammar(grammar: str, tokenizer: EngineTokenizer) -> CompiledGrammar
     return _CACHE.put(key, CompiledGrammar(grammar, tokenizer, m))
 
 
-def cache_size() -> int:
-    return len(_CACHE)
-
-
 class Matcher:
     """Per-request grammar state: allowed set, consume, rollback, copy, explicit error state."""
 
@@ -167,10 +163,6 @@ class Matcher:
     @property
     def error(self) -> str | None:
         return self._ll.get_error() if self._ll.is_error() else None
-
-    def forced_tokens(self) -> list[int]:
-        """Tokens the grammar forces from here (no choice left), without consuming them."""
-        return list(self._ll.compute_ff_tokens())
 
 
 _EXECUTOR: llguidance.LLExecutor | None = None

@@ -32,7 +32,6 @@ from enum import StrEnum
 from functools import cached_property
 from typing import Any
 
-import jsonschema
 import llguidance
 
 from formtax.constraints.record import RecordConstraint
@@ -41,8 +40,11 @@ from formtax.constraints.spec import (
     NO_ESCAPE_CHAR,
     Constraint,
     ConstraintError,
+    DuplicateKey,
     TemplateConstraint,
     Validation,
+    load_json,
+    schema_validator,
 )
 from formtax.constraints.template import STR_SLOT_MAX_TOKENS
 
@@ -67,9 +69,11 @@ JSON_SCAFFOLD = len(b'{"reason": "", "answer": }')
 def _load_checked(text: str, validator: Any) -> tuple[Any, Validation | None]:
     """The JSON value of ``text`` and None, or the failed Validation (not JSON, or against the schema)."""
     try:
-        value = json.loads(text)
+        value = load_json(text)
     except json.JSONDecodeError as e:
         return None, Validation(False, error=f"not JSON: {e}")
+    except DuplicateKey as e:
+        return None, Validation(False, error=f"not a valid object: {e}")
     errors = list(validator.iter_errors(value))
     if errors:
         return value, Validation(False, value, error=f"schema violation: {errors[0].message}")
@@ -153,7 +157,7 @@ class JsonReasonAnswer(Constraint):
             "additionalProperties": False,
             **defs,
         }
-        self._validator = jsonschema.validators.validator_for(self.schema)(self.schema)
+        self._validator = schema_validator(self.schema)
 
     # -- which strings the policy caps --------------------------------------------------------------------------
     def _policy_caps(self, cap: int) -> bool:
@@ -306,7 +310,7 @@ class JsonAnswerObject(Constraint):
         defs: dict[str, Any] = {k: self.answer_field[k] for k in ("$defs", "definitions") if k in self.answer_field}
         self.schema: dict[str, Any] = {"type": "object", "properties": {"answer": field}, "required": ["answer"],
                                        "additionalProperties": False, **defs}
-        self._validator = jsonschema.validators.validator_for(self.schema)(self.schema)
+        self._validator = schema_validator(self.schema)
 
     def search(self, text: str) -> Validation:
         """The object the free text ends with (:func:`~formtax.constraints.jsontail.trailing_json_object`)."""

@@ -19,10 +19,13 @@ from __future__ import annotations
 
 import collections.abc
 import dataclasses
+import datetime
+import decimal
 import enum
 import re
 import types
 import typing
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -35,8 +38,21 @@ from formtax.errors import ConstraintError
 INT_REGEX = r"-?(0|[1-9][0-9]{0,18})"  # bounded (to 19 digits), so strategies can reserve its length
 FLOAT_REGEX = r"-?(0|[1-9][0-9]{0,14})(\.[0-9]{1,15})?([eE][+-]?[0-9]{1,3})?"  # a double's digits
 LINE_REGEX = r"[^\n]+"
+DECIMAL_REGEX = r"-?(0|[1-9][0-9]{0,27})(\.[0-9]{1,28})?"  # a plain decimal, as Decimal(text) reads it exactly
+FORMAT_TYPES = (datetime.datetime, datetime.date, datetime.time, uuid.UUID)
+"""Answer types written as a JSON string of a format (date-time, date, time, uuid: Pydantic's schema), which the
+grammar constrains and the oracle's format checker checks; ``parsed`` is the Python value."""
+# RFC 3339 exactly (ours): the engine's date/time formats admit Feb 30 and 17:32:60, which the format checker
+# (and Python) refuse, so each form adds a pattern the grammar intersects with its format: real calendar dates
+# (29 February in leap years only), hours 00-23, minutes and seconds 00-59 (no leap second: Python has none)
+_LEAP = r"(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:[02468][048]|[13579][26])00)"
+_DATE = (r"(?:[0-9]{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)"
+         rf"|02-(?:0[1-9]|1[0-9]|2[0-8]))|{_LEAP}-02-29)")
+_TIME = r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]{1,6})?(?:[Zz]|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
+FORMAT_PATTERNS = {datetime.datetime: f"^{_DATE}[Tt]{_TIME}$", datetime.date: f"^{_DATE}$",
+                   datetime.time: f"^{_TIME}$"}
 ACCEPTED = ("a SPEC string (e.g. 'The answer is: {int}', 'choice:yes|no', 'regex:...', 'json:...'), a Constraint, "
-            "int, float, bool, str, a list or tuple of strings (a choice), typing.Literal[...], an Enum class, "
+            "int, float, bool, str, datetime, date, time, UUID, Decimal, a list or tuple of strings (a choice), typing.Literal[...], an Enum class, "
             "re.compile(...), a Pydantic model class, a typing form (Optional[int], list[int], int | str, "
             "dict[str, int], a TypedDict, a dataclass), or a JSON Schema dict")
 _TYPING_ORIGINS = (list, dict, tuple, set, frozenset, typing.Union, types.UnionType, typing.Annotated,
@@ -88,16 +104,19 @@ def is_typing_form(answer: Any) -> bool:
             or (isinstance(answer, type) and dataclasses.is_dataclass(answer)))
 
 
-def from_type(tp: Any) -> JsonConstraint:
+def from_type(tp: Any, pattern: str | None = None) -> JsonConstraint:
     """A JSON constraint from a typing form (``Optional[int]``, ``list[int]``, ``int | str``, ``dict[str, int]``,
     a ``TypedDict``, a dataclass), as Outlines takes them: the answer is the JSON value, its schema is Pydantic's
     for the type (objects closed, as for a model) and ``parsed`` is the value Pydantic validates it into (a
-    ``list`` of ``int``, ``None`` for JSON ``null``, the dataclass instance, ...)."""
+    ``list`` of ``int``, ``None`` for JSON ``null``, the dataclass instance, ...). ``pattern``: a string
+    pattern the schema adds (:data:`FORMAT_PATTERNS`)."""
     from pydantic import PydanticSchemaGenerationError, PydanticUserError, TypeAdapter
 
     try:
         adapter: TypeAdapter[Any] = TypeAdapter(tp)
         schema = _closed(adapter.json_schema())
+        if pattern is not None:
+            schema["pattern"] = pattern
     except (PydanticSchemaGenerationError, PydanticUserError, TypeError) as e:
         first = str(e).strip().splitlines()[0]
         raise ConstraintError(f"cannot make an answer constraint from the type {_type_name(tp)}: {first}") from e
@@ -148,6 +167,10 @@ def as_constraint(answer: Any) -> Constraint:
         return _choice([True, False], "bool")
     if answer is str:
         return _regex(LINE_REGEX, str, "str")
+    if answer in FORMAT_TYPES:
+        return from_type(answer, FORMAT_PATTERNS.get(answer))
+    if answer is decimal.Decimal:
+        return _regex(DECIMAL_REGEX, decimal.Decimal, "Decimal")
     if isinstance(answer, re.Pattern):
         if not isinstance(answer.pattern, str):
             raise ConstraintError("a bytes regex cannot be an answer; compile a str pattern")

@@ -41,6 +41,7 @@ from typing import Any
 import jsonschema
 import llguidance
 
+from formtax.constraints.formats import CHECKED_FORMATS, schema_validator
 from formtax.constraints.template import (
     Template,
     lark_string,
@@ -292,6 +293,40 @@ class ChoiceConstraint(Constraint):
         return {"enum": list(self.options)}
 
 
+def load_json(text: str) -> Any:
+    """``json.loads`` that refuses repeated keys (:class:`DuplicateKey`), which ``json.loads`` would merge into the
+    last one: ``{"a": 1, "a": "x"}`` is no valid answer to a schema whatever its last value."""
+    return json.loads(text, object_pairs_hook=no_duplicate_keys)
+
+
+def schema_error(e: jsonschema.SchemaError) -> str:
+    """A schema error that names where it is: ``properties.a.type: 'integr' is not valid ...``."""
+    where = ".".join(str(p) for p in e.path)
+    message = e.message
+    if e.context:  # an anyOf/oneOf of the metaschema: the deepest cause says what is wrong
+        best = jsonschema.exceptions.best_match(e.context)
+        if best is not None:
+            message = best.message
+            where = ".".join(str(p) for p in (*e.path, *best.path)) or where
+    return f"{where}: {message}" if where else message
+
+
+def formats_in(schema: Any) -> set[str]:
+    """Every ``format`` value a schema names (in any subschema)."""
+    out: set[str] = set()
+    if isinstance(schema, dict):
+        fmt = schema.get("format")
+        if isinstance(fmt, str):
+            out.add(fmt)
+        for k, v in schema.items():
+            if k not in ("const", "enum", "default", "examples"):
+                out |= formats_in(v)
+    elif isinstance(schema, list):
+        for v in schema:
+            out |= formats_in(v)
+    return out
+
+
 class JsonConstraint(Constraint):
     kind = "json"
 
@@ -299,10 +334,17 @@ class JsonConstraint(Constraint):
         try:
             jsonschema.validators.validator_for(schema).check_schema(schema)
         except jsonschema.SchemaError as e:
-            raise ConstraintError(f"invalid JSON schema: {e.message}") from e
+            raise ConstraintError(f"invalid JSON schema: {schema_error(e)}") from e
         self.schema = schema
         self.source = source or json.dumps(schema, sort_keys=True)
-        self._validator = jsonschema.validators.validator_for(schema)(schema)
+        self._validator = schema_validator(schema)
+
+    @property
+    def unchecked_formats(self) -> tuple[str, ...]:
+        """Formats the oracle's checker does not know (constraints/formats.py): the answer's value for them is
+        checked by nothing but, where the engine knows the format, the grammar (``Result.stats
+        ["formats_unchecked"]``)."""
+        return tuple(sorted(formats_in(self.schema) - CHECKED_FORMATS))
 
     @cached_property
     def _form(self) -> tuple[str, tuple[str, ...]]:
@@ -320,21 +362,23 @@ class JsonConstraint(Constraint):
 
     def validate(self, text: str) -> Validation:
         try:
-            value = json.loads(text)
+            value = load_json(text)
         except json.JSONDecodeError as e:
             return Validation(False, error=f"not JSON: {e}")
+        except DuplicateKey as e:
+            return Validation(False, error=f"not a valid object: {e}")
         errors = sorted(self._validator.iter_errors(value), key=lambda e: list(e.path))
         if errors:
             return Validation(False, value, error=f"schema violation: {errors[0].message}")
         return Validation(True, value)
 
     def search(self, text: str) -> Validation:
-        dec = json.JSONDecoder()
+        dec = json.JSONDecoder(object_pairs_hook=no_duplicate_keys)
         last: Validation = Validation(False, error="no JSON value found")
         for m in re.finditer(r"[{\[]", text):
             try:
                 value, _ = dec.raw_decode(text, m.start())
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, DuplicateKey):
                 continue
             if not list(self._validator.iter_errors(value)):
                 last = Validation(True, value)
@@ -402,7 +446,8 @@ def _approximate(schema: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
             made.append(f"format {name}: a plain string")
         else:
             break
-    raise ConstraintError(f"the grammar engine rejected the JSON schema: {error.splitlines()[0]}")
+    reason = " ".join(line.strip() for line in error.splitlines() if line.strip())  # the engine's own reason, whole
+    raise ConstraintError(f"the grammar engine rejected the JSON schema: {reason}")
 
 
 _COUNTS = ("maxItems", "minItems", "maxLength", "minLength", "maxProperties", "minProperties", "minContains",

@@ -376,6 +376,8 @@ def parse_template(source: str) -> Template:
                 hint = "write {{ for a literal brace"
                 if source.startswith("{choice:", i):
                     hint = "inside {choice:...} write \\| \\{ \\} \\\\ for a literal | { } \\"
+                elif re.match(r'\s*[{\[]\s*"', source):  # a JSON Schema where a template was expected
+                    hint = f"a JSON Schema is written json:{source.strip()} (or passed as a dict)"
                 raise ConstraintError(f"template {source!r}: malformed slot {bad!r} ({hint})")
             if literal:
                 parts.append("".join(literal))

@@ -93,12 +93,6 @@ def clear_bits(words: np.ndarray, tokens: Sequence[int]) -> np.ndarray:
     return out
 
 
-def word_holds(words: np.ndarray, token: int) -> bool:
-    """Whether packed ``words`` hold ``token``."""
-    w = token >> 5
-    return 0 <= w < words.size and bool((int(words[w]) >> (token & 31)) & 1)
-
-
 _PINNED = threading.local()  # per thread (a server runs decode loops in several): one reused buffer per width
 
 

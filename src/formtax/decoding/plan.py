@@ -145,6 +145,11 @@ class Policy(ABC):
         """Finish reason when the token budget runs out (a policy can report an incomplete constraint)."""
         return Finish.LENGTH
 
+    def row_stats(self) -> dict[str, Any]:
+        """What the policy reports about how it decoded its row, merged into ``Result.stats`` when the row ends
+        (closing mode's ``closing_changed_tokens``). A wrapping policy reports its inner policy's."""
+        return {}
+
     def mask_matcher(self) -> Matcher | None:
         """The grammar matcher whose allowed set this row's next :meth:`plan` reads, if it is known before
         planning: the loop then computes the masks of all such rows of a step in one call to the engine
@@ -258,3 +263,6 @@ class RowCursor:
 
     def finish(self, reason: str) -> None:
         self.out.finish_reason = reason
+        stats = self.policy.row_stats()
+        if stats:
+            self.out.events.append({"step": self.step, "stats": stats})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -75,6 +75,7 @@ class ConstrainedPolicy(Policy):
         veto = None
         if self.closer is not None and self.closer.current() is not None:  # no witness known: nothing to keep
             closer, left = self.closer, self.closer.limit - step - 1  # tokens left after this one
+            closer.begin_step()
             veto = Veto(lambda t: closer.accept(t, left), closer.fallback())
         words = self.matcher.packed(allowed)
         return Plan(allowed=allowed, measure_mass=measure, veto=veto,
@@ -92,6 +93,9 @@ class ConstrainedPolicy(Policy):
 
     def budget_exhausted(self) -> str:
         return Finish.LENGTH if self.matcher.accepting else Finish.LENGTH_INCOMPLETE
+
+    def row_stats(self) -> dict[str, Any]:
+        return {} if self.closer is None else {"closing_changed_tokens": self.closer.changed}
 
     def mask_matcher(self) -> Matcher | None:
         return self.matcher
@@ -189,6 +193,9 @@ class InWritingPolicy(Policy):
     def budget_exhausted(self) -> str:
         return self.answer.budget_exhausted() if self.switched else Finish.LENGTH_INCOMPLETE
 
+    def row_stats(self) -> dict[str, Any]:
+        return self.answer.row_stats()
+
     def mask_matcher(self) -> Matcher | None:
         return self.answer.mask_matcher() if self.switched else None
 
@@ -232,6 +239,9 @@ class ForcedPrefix(Policy):
 
     def budget_exhausted(self) -> str:
         return self.inner.budget_exhausted() if self.k >= len(self.prefix) else Finish.LENGTH
+
+    def row_stats(self) -> dict[str, Any]:
+        return self.inner.row_stats()
 
     def mask_matcher(self) -> Matcher | None:
         return self.inner.mask_matcher() if self.k >= len(self.prefix) else None

@@ -12,6 +12,7 @@ decode loop draws one row at a time from its own seeded generator; the tests che
 from __future__ import annotations
 
 import math
+import secrets
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,6 +76,19 @@ class Sampling:
 
 
 GREEDY = Sampling()
+
+
+def fresh_seed() -> int:
+    """A seed from the operating system's entropy: what an unseeded sampled request draws with."""
+    return secrets.randbits(62)
+
+
+def row_seeds(seed: int | None, n: int) -> list[int]:
+    """The sampling seeds of ``n`` rows asked for under one ``seed``: row ``k`` draws with ``seed + k``, so the rows
+    of a batch are distinct streams (self-consistency and pass@k get samples, not copies), a one-row call keeps
+    ``seed`` itself, and the same seed reproduces every row. ``seed=None``: fresh entropy (:func:`fresh_seed`)."""
+    base = fresh_seed() if seed is None else int(seed)
+    return [base + k for k in range(n)]
 
 
 def as_sampling(value: Sampling | float) -> Sampling:

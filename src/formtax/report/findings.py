@@ -5,7 +5,9 @@ exactly these sentences.
 
 Comparisons are against one baseline strategy (``formtax report --baseline``; default: the run's first
 strategy), oriented ``strategy - baseline``; every pair stays in ``tables/paired.csv``. A difference is called
-distinguishable from 0 when its 95% paired interval excludes 0 (the paired p-value is printed beside it).
+distinguishable from 0 only when its 95% paired interval excludes 0 *and* the exact paired test rejects at the same
+level (p < 0.05); where the two disagree the sentence names the difference and says which one does not reject
+(at 3 items a bootstrap interval can exclude 0 beside an exact p of 1: issue 49).
 """
 
 from __future__ import annotations
@@ -29,7 +31,12 @@ def _rate(name: str, value: float, low: float, high: float) -> str:
 
 
 def _num(x: float) -> str:
-    return "n/a" if math.isnan(x) else f"{x:+.2f}"
+    return "n/a" if math.isnan(x) else ("+0.00" if round(x, 2) == 0 else f"{x:+.2f}")
+
+
+def _dec(x: float) -> str:
+    """Two decimals, never ``-0.00``."""
+    return "0.00" if round(float(x), 2) == 0 else f"{float(x):.2f}"
 
 
 def _p(p: Any) -> str:
@@ -115,20 +122,30 @@ def findings_table(accuracy: pd.DataFrame, paired: pd.DataFrame, baseline: str |
     return pd.DataFrame(rows, columns=FINDINGS_COLUMNS)
 
 
+ALPHA = 0.05
+"""The level of the paired interval (95%) and of the paired test that must both reject."""
+
+
 def _against(rows: pd.DataFrame, baseline: str) -> str:
     rows = rows[rows["diff"].notna()]
     if rows.empty:
         return f"Accuracy against the baseline {baseline}: no strategy shares enough scored items to compare."
-    apart = rows[(rows["diff_low"] > 0) | (rows["diff_high"] < 0)]
-    same = rows.drop(apart.index)
-    parts = [f"{r.strategy} {_num(r.diff)} [{r.diff_low:.2f}, {r.diff_high:.2f}] (paired p = {_p(r.paired_p)})"
+    excludes = (rows["diff_low"] > 0) | (rows["diff_high"] < 0)
+    rejects = rows["paired_p"].notna() & (rows["paired_p"].astype(float) < ALPHA)
+    apart, split = rows[excludes & rejects], rows[excludes ^ rejects]
+    same = rows[~excludes & ~rejects]
+    parts = [f"{r.strategy} {_num(r.diff)} [{_dec(r.diff_low)}, {_dec(r.diff_high)}] (paired p = {_p(r.paired_p)})"
              for r in apart.itertuples(index=False)]
+    parts += [f"{r.strategy} {_num(r.diff)} [{_dec(r.diff_low)}, {_dec(r.diff_high)}] is not called distinguishable: "
+              + ("the interval excludes 0 but the paired test does not reject" if lo_hi_excl else
+                 "the paired test rejects but the interval includes 0") + f" (paired p = {_p(r.paired_p)})"
+              for r, lo_hi_excl in zip(split.itertuples(index=False), excludes[split.index], strict=True)]
     head = f"Accuracy against the baseline {baseline}"
     if same.empty:
         return f"{head}: {'; '.join(parts)}."
     top = same.loc[same["diff"].abs().idxmax()]
-    rest = (f"largest |diff| {abs(top['diff']):.2f} for {top['strategy']}, [{top['diff_low']:.2f}, "
-            f"{top['diff_high']:.2f}], paired p = {_p(top['paired_p'])}")
-    if apart.empty:
+    rest = (f"largest |diff| {_dec(abs(top['diff']))} for {top['strategy']}, [{_dec(top['diff_low'])}, "
+            f"{_dec(top['diff_high'])}], paired p = {_p(top['paired_p'])}")
+    if not parts:
         return f"{head}: no difference is distinguishable from 0 ({rest})."
     return f"{head}: {'; '.join(parts)}; the other {len(same)} are not distinguishable from 0 ({rest})."

@@ -8,7 +8,8 @@ variant) or a strategy whose base strategy / level / rc differ between records r
 Columns (see :data:`BASE_COLUMNS`): the record's identifying fields, ``scored`` (no error),
 ``score_strict`` / ``score_lenient`` (1.0, 0.0, or NaN when unscored), ``parse_status_strict`` /
 ``parse_status_lenient``, ``parse_ok_strict`` / ``parse_ok_lenient`` (1.0 when the parser's status is
-``"ok"``, 0.0 otherwise, NaN when unscored), ``tokens_prompt``, ``tokens_total``, ``tokens_forced``, one
+``"ok"``, 0.0 otherwise, NaN when unscored), ``tokens_prompt``, ``tokens_total``, ``tokens_forced``, ``closing_changed_tokens`` (how many tokens closing
+mode changed in the record; NaN where it was off), one
 ``tokens_<phase>`` column per phase seen in any record (0 where a record has token counts but not that
 phase; NaN where a record has no token counts at all), ``wall_s``, ``batch_wall_s``, ``batch_cpu_s`` (the process CPU time of the record's batch; NaN in records
 written before it was recorded) and ``batch_size`` (the requests in that batch).
@@ -63,6 +64,7 @@ BASE_COLUMNS = (
     "tokens_prompt",
     "tokens_total",
     "tokens_forced",
+    "closing_changed_tokens",
     "wall_s",
     "batch_wall_s",
     "batch_cpu_s",
@@ -160,6 +162,8 @@ def _flatten(rec: Record, where: str, line: int) -> dict[str, Any]:
             raise DataError(f"{where}: phase name {phase!r} collides with the token field tokens.{phase}")
         phases[phase] = _number(count, f"tokens.by_phase.{phase}", where)
     row["_phases"] = phases
+    changed = rec.stats.get("closing_changed_tokens")  # absent where closing mode was off or had no answer call
+    row["closing_changed_tokens"] = nan if changed is None else _number(changed, "stats.closing_changed_tokens", where)
     row["_has_tokens"] = bool(tokens)
     row["wall_s"] = (
         _number(rec.timings["wall_s"], "timings.wall_s", where) if "wall_s" in rec.timings else nan

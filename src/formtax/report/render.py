@@ -53,7 +53,9 @@ DESCRIPTIONS: dict[str, str] = {
         "per-item test (the item is the unit: a sign-flip permutation test on per-item mean differences over "
         "runs, McNemar's exact test at one run); items_a_better / items_b_better are the discordant items."
     ),
-    "tokens": "Mean tokens per scored request: prompt, generated total, forced, and generated per phase.",
+    "tokens": "Mean tokens per scored request: prompt, generated total, forced, and generated per phase; then "
+              "closing mode's footprint: records decoded with it, those where it changed the model's own choice "
+              "(the budget bound the answer), and the mean number of tokens it changed (0: invisible).",
     "timing": (
         "Seconds per scored request: wall clock (mean, median, total over the cell), its share of the batch's "
         "wall time (share_s), throughput (generated tokens per second of that share), its share of the batch's "

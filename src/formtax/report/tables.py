@@ -221,9 +221,13 @@ def runs_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def tokens_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Mean token counts per cell, and what closing mode changed: ``n_closing`` records decoded with it,
+    ``n_closing_changed`` of them where it changed at least one token (the budget bound the answer), and the mean
+    number of changed tokens over the ``n_closing`` records (NaN where closing was off)."""
     phases = phases_of(df)
     means = ["tokens_prompt", "tokens_total", "tokens_forced"] + [f"tokens_{phase}" for phase in phases]
-    columns = ["task", "strategy", "n_scored", "n_unscored", "n_counted"] + [f"{name}_mean" for name in means]
+    columns = (["task", "strategy", "n_scored", "n_unscored", "n_counted"] + [f"{name}_mean" for name in means]
+               + ["n_closing", "n_closing_changed", "closing_changed_tokens_mean"])
     rows: list[dict[str, Any]] = []
     for task, strategy, cell in _cells(df):
         scored = cell[cell["scored"]]
@@ -237,6 +241,10 @@ def tokens_table(df: pd.DataFrame) -> pd.DataFrame:
         for name in means:
             values = scored[name].dropna()
             row[f"{name}_mean"] = float(values.mean()) if len(values) else NAN
+        changed = cell["closing_changed_tokens"].dropna()  # every record: closing acts on errored ones too
+        row["n_closing"] = len(changed)
+        row["n_closing_changed"] = int((changed > 0).sum())
+        row["closing_changed_tokens_mean"] = float(changed.mean()) if len(changed) else NAN
         rows.append(row)
     return frame(rows, columns)
 

@@ -79,6 +79,7 @@ class RunConfig:
     fem: str | None = None  # decog / ctrlg: FEM artifact(s), FILE or NAME=FILE,... (strategies/decog.py)
     seeding: str = "request"  # how a request's sampler seed is made from its seed index: see sampler_seed
     json_layout: str = "flexible"  # the json strategy's layout (constraints/jsonreason.py): flexible | compact
+    closing: bool = False  # closing mode (constraints/closing.py); off: the papers' decoders
 
     def identity(self) -> dict[str, Any]:
         d = asdict(self)
@@ -99,7 +100,7 @@ class RunConfig:
             d.pop("prompt_style")  # chat: the only style before base-model prompting existed
         if d["seeding"] == "index" or (self.temperature <= 0.0 and not self.model_defaults):
             d.pop("seeding")  # the rule before it existed; and greedy decoding reads no seed
-        for key, default in (("top_p", 1.0), ("top_k", 0), ("min_p", 0.0), ("model_defaults", False),
+        for key, default in (("top_p", 1.0), ("top_k", 0), ("min_p", 0.0), ("model_defaults", False), ("closing", False),
                              ("thinking", None), ("extractor_model", None), ("extractor_backend", None)):
             if d[key] == default:
                 d.pop(key)

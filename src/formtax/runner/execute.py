@@ -156,8 +156,9 @@ def sampler_seed(p: Planned, seeding: str = "request") -> int:
 
 def request_for(task: Task, p: Planned, config: RunConfig) -> Request:
     """The strategy request of one planned grid entry (also what the calibration truths are computed for)."""
-    max_tokens = planned_budget(task, p, config)["max_tokens"]
-    return Request(prompt=p.messages, constraint=p.constraint(), max_tokens=max_tokens,
+    budget = planned_budget(task, p, config)
+    return Request(prompt=p.messages, constraint=p.constraint(), max_tokens=budget["max_tokens"],
+                   closing=config.closing, reserve=budget.get("answer_tokens"),
                    seed=sampler_seed(p, config.seeding),
                    temperature=config.temperature, top_p=config.top_p, top_k=config.top_k, min_p=config.min_p,
                    reasoning_prefix=RC_PREFIX if p.spec.rc else None,

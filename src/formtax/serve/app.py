@@ -36,6 +36,7 @@ from formtax.api import check_context
 from formtax.constraints.spec import Constraint
 from formtax.decoding.engine import Backend, Capability
 from formtax.decoding.plan import Phase
+from formtax.decoding.sampling import fresh_seed
 from formtax.errors import ConfigError, ContextLengthError, FormtaxError
 from formtax.serve import responses as out
 from formtax.serve.batcher import Batcher, QueueFull
@@ -163,7 +164,7 @@ def create_app(backend: Backend, config: ServeConfig | None = None, **settings: 
         """Every choice's result, or the error response of a request that timed out (504) or whose client went
         away; either way its rows are cancelled."""
         key = tuple((k, v.describe() if isinstance(v, Constraint) else repr(v)) for k, v in sorted(kwargs.items()))
-        seed = req.seed or 0
+        seed = fresh_seed() if req.seed is None else req.seed  # unseeded: fresh entropy, as OpenAI samples
         tasks = [asyncio.ensure_future(batcher.run(prompt, key, cfg.timeout_s, seed + k, h, **kwargs))
                  for k, h in enumerate(hooks)]
         try:
@@ -286,7 +287,7 @@ async def _live(batcher: Batcher, cfg: ServeConfig, messages: Prompt, kwargs: di
     q: queue.Queue[Any] = queue.Queue()
     hooks.sink = lambda t, ph: q.put((t, ph))
     key = tuple((k, v.describe() if isinstance(v, Constraint) else repr(v)) for k, v in sorted(kwargs.items()))
-    job = batcher.submit(messages, key, req.seed or 0, hooks, **kwargs)
+    job = batcher.submit(messages, key, fresh_seed() if req.seed is None else req.seed, hooks, **kwargs)
 
     def done(fut: Any) -> None:
         if not fut.cancelled():

@@ -122,6 +122,9 @@ class Hooked(Policy):
     def budget_exhausted(self) -> str:
         return self.inner.budget_exhausted()
 
+    def row_stats(self) -> dict[str, Any]:
+        return self.inner.row_stats()
+
     def mask_matcher(self) -> Any:
         return None if self.hooks.cancel.is_set() else self.inner.mask_matcher()
 

@@ -17,6 +17,7 @@ from formtax.strategies.base import Result
 
 FINISH = {"length": "length", "length-incomplete": "length"}  # everything else ends as "stop"
 APPROXIMATED_HEADER = "X-Formtax-Schema-Approximated"
+UNCHECKED_HEADER = "X-Formtax-Formats-Unchecked"
 
 
 def error(status: int, message: str, param: str | None = None, kind: str = "invalid_request_error",
@@ -28,9 +29,16 @@ def error(status: int, message: str, param: str | None = None, kind: str = "inva
 
 def headers(res: Result) -> dict[str, str]:
     """``X-Formtax-Schema-Approximated``: what the answer's grammar left to the oracle (constraints/spec.py's
-    ``approximate_schema``), ``; ``-separated; absent when the grammar is the schema."""
+    ``approximate_schema``), ``; ``-separated; absent when the grammar is the schema. ``X-Formtax-Formats-Unchecked``:
+    the formats neither the grammar nor the oracle checks (``, ``-separated; absent when every format is checked)."""
+    out = {}
     approximated = res.stats.get("schema_approximated")
-    return {APPROXIMATED_HEADER: "; ".join(approximated)} if approximated else {}
+    if approximated:
+        out[APPROXIMATED_HEADER] = "; ".join(approximated)
+    unchecked = res.stats.get("formats_unchecked")
+    if unchecked:
+        out[UNCHECKED_HEADER] = ", ".join(unchecked)
+    return out
 
 
 def content(res: Result) -> str | None:

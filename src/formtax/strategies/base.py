@@ -61,6 +61,29 @@ def request_reserve(backend: Backend, request: Request) -> int:
     return answer_reserve(c)
 
 
+PLAUSIBLE_SLACK = 16
+"""Closing mode's room for an answer past its shortest form, in tokens (ours; see :func:`closing_room`)."""
+
+
+def closing_room(backend: Backend, constraint: Constraint, worst: int) -> int:
+    """Closing mode's reserve for an answer (issue 45): what it plausibly takes, not the byte-level worst case.
+
+    Closing already guarantees that the answer finishes inside the budget whenever a completion fits, so a reserve
+    only has to leave the answer room to be written as the model would write it: the shortest completion of its
+    grammar in the model's own tokens (closing's start witness, canonically tokenised) plus
+    :data:`PLAUSIBLE_SLACK` tokens and one for EOS; a choice reserves its longest option's own tokenisation. Never
+    more than ``worst`` (the bound without closing). An answer longer than its room still completes: closing then
+    shortens it where the reasoning took the rest, and counts what it changed (``closing_changed_tokens``)."""
+    from formtax.constraints.closing import start_witness
+    from formtax.constraints.spec import ChoiceConstraint
+
+    tok = backend.tokenizer
+    if isinstance(constraint, ChoiceConstraint):
+        return min(worst, max(len(tok.encode(o)) for o in constraint.options) + 1)
+    w = start_witness(compile_grammar(constraint.grammar, tok.engine), tok.n_logits)
+    return worst if w is None else min(worst, len(w) + PLAUSIBLE_SLACK + 1)
+
+
 @dataclass
 class Request:
     """One generation request."""
@@ -77,6 +100,8 @@ class Request:
     triggers: Sequence[str] = ()  # InWriting: single-token strings that switch to the constraint
     constrain: bool = True  # False: same prompt and budget, no mask (the "unconstrained" level of paper 003)
     closing: bool = False  # closing mode: the answer always finishes inside the budget (constraints/closing.py)
+    # the answer's reserve as a runner planned it (equal reasoning budgets across levels); None: the strategy's own
+    reserve: int | None = None
     conversion: Callable[[str], Prompt] | None = None  # NL-to-Format: reasoning text -> second-call prompt
     meta: dict[str, Any] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)  # strategy-specific settings (suffix-*: tau, rule)
@@ -162,7 +187,7 @@ class Strategy(ABC):
             if need > r.max_tokens:
                 raise ConfigError(
                     f"strategy {self.name!r}: max_tokens={r.max_tokens} cannot fit the answer, which needs up to "
-                    f"{need} tokens; raise max_tokens (--max-tokens on the command line)"
+                    f"{need} tokens; raise max_tokens"
                 )
             target = self.closing_target(backend, r) if r.closing and r.constrain else None
             if target is not None:
@@ -184,8 +209,9 @@ class Strategy(ABC):
         """:meth:`min_budget` under closing mode (where the answer's reserve may be its likely length)."""
         return self.min_budget(request)
 
-    def answer_overhead(self, request: Request) -> int | None:
-        """Tokens of ``max_tokens`` that are not the reasoning phase's (the answer's reserve, JSON's scaffold).
+    def answer_overhead(self, request: Request, backend: Backend | None = None) -> int | None:
+        """Tokens of ``max_tokens`` that are not the reasoning phase's (the answer's reserve, JSON's scaffold); with
+        ``backend`` and closing mode on, what the answer plausibly takes (:func:`closing_room`).
 
         The runner gives every constraint level of a strategy the same reasoning budget R and sets
         ``max_tokens = R + answer_overhead`` (paper 003's equal ``max_preamble_tokens``). None: the strategy has
@@ -275,7 +301,7 @@ def refuse_no_completion(backend: Backend, constraint: Constraint, limit: int) -
     if w is None or len(w) > limit:
         found = "none found" if w is None else f"the shortest found takes {len(w)}"
         raise ConfigError(f"closing mode: no completion of {constraint.brief()!r} fits in {limit} tokens "
-                          f"({found}); raise max_tokens (--max-tokens on the command line)")
+                          f"({found}); raise max_tokens")
 
 
 def request_sampling(request: Request) -> Sampling:
@@ -482,6 +508,9 @@ class SinglePass(Strategy):
         approximated = getattr(request.constraint, "approximations", ())
         if approximated:  # the grammar is wider than the schema: the oracle alone checks these (spec.py)
             res.stats["schema_approximated"] = list(approximated)
+        unchecked = getattr(request.constraint, "unchecked_formats", ())
+        if unchecked:  # a format no one checks: the answer's value for it is the model's word alone
+            res.stats["formats_unchecked"] = list(unchecked)
         read_answer(res, self.effective_constraint(request), constrained)
         self.after_parse(res)
         if out.finish_reason in ERROR_FINISHES:

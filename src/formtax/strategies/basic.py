@@ -20,6 +20,7 @@ from formtax.strategies.base import (
     SinglePass,
     answer_reserve,
     closing_limit,
+    closing_room,
     register,
     with_prefix,
 )
@@ -127,14 +128,27 @@ class Json(SinglePass):
     def min_budget(self, request: Request) -> int:
         return (self.answer_overhead(request) or 0) + 1
 
-    def answer_overhead(self, request: Request) -> int | None:
-        assert request.constraint is not None
-        return JSON_SCAFFOLD + layout_tokens(self.layout(request)) + self._answer_bound(request.constraint) + 1
+    def closing_min_budget(self, backend: Backend, request: Request) -> int:
+        return 1  # closing mode's own check (the whole object fits) replaces the worst case
 
-    def effective_constraint(self, request: Request, escapes: bool = True) -> Constraint | None:
+    def answer_overhead(self, request: Request, backend: Backend | None = None) -> int | None:
+        assert request.constraint is not None
+        layout = self.layout(request)
+        worst = JSON_SCAFFOLD + layout_tokens(layout) + self._answer_bound(request.constraint) + 1
+        if request.reserve is not None:  # planned by the runner: the same reasoning budget at every level
+            return request.reserve
+        if backend is None or not (request.closing and request.constrain):
+            return worst
+        # closing mode: the shortest whole object (empty reason) in the model's tokens, plus the slack
+        shortest = JsonReasonAnswer(request.constraint, reason_tokens=1, layout=layout,
+                                    escapes=self.string_escapes(backend))
+        return closing_room(backend, shortest, worst)
+
+    def effective_constraint(self, request: Request, escapes: bool = True,
+                             backend: Backend | None = None) -> Constraint | None:
         if request.constraint is None:
             return None
-        reason = request.max_tokens - (self.answer_overhead(request) or 0)
+        reason = request.max_tokens - (self.answer_overhead(request, backend) or 0)
         return JsonReasonAnswer(request.constraint, reason_tokens=max(1, reason), layout=self.layout(request),
                                 escapes=escapes)
 
@@ -143,7 +157,7 @@ class Json(SinglePass):
         return None if inner is None else self.effective_constraint(request, escapes=False)
 
     def closing_target(self, backend: Backend, request: Request) -> tuple[Constraint, int] | None:
-        c, limit = self.effective_constraint(request), closing_limit(backend, request)
+        c, limit = self.effective_constraint(request, backend=backend), closing_limit(backend, request)
         return None if c is None or limit is None else (c, limit)
 
     @staticmethod
@@ -153,7 +167,7 @@ class Json(SinglePass):
         return Capability.STEP_LOGITS in backend.capabilities
 
     def policy(self, backend: Backend, request: Request) -> Policy:
-        c = self.effective_constraint(request, escapes=self.string_escapes(backend))
+        c = self.effective_constraint(request, escapes=self.string_escapes(backend), backend=backend)
         assert isinstance(c, JsonReasonAnswer)
         if not request.constrain:
             return with_prefix(backend, request, FreePolicy(backend.tokenizer.eos_ids, phase=Phase.ANSWER))

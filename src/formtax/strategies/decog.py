@@ -206,7 +206,7 @@ class FemStrategy(SinglePass):
             need = len(pre) + int(dfa.dist[dfa.run(pre)])
             if need > r.max_tokens:
                 raise ConfigError(f"strategy {self.name!r}: max_tokens={r.max_tokens} cannot fit the answer, which "
-                                  f"needs at least {need} tokens; raise max_tokens (--max-tokens on the command line)")
+                                  f"needs at least {need} tokens; raise max_tokens")
 
     def policy(self, backend: Backend, request: Request) -> Policy:
         tok = backend.tokenizer

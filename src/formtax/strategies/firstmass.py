@@ -121,3 +121,6 @@ class FirstTokenMass(Policy):
 
     def budget_exhausted(self) -> str:
         return self.inner.budget_exhausted()
+
+    def row_stats(self) -> dict[str, Any]:
+        return self.inner.row_stats()

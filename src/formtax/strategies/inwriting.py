@@ -28,8 +28,8 @@ from formtax.strategies.base import (
     SinglePass,
     answer_reserve,
     batch_sampling,
+    closing_room,
     register,
-    request_reserve,
     request_sampling,
     with_prefix,
 )
@@ -69,16 +69,25 @@ class InWriting(SinglePass):
     def min_budget(self, request: Request) -> int:
         return answer_reserve(request.constraint) + 1
 
-    def answer_overhead(self, request: Request) -> int | None:
+    def answer_overhead(self, request: Request, backend: Backend | None = None) -> int | None:
         # the preamble is max_tokens minus this; a forced RC prefix is reasoning text, so it counts inside it
-        return answer_reserve(request.constraint)
+        worst = answer_reserve(request.constraint)
+        if request.reserve is not None:  # planned by the runner: the same reasoning budget at every level
+            return request.reserve
+        if backend is None or request.constraint is None or not (request.closing and request.constrain):
+            return worst
+        return closing_room(backend, request.constraint, worst)
 
     def closing_min_budget(self, backend: Backend, request: Request) -> int:
-        return request_reserve(backend, request) + 1
+        return 1  # closing mode's own check (a completion fits in the answer's limit) replaces the worst case
 
     def closing_target(self, backend: Backend, request: Request) -> tuple[Constraint, int] | None:
-        # the answer's limit is what the preamble leaves; at the latest switch that is the reserve
-        return None if request.constraint is None else (request.constraint, request_reserve(backend, request))
+        # the answer's limit is what the preamble leaves; at the latest switch that is the reserve (or less, where
+        # the whole budget is smaller)
+        if request.constraint is None:
+            return None
+        rc = len(backend.tokenizer.encode(request.reasoning_prefix)) if request.reasoning_prefix else 0
+        return request.constraint, min(self.answer_overhead(request, backend) or 0, request.max_tokens - rc)
 
     def policy(self, backend: Backend, request: Request) -> Policy:
         assert request.constraint is not None
@@ -87,7 +96,7 @@ class InWriting(SinglePass):
             return with_prefix(backend, request, FreePolicy(tok.eos_ids, phase=Phase.REASONING))
         stop_ids = frozenset(tok.eos_ids | {tok.pad_id})
         rc = len(tok.encode(request.reasoning_prefix)) if request.reasoning_prefix else 0
-        preamble = request.max_tokens - request_reserve(backend, request) - rc
+        preamble = request.max_tokens - (self.answer_overhead(request, backend) or 0) - rc
         inner = InWritingPolicy(
             constrained_policy(backend, request.constraint,
                                closing_limit=request.max_tokens - rc if request.closing else None),

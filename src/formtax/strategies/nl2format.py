@@ -66,7 +66,7 @@ class NL2Format(Strategy):
     def min_budget(self, request: Request) -> int:
         return 1
 
-    def answer_overhead(self, request: Request) -> int | None:
+    def answer_overhead(self, request: Request, backend: Backend | None = None) -> int | None:
         return 0  # call 1 is all reasoning; call 2 has its own budget, the answer's reserve
 
     def closing_target(self, backend: Backend, request: Request) -> tuple[Constraint, int] | None:
