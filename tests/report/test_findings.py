@@ -161,3 +161,34 @@ def test_the_baseline_is_found_under_the_form_a_prompt_plan_gave_it() -> None:
     assert resolve_baseline(df, "free:plain", manifest) == "free:plain"
     with pytest.raises(ConfigError, match="not a strategy"):
         resolve_baseline(df, "constrained", manifest)
+
+
+def test_an_interrupted_runs_findings_open_with_a_warning(tmp_path: Path, capsys) -> None:
+    """Issue 49 point 3: 8 of 12 requests recorded, inwriting missing; the findings say so first, and verify too."""
+    from formtax.backends.fake import FakeBackend, random_logits
+    from formtax.cli.main import main
+    from formtax.runner import RunConfig, run
+
+    class StopAtThirdBatch(FakeBackend):  # Ctrl-C as the third batch (inwriting's) starts
+        def new_batch(self, prompts):
+            if len(self.batches) >= 2:
+                raise KeyboardInterrupt
+            return super().new_batch(prompts)
+
+    cfg = RunConfig(task="arith", strategies=["free", "constrained", "inwriting"], backend="fake", limit=4,
+                    batch_size=4, max_tokens=64)
+    with pytest.raises(KeyboardInterrupt):
+        run(cfg, tmp_path, backend=StopAtThirdBatch(random_logits(seed=0), model_id="fake-random-0"))
+    assert main(["report", str(tmp_path), "--replicates", "200"]) == 0
+    findings = pd.read_csv(tmp_path / "tables" / "findings.csv")
+    first = findings.iloc[0]
+    assert first["finding"] == "incomplete"
+    assert first["sentence"] == ("Incomplete run (status interrupted): 8 of 12 requests recorded; no records for "
+                                 "inwriting. The findings below describe only what was recorded.")
+    assert first["sentence"] in (tmp_path / "report.md").read_text()
+    capsys.readouterr()
+    assert main(["verify", str(tmp_path)]) == 0
+    assert "warning: Incomplete run (status interrupted): 8 of 12" in capsys.readouterr().out
+    assert run(cfg, tmp_path).planned == 12  # resumed: complete, and the warning is gone
+    assert main(["report", str(tmp_path), "--replicates", "200"]) == 0
+    assert "incomplete" not in set(pd.read_csv(tmp_path / "tables" / "findings.csv")["finding"])

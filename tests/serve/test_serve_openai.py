@@ -374,3 +374,19 @@ def test_the_serve_command_prints_where_and_what_it_serves(monkeypatch, capsys):
     assert cfg.temperature == 1.0 and cfg.served_model_names == ("smol",) and cfg.api_key == "k"
     assert main(["serve", "--backend", "fake", "--strategy", "nope"]) != 0  # refused before the model loads
     assert "unknown strategy" in capsys.readouterr().err
+
+
+def test_unseeded_requests_sample_fresh_and_a_seed_reproduces():
+    """Issue 45 point 6: without a seed every sampled request draws fresh entropy (it used to be seed 0: three
+    unseeded calls returned the same text); with one, the same text again, and n choices are distinct."""
+    app = create_app(FakeBackend(random_logits(seed=0)), window_s=0.0, temperature=1.0)
+    with ServerThread(app) as srv:
+        c = _client(srv)
+        texts = [c.chat.completions.create(model="fake-random", messages=USER, max_tokens=24).choices[0].message.content
+                 for _ in range(3)]
+        assert len(set(texts)) == 3
+        seeded = [c.chat.completions.create(model="fake-random", messages=USER, max_tokens=24, seed=11)
+                  for _ in range(2)]
+        assert seeded[0].choices[0].message.content == seeded[1].choices[0].message.content
+        many = c.chat.completions.create(model="fake-random", messages=USER, max_tokens=24, seed=11, n=3)
+        assert len({ch.message.content for ch in many.choices}) == 3

@@ -265,4 +265,11 @@ def verify_cmd(args: argparse.Namespace) -> int:
             print(f"MISMATCH {p}")
         return 1
     print(f"verified: every table in {args.run_dir} regenerates from records.jsonl")
+    findings = args.run_dir / TABLES_DIR / "findings.csv"
+    if findings.is_file():  # an incomplete run says so here too (its findings open with the same warning)
+        import pandas as pd
+
+        table = pd.read_csv(findings)
+        for sentence in table.loc[table["finding"] == "incomplete", "sentence"]:
+            print(f"warning: {sentence}")
     return 0

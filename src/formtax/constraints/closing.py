@@ -371,11 +371,11 @@ class Closer:
         if w and token == w[0] and len(w) - 1 <= left:
             self._after[token] = w[1:]
             return True
+        if w is not None and len(w) <= left and fits(ll, [token], w, eos):  # the common case: one engine call
+            self._after[token] = w
+            return True
         if fits(ll, [token], [], eos):  # an accepting state needs nothing more
             self._after[token] = []
-            return True
-        if w is not None and len(w) <= left and fits(ll, [token], w, eos):
-            self._after[token] = w
             return True
         pooled = self._pooled([token], left, skip=w)
         if pooled is not None:

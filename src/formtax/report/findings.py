@@ -8,11 +8,16 @@ strategy), oriented ``strategy - baseline``; every pair stays in ``tables/paired
 distinguishable from 0 only when its 95% paired interval excludes 0 *and* the exact paired test rejects at the same
 level (p < 0.05); where the two disagree the sentence names the difference and says which one does not reject
 (at 3 items a bootstrap interval can exclude 0 beside an exact p of 1: issue 49).
+
+A run that did not record all it planned (interrupted, failed, or still running) opens its findings with a warning:
+how many requests of how many, the strategies with no records and those with fewer than their share
+(:func:`incomplete_sentence`); ``formtax verify`` prints it too.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
@@ -88,9 +93,58 @@ def resolve_baseline(df: pd.DataFrame, wanted: str | None, manifest: dict[str, A
     return present[0] if present else None
 
 
-def findings_table(accuracy: pd.DataFrame, paired: pd.DataFrame, baseline: str | None) -> pd.DataFrame:
-    """The findings of every task (module docstring)."""
+@dataclass(frozen=True)
+class RunExtent:
+    """What a run set out to record, from its manifest: its status, the requests it planned (the first session's
+    pending count) and its strategies as ``--strategies`` listed them."""
+
+    status: str
+    planned: int
+    strategies: tuple[str, ...]
+
+
+def run_extent(manifest: dict[str, Any] | None) -> RunExtent | None:
+    """The :class:`RunExtent` of a run directory's manifest (None where it records no session: a pooled or a
+    hand-made directory, whose extent nobody planned)."""
+    sessions = (manifest or {}).get("resumptions") or []
+    if not sessions:
+        return None
+    listed = tuple(str(s).strip() for s in ((manifest or {}).get("config") or {}).get("strategies") or [])
+    return RunExtent(str((manifest or {}).get("status", "")), int(sessions[0]["pending"]), listed)
+
+
+def incomplete_sentence(accuracy: pd.DataFrame, extent: RunExtent | None) -> str | None:
+    """The warning that opens the findings of a run that did not record all it planned (issue 49): how many
+    requests of how many, the strategies with no records and those with fewer than their share; None when the
+    run is complete."""
+    if extent is None:
+        return None
+    from formtax.runner.grid import as_listed
+
+    counts = {str(r.strategy): int(r.n_records) for r in accuracy.itertuples(index=False)}
+    recorded = sum(counts.values())
+    if recorded >= extent.planned and extent.status in ("", "complete"):
+        return None
+    share = extent.planned // max(1, len(extent.strategies)) if extent.strategies else 0
+    by_listed = {s: sum(n for name, n in counts.items() if name == s or as_listed(name) == s)
+                 for s in extent.strategies}
+    missing = [s for s, n in by_listed.items() if n == 0]
+    partial = [f"{s} ({n} of {share})" for s, n in by_listed.items() if 0 < n < share]
+    parts = [f"no records for {', '.join(missing)}"] if missing else []
+    parts += [f"partial: {', '.join(partial)}"] if partial else []
+    detail = f"; {'; '.join(parts)}" if parts else ""
+    return (f"Incomplete run (status {extent.status or 'unknown'}): {recorded} of {extent.planned} requests "
+            f"recorded{detail}. The findings below describe only what was recorded.")
+
+
+def findings_table(accuracy: pd.DataFrame, paired: pd.DataFrame, baseline: str | None,
+                   extent: RunExtent | None = None) -> pd.DataFrame:
+    """The findings of every task (module docstring); an incomplete run's open with :func:`incomplete_sentence`."""
     rows: list[dict[str, Any]] = []
+    warning = incomplete_sentence(accuracy, extent)
+    if warning is not None:
+        tasks = sorted(accuracy["task"].astype(str).unique())
+        rows.append({"task": tasks[0] if tasks else "", "finding": "incomplete", "sentence": warning})
     for task in sorted(accuracy["task"].astype(str).unique()):
         acc = accuracy[accuracy["task"] == task]
         n = int(acc["n_items_used"].max()) if len(acc) else 0

@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from formtax.report.comparisons import decomposition_table, paired_table
+from formtax.report.findings import RunExtent
 from formtax.report.load import phases_of
 from formtax.report.matrices import (
     CONFIDENCE,
@@ -308,10 +309,11 @@ def summary_table(df: pd.DataFrame, accuracy: pd.DataFrame, tokens: pd.DataFrame
 
 def compute_tables(
     df: pd.DataFrame, n_resamples: int = 10_000, seed: int = 0, resampling: Resampling = DEFAULT_RESAMPLING,
-    baseline: str | None = None,
+    baseline: str | None = None, extent: RunExtent | None = None,
 ) -> dict[str, pd.DataFrame]:
     """Every report table from a frame of :func:`~formtax.report.load_records`, keyed by CSV file stem.
-    ``baseline``: the strategy the findings compare against (:mod:`formtax.report.findings`).
+    ``baseline``: the strategy the findings compare against (:mod:`formtax.report.findings`); ``extent``: what
+    the run planned (its manifest), so that an incomplete run's findings open with a warning.
 
     Deterministic given ``seed``: each bootstrap uses ``seed`` for its own generator. ``resampling``
     applies to the accuracy, decomposition and paired intervals; the paper-specific analyses (abstention,
@@ -322,7 +324,7 @@ def compute_tables(
     accuracy, tokens, timing = accuracy_table(df, n_resamples, seed, resampling), tokens_table(df), timing_table(df)
     paired = paired_table(df, n_resamples, seed, resampling)
     tables = {
-        "findings": findings_table(accuracy, paired, baseline),
+        "findings": findings_table(accuracy, paired, baseline, extent),
         "summary": summary_table(df, accuracy, tokens, timing),
         "accuracy": accuracy,
         "runs": runs_table(df),

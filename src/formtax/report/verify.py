@@ -217,8 +217,11 @@ def verify_report(run_dir: Path) -> list[str]:
         return problems
     # a report written before the key existed used the crossed rule, the only one then
     resampling = Resampling(meta.get("resampling", Resampling.ITEMS_AND_SEEDS.value))
+    from formtax.report.findings import run_extent
+    from formtax.report.write import read_manifest
+
     expected = compute_tables(df, n_resamples=n_resamples, seed=seed, resampling=resampling,
-                              baseline=meta.get("baseline"))
+                              baseline=meta.get("baseline"), extent=run_extent(read_manifest(run_dir)))
     problems += check_findings(run_dir, expected)
     for name, table in expected.items():
         csv_path = tables_dir / f"{name}.csv"

@@ -69,10 +69,11 @@ def write_report(
     sources = run_dir / "sources.json"  # a pooled report (report/combine.py): its header names the runs
     if manifest is None and sources.is_file():
         manifest = {"pooled_from": [s["run_dir"] for s in json.loads(sources.read_text(encoding="utf-8"))["sources"]]}
-    from formtax.report.findings import resolve_baseline
+    from formtax.report.findings import resolve_baseline, run_extent
 
     baseline = resolve_baseline(df, baseline, manifest)
-    tables = compute_tables(df, n_resamples=n_resamples, seed=seed, resampling=resampling, baseline=baseline)
+    tables = compute_tables(df, n_resamples=n_resamples, seed=seed, resampling=resampling, baseline=baseline,
+                            extent=run_extent(manifest))
 
     tables_dir = run_dir / TABLES_DIR
     tables_dir.mkdir(parents=True, exist_ok=True)
