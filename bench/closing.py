@@ -36,7 +36,6 @@ from formtax.backends.fake import FakeBackend, random_logits  # noqa: E402
 from formtax.constraints import parse_spec  # noqa: E402
 from formtax.constraints.closing import start_witness  # noqa: E402
 from formtax.constraints.compile import compile_grammar  # noqa: E402
-from formtax.constraints.jsonreason import JsonReasonAnswer  # noqa: E402
 from formtax.errors import FormtaxError  # noqa: E402
 
 SPECS: dict[str, list[str]] = {
@@ -57,19 +56,16 @@ STRATEGIES = {"json": ["constrained", "inwriting", "nl2format"],
               "lark": ["constrained", "inwriting", "nl2format"]}
 
 
-def answer_limit(strategy: str, spec: str, budget: int) -> tuple[str, int]:
-    """The constraint closing works on and the budget its answer call gets (as the strategies compute them)."""
-    c = parse_spec(spec)
-    if strategy == "json":
-        from formtax.strategies import get_strategy
-        from formtax.strategies.base import Request
+def answer_limit(strategy: str, spec: str, budget: int, backend: Any) -> tuple[str, int]:
+    """The constraint closing works on and the budget its answer call gets: the strategy's own
+    ``closing_target`` (json's whole object, InWriting's answer reserve, NL-to-Format's second call)."""
+    from formtax.strategies import get_strategy
+    from formtax.strategies.base import Request
 
-        s = get_strategy("json")
-        req = Request("q", c, max_tokens=budget)
-        return JsonReasonAnswer(c, reason_tokens=max(1, budget - (s.answer_overhead(req) or 0))).grammar, budget
-    if strategy in ("inwriting", "nl2format"):
-        return c.grammar, 65  # the answer's reserve: an unbounded constraint gets 64 tokens + EOS
-    return c.grammar, budget
+    target = get_strategy(strategy).closing_target(backend, Request("q", parse_spec(spec), max_tokens=budget,
+                                                                    closing=True))
+    assert target is not None
+    return target[0].grammar, target[1]
 
 
 def model_overhead(repeats: int) -> dict[str, Any]:
@@ -141,7 +137,7 @@ def main() -> None:
         temperature = rng.choice([0.0, 0.0, 0.7, 1.0])
         kw: dict[str, Any] = {"max_tokens": budget, "temperature": temperature, "seed": seed, "raw": True}
         c = counts[(strategy, kind)]
-        grammar, limit = answer_limit(strategy, spec, budget)
+        grammar, limit = answer_limit(strategy, spec, budget, backend())
         w = start_witness(compile_grammar(grammar, tok.engine), tok.n_logits)
         fits = w is not None and len(w) <= limit
         t1 = time.perf_counter()
@@ -173,24 +169,27 @@ def main() -> None:
             failures.append(f"UNPARSED {strategy} {spec!r} budget={budget} seed={seed} T={temperature}: "
                             f"{r.finish_reason} {r.answer_text!r}")
         t1 = time.perf_counter()
-        off = formtax.generate(backend(), "q", strategy, spec, closing=False, **kw)
+        try:  # without closing a strategy reserves the worst case, so a budget closing runs may be refused
+            off = formtax.generate(backend(), "q", strategy, spec, closing=False, **kw)
+            c["off_parse_ok"] += int(off.parse_ok)
+        except FormtaxError:
+            c["off_refused"] += 1
         wall["off"] += time.perf_counter() - t1
-        c["off_parse_ok"] += int(off.parse_ok)
         if n % 500 == 0:
             print(f"{n} outputs, {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
-    print("| strategy | kind | outputs | parse ok (closing) | parse ok (no closing) | refused: no completion fits |"
-          " failures |")
-    print("|---|---|---|---|---|---|---|")
+    print("| strategy | kind | outputs | parse ok (closing) | parse ok (no closing) | refused without closing | "
+          "refused: no completion fits | failures |")
+    print("|---|---|---|---|---|---|---|---|")
     total = Counter[str]()
     for (strategy, kind), c in sorted(counts.items()):
         total.update(c)
         print(f"| {strategy} | {kind} | {c['outputs']} | {c['parse_ok']} | {c['off_parse_ok']} | "
-              f"{c['refused_no_completion']} | {c['failure']} |")
+              f"{c['off_refused']} | {c['refused_no_completion']} | {c['failure']} |")
     for line in failures[:20]:
         print(line)
     extra = model_overhead(a.model_repeats) if a.model_repeats > 0 else {}
     print(json.dumps({"bench": "closing", "outputs": n, "parse_ok": total["parse_ok"],
-                      "parse_ok_without_closing": total["off_parse_ok"],
+                      "parse_ok_without_closing": total["off_parse_ok"], "refused_without_closing": total["off_refused"],
                       "refused_no_completion": total["refused_no_completion"], "failures": total["failure"],
                       "time_ratio_closing_vs_off": round(wall["on"] / max(wall["off"], 1e-9), 3),
                       "wall_s": round(time.perf_counter() - t0, 1),

@@ -163,19 +163,25 @@ def report_bench(folder: Path) -> dict[str, Any]:
             "jsonschemabench_compiled": round(share, 4), "jsonschemabench_target": 0.95}
 
 
-def report_formats() -> dict[str, Any]:
-    """The ``optional/format`` table, format assertion on (module docstring), and its totals."""
-    per = run_suite(FORMATS)
+def print_table(first: str, per: dict[str, Tally], unchecked: bool = False) -> Tally:
+    """One Markdown table of per-file tallies (``unchecked``: with that column) and their total."""
     total = Tally()
-    print("\n| format (assertion on) | schemas | exact | approximated | unchecked | refused | valid parsed | "
-          "valid refused | invalid rejected | invalid parsed |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    extra = " unchecked |" if unchecked else ""
+    print(f"\n| {first} | schemas | exact | approximated |{extra} refused | valid parsed | valid refused | "
+          "invalid rejected | invalid parsed |")
+    print("|---" * (9 + unchecked) + "|")
     for name, t in [*per.items(), ("**all**", total)]:
         if name != "**all**":
             total.add(t)
-        print(f"| {name} | {t.schemas} | {t.exact} | {t.approximated} | {t.unchecked} | {t.refused} | "
-              f"{t.valid_parsed} | {t.valid_refused} | {t.invalid_rejected} | {t.invalid_parsed} |")
-    t = total
+        cell = f" {t.unchecked} |" if unchecked else ""
+        print(f"| {name} | {t.schemas} | {t.exact} | {t.approximated} |{cell} {t.refused} | {t.valid_parsed} | "
+              f"{t.valid_refused} | {t.invalid_rejected} | {t.invalid_parsed} |")
+    return total
+
+
+def report_formats() -> dict[str, Any]:
+    """The ``optional/format`` table, format assertion on (module docstring), and its totals."""
+    t = print_table("format (assertion on)", run_suite(FORMATS), unchecked=True)
     return {"format_schemas": t.schemas, "format_exact": t.exact, "format_approximated": t.approximated,
             "format_unchecked": t.unchecked, "format_refused": t.refused, "format_valid_parsed": t.valid_parsed,
             "format_valid_refused": t.valid_refused, "format_invalid_parsed": t.invalid_parsed,
@@ -187,17 +193,7 @@ def main() -> None:
     ap.add_argument("--details", action="store_true", help="list every refused schema with its reason")
     ap.add_argument("--jsonschemabench", type=Path, default=None, help="a JSONSchemaBench checkout's data folder")
     a = ap.parse_args()
-    per_file = run_suite()
-    total = Tally()
-    print("| file | schemas | exact | approximated | refused | valid parsed | valid refused | invalid rejected |"
-          " invalid parsed |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for name, t in [*per_file.items(), ("**all**", total)]:
-        if name != "**all**":
-            total.add(t)
-        print(f"| {name} | {t.schemas} | {t.exact} | {t.approximated} | {t.refused} | {t.valid_parsed} | "
-              f"{t.valid_refused} | {t.invalid_rejected} | {t.invalid_parsed} |")
-    t = total
+    t = print_table("file", run_suite())
     print("\napproximations:", dict(t.approximations.most_common()))
     print("refused, by reason:", dict(t.reasons.most_common()))
     if a.details:
