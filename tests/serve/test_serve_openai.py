@@ -318,10 +318,11 @@ def test_health_reports_a_stuck_worker_and_a_full_queue_is_429():
         first.start()
         time.sleep(0.5)
         h = httpx.get(srv.url.removesuffix("/v1") + "/health")
-        assert h.status_code == 503 and h.json()["status"] == "stuck"
+        assert h.status_code == 503 and h.json()["status"] == "stuck" and h.headers["retry-after"] == "1"
         app.state.batcher.submit(USER, ("filler",))  # the queue's one place
         full = httpx.post(srv.url + "/chat/completions", json={"messages": USER, "max_tokens": 2}, timeout=30)
         assert full.status_code == 429 and full.json()["error"]["code"] == "rate_limit_exceeded"
+        assert full.headers["retry-after"] == "1"  # issue 48 point 4
         gate.set()
         first.join()
 
@@ -390,3 +391,46 @@ def test_unseeded_requests_sample_fresh_and_a_seed_reproduces():
         assert seeded[0].choices[0].message.content == seeded[1].choices[0].message.content
         many = c.chat.completions.create(model="fake-random", messages=USER, max_tokens=24, seed=11, n=3)
         assert len({ch.message.content for ch in many.choices}) == 3
+
+
+def test_operations_shapes():
+    """Issue 48 points 1, 2 and 4 (in part): /health open under --api-key, GET /v1/models/{id} with ``created``,
+    OpenAI's error object for unknown routes (embeddings named) and wrong methods."""
+    app = create_app(FakeBackend(random_logits(seed=0)), window_s=0.0, api_key="sekrit", served_model_names=("smol",))
+    with ServerThread(app) as srv:
+        root = srv.url.removesuffix("/v1")
+        assert httpx.get(root + "/health").status_code == 200  # a probe sends no key
+        client = _client(srv, "sekrit")
+        m = client.models.retrieve("smol")
+        assert m.id == "smol" and m.created > 0 and client.models.list().data[0].created == m.created
+        with pytest.raises(openai.NotFoundError) as missing:
+            client.models.retrieve("gpt-4")
+        assert missing.value.body["code"] == "model_not_found"
+        auth = {"Authorization": "Bearer sekrit"}
+        unknown = httpx.post(srv.url + "/embeddings", json={"input": "x"}, headers=auth)
+        assert unknown.status_code == 404 and "no embedding model" in unknown.json()["error"]["message"]
+        other = httpx.get(srv.url + "/nothing", headers=auth)
+        assert other.status_code == 404 and other.json()["error"]["type"] == "invalid_request_error"
+        wrong = httpx.get(srv.url + "/chat/completions", headers=auth)
+        assert wrong.status_code == 405 and wrong.json()["error"]["code"] == "method_not_allowed"
+        assert httpx.get(srv.url + "/models").status_code == 401  # the API itself still needs the key
+
+
+def test_fields_sent_as_null_are_unset():
+    """Issue 47 point 2: every nullable OpenAI field as null means "unset", as OpenAI reads it."""
+    app = create_app(FakeBackend(random_logits(seed=0)), window_s=0.0, temperature=0.0)
+    nulls = {k: None for k in ("n", "top_p", "presence_penalty", "frequency_penalty", "logprobs", "top_logprobs",
+                               "seed", "stop", "temperature", "max_tokens", "max_completion_tokens", "logit_bias",
+                               "response_format", "tools", "tool_choice", "parallel_tool_calls", "user",
+                               "metadata", "store", "stream_options", "service_tier", "prompt_cache_key",
+                               "modalities")}
+    with ServerThread(app) as srv:
+        r = httpx.post(srv.url + "/chat/completions", json={"messages": USER, **nulls, "max_tokens": 8})
+        assert r.status_code == 200, r.text
+        plain = httpx.post(srv.url + "/chat/completions", json={"messages": USER, "max_tokens": 8})
+        assert r.json()["choices"][0]["message"]["content"] == plain.json()["choices"][0]["message"]["content"]
+        kept = httpx.post(srv.url + "/chat/completions", json={"messages": USER, "max_tokens": 8,
+                                                              "prompt_cache_key": "k", "modalities": ["text"]})
+        assert kept.status_code == 200
+        audio = httpx.post(srv.url + "/chat/completions", json={"messages": USER, "modalities": ["audio"]})
+        assert audio.status_code == 400 and "modalities" in audio.json()["error"]["message"]

@@ -10,7 +10,9 @@ What is refused, before any work, with OpenAI's error shape and one line: a malf
 a prompt that with ``max_tokens`` exceeds the model's context (400, ``context_length_exceeded``), an unknown
 ``model`` (404), a missing or wrong key when the server has one (401), a full queue (429). A request that outlives
 ``timeout_s`` is cancelled (its row leaves the batch) and gets a clean 504; so is one whose client disconnects.
-``/health`` answers 503 when the worker is dead or one batch has run past ``timeout_s + stuck_after_s``.
+``/health`` answers 503 when the worker is dead or one batch has run past ``timeout_s + stuck_after_s`` (with
+``Retry-After``, as a 429 has), and needs no key. ``GET /v1/models/{id}`` answers one model; an unknown route or a wrong
+method answers OpenAI's error object.
 
 Streaming (``stream: true``) sends OpenAI's server-sent-event chunks live, token by token, for single-pass
 strategies on step-wise backends (the row decodes in a shared batch like any other). Text is ``content``; a
@@ -31,6 +33,7 @@ from typing import Any
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from formtax.api import check_context
 from formtax.constraints.spec import Constraint
@@ -71,6 +74,10 @@ class _Unauthorized(FormtaxError):
     pass
 
 
+OPEN_PATHS = frozenset({"/health"})
+"""Routes a server with ``--api-key`` answers without one: health probes send none (vLLM's ``/health`` is open too)."""
+
+
 def create_app(backend: Backend, config: ServeConfig | None = None, **settings: Any) -> FastAPI:
     """The server app over ``backend`` (module docstring): ``config``, or its fields as keywords;
     ``app.state.batcher`` holds the batcher."""
@@ -90,7 +97,7 @@ def create_app(backend: Backend, config: ServeConfig | None = None, **settings: 
     def authorize(request: Request) -> None:
         """``Authorization: Bearer <key>`` when the server has a key (a dependency, not an HTTP middleware:
         Starlette's middleware wrapper hides a client's disconnect from the route)."""
-        if cfg.api_key is not None:
+        if cfg.api_key is not None and request.url.path not in OPEN_PATHS:
             given = request.headers.get("authorization", "")
             if given != f"Bearer {cfg.api_key}":
                 raise _Unauthorized("incorrect API key provided" if given else
@@ -113,8 +120,20 @@ def create_app(backend: Backend, config: ServeConfig | None = None, **settings: 
         if isinstance(exc, _Unauthorized):
             return out.error(401, str(exc), code="invalid_api_key")
         if isinstance(exc, QueueFull):
-            return out.error(429, str(exc), kind="rate_limit_error", code="rate_limit_exceeded")
+            return out.error(429, str(exc), kind="rate_limit_error", code="rate_limit_exceeded",
+                             headers={"Retry-After": str(out.RETRY_AFTER_S)})
         return out.error(400, str(exc).splitlines()[0])
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        """Unknown routes and wrong methods in OpenAI's error shape (FastAPI's own is ``{"detail": ...}``)."""
+        path = request.url.path
+        if exc.status_code == 404:
+            message = (f"formtax serves no embedding model ({path}); it serves chat and text completions"
+                       if path.rstrip("/").endswith("/embeddings") else f"unknown route: {request.method} {path}")
+            return out.error(404, message, code="not_found")
+        return out.error(exc.status_code, f"{request.method} {path}: {exc.detail}",
+                         code="method_not_allowed" if exc.status_code == 405 else None)
 
     @app.exception_handler(Exception)
     async def _other(request: Request, exc: Exception) -> JSONResponse:
@@ -126,11 +145,24 @@ def create_app(backend: Backend, config: ServeConfig | None = None, **settings: 
         stuck = not batcher.alive or (busy is not None and busy > cfg.timeout_s + cfg.stuck_after_s)
         body = {"status": "stuck" if stuck else "ok", "worker_alive": batcher.alive, "busy_s": busy,
                 "waiting": batcher.waiting}
-        return JSONResponse(body, status_code=503 if stuck else 200)
+        return JSONResponse(body, status_code=503 if stuck else 200,
+                            headers={"Retry-After": str(out.RETRY_AFTER_S)} if stuck else None)
+
+    created = int(time.time())
+
+    def model_entry(name: str) -> dict[str, Any]:
+        return {"id": name, "object": "model", "created": created, "owned_by": "formtax"}
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": n, "object": "model", "owned_by": "formtax"} for n in names]}
+        return {"object": "list", "data": [model_entry(n) for n in names]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> Any:
+        if model_id not in names:
+            return out.error(404, f"the model {model_id!r} does not exist; served: {', '.join(names)}", "model",
+                             code="model_not_found")
+        return model_entry(model_id)
 
     def check_model(req: Sampled) -> JSONResponse | None:
         if req.model is not None and req.model not in names:

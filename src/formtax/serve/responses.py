@@ -20,11 +20,15 @@ APPROXIMATED_HEADER = "X-Formtax-Schema-Approximated"
 UNCHECKED_HEADER = "X-Formtax-Formats-Unchecked"
 
 
+RETRY_AFTER_S = 1
+"""What a 429 (full queue) and a stuck worker's 503 tell a client to wait, in seconds (``Retry-After``)."""
+
+
 def error(status: int, message: str, param: str | None = None, kind: str = "invalid_request_error",
-          code: str | None = None) -> JSONResponse:
+          code: str | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
     """OpenAI's error body, ``{"error": {"message", "type", "param", "code"}}``, with ``status``."""
     return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}},
-                        status_code=status)
+                        status_code=status, headers=headers)
 
 
 def headers(res: Result) -> dict[str, str]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from formtax.constraints.native import _closed, as_constraint
 from formtax.constraints.spec import Constraint, JsonConstraint
@@ -77,9 +77,16 @@ class FormtaxOptions(BaseModel):
 class Sampled(BaseModel):
     """What both endpoints share. A field formtax does not implement is a 400 (``extra="forbid"``), except
     those that change nothing about the output (``user``, ``metadata``, ``store``, ``stream_options``,
-    ``service_tier``): a silently ignored field is a wrong answer the client cannot see."""
+    ``service_tier``, ``prompt_cache_key``, ``modalities: ["text"]``): a silently ignored field is a wrong answer
+    the client cannot see. A field sent as ``null`` is unset, as OpenAI's API reads it (clients send unset fields
+    so)."""
 
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_unset(cls, data: Any) -> Any:
+        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
 
     model: str | None = None
     max_tokens: int | None = Field(default=None, ge=1)
@@ -100,6 +107,8 @@ class Sampled(BaseModel):
     store: bool | None = None
     stream_options: dict[str, Any] | None = None
     service_tier: str | None = None
+    prompt_cache_key: str | None = None  # a cache-routing hint: formtax's prefix reuse needs none
+    modalities: list[Literal["text"]] | None = None  # text is the one output modality formtax has
 
     def budget(self, default: int) -> int:
         return self.max_completion_tokens or self.max_tokens or default
