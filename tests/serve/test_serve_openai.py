@@ -434,3 +434,19 @@ def test_fields_sent_as_null_are_unset():
         assert kept.status_code == 200
         audio = httpx.post(srv.url + "/chat/completions", json={"messages": USER, "modalities": ["audio"]})
         assert audio.status_code == 400 and "modalities" in audio.json()["error"]["message"]
+
+
+def test_a_call_that_reaches_the_budget_reports_length():
+    """Issue 47 point 4 (in part): a tool call whose last token is the budget's last says ``length`` in
+    ``choices[0].finish_reason``, as formtax's own field does; it used to say ``tool_calls``."""
+    call = '{"name": "add", "arguments": {"a": 3, "b": 4}}'
+    app = create_app(FakeBackend(scripted(call)), window_s=0.0, temperature=0.0)
+    with ServerThread(app) as srv:
+        kw = dict(model="fake-random", messages=USER, tools=[ADD], tool_choice="required")
+        room = _client(srv).chat.completions.create(max_tokens=80, **kw)
+        assert room.choices[0].finish_reason == "tool_calls"
+        assert json.loads(room.choices[0].message.tool_calls[0].function.arguments) == {"a": 3, "b": 4}
+        n = len(room.model_extra["formtax"]["token_ids"])
+        cut = _client(srv).chat.completions.create(max_tokens=n, **kw)  # the call's last token is the budget's
+        assert cut.model_extra["formtax"]["finish_reason"] == "length" and cut.choices[0].message.tool_calls
+        assert cut.choices[0].finish_reason == "length"

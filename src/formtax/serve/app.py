@@ -300,7 +300,8 @@ def _choice(index: int, res: Result, hooks: RequestHooks, tools: ToolPlan | None
         if calls:
             message["tool_calls"] = calls
             message["content"] = None
-            finish = "tool_calls"
+            # a call that ran into the budget says so, as OpenAI does: never a complete ``tool_calls``
+            finish = "length" if finish == "length" else "tool_calls"
     return {"index": index, "message": message, "finish_reason": finish,
             "logprobs": out.chat_logprobs(backend.tokenizer, hooks.recorded) if hooks.logprobs else None,
             "formtax": out.extension(res)}
