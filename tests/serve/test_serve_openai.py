@@ -442,7 +442,7 @@ def test_a_call_that_reaches_the_budget_reports_length():
     call = '{"name": "add", "arguments": {"a": 3, "b": 4}}'
     app = create_app(FakeBackend(scripted(call)), window_s=0.0, temperature=0.0)
     with ServerThread(app) as srv:
-        kw = dict(model="fake-random", messages=USER, tools=[ADD], tool_choice="required")
+        kw = dict(model="fake-random", messages=USER, tools=[ADD], tool_choice="required", parallel_tool_calls=False)
         room = _client(srv).chat.completions.create(max_tokens=80, **kw)
         assert room.choices[0].finish_reason == "tool_calls"
         assert json.loads(room.choices[0].message.tool_calls[0].function.arguments) == {"a": 3, "b": 4}

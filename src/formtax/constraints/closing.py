@@ -12,12 +12,9 @@ How "a completion still fits" is decided (ours; llguidance exposes no shortest-c
   the old witness is replayed after ``t`` on a copy (inside a JSON string any character keeps ``"}`` valid, so
   this is the common case and costs microseconds); only when that fails is a new one searched.
 * the search is a beam search over tokens from ``deep_copy``'d matchers, breadth first (depth = tokens), states
-  at one depth deduplicated by a fingerprint (the full-vocabulary allowed mask, the grammar literals the path has
-  begun, and the path's bracket balance: ``[{...}`` and ``{...}`` allow the same tokens but only the second closes
-  in one), each state expanding its allowed tokens shortest first, structural characters (quotes, brackets,
-  separators) before digits and letters, and, where that finds nothing, every allowed symbol too. It keeps 8
-  states a depth, 32 where at most 16 tokens are left (a short search where the budget binds, which must not
-  miss the completion that fits). Any witness it returns is
+  at one depth deduplicated by their full-vocabulary allowed mask (a strong fingerprint: two states that allow
+  the same tokens next are, for closing, the same), each state expanding its allowed tokens shortest first,
+  structural characters (quotes, brackets, separators) before digits and letters. Any witness it returns is
   real (the matcher accepted every token), so the guarantee rests on the witness, not on the search being
   optimal: the witness is an *upper bound* on the shortest completion. On a byte-level vocabulary it is the
   shortest completion for the grammars in ``tests/core/test_closing.py`` (checked by brute-force enumeration).
@@ -61,8 +58,6 @@ _PREFERRED = b'"}])>' + b",:; \n." + b"0123456789" + b"abcdefghijklmnopqrstuvwxy
 _PREFERRED_ORDER = {b: i for i, b in enumerate(_PREFERRED)}
 _UNUSABLE = np.iinfo(np.int64).max
 BEAM_WIDTH = 8  # states kept per depth
-NEAR_END = 16  # where at most this many tokens are left, a search is short: it keeps NEAR_END_WIDTH states a depth
-NEAR_END_WIDTH = 32
 EXPAND = 8  # tokens tried per state
 MAX_DEPTH = 512  # the longest witness searched for (tokens)
 
@@ -101,12 +96,6 @@ def _ranks(tok: EngineTokenizer) -> _Ranks:
     return _RANKS.put(tok.key, _Ranks(rank, n, ids, symbols))
 
 
-
-
-def _balance(piece: bytes) -> int:
-    """Brackets a piece of text opens minus those it closes (a cheap stand-in for the parser's stack depth)."""
-    return piece.count(b"{") + piece.count(b"[") + piece.count(b"(") - piece.count(b"}") - piece.count(b"]") \
-        - piece.count(b")")
 
 
 def _continuations(path: bytes, hints: tuple[bytes, ...]) -> frozenset[bytes]:
@@ -156,7 +145,7 @@ def completes(ll: llguidance.LLMatcher, tokens: Sequence[int]) -> bool:
 
 
 def search_witness(ll: llguidance.LLMatcher, tok: EngineTokenizer, max_depth: int = MAX_DEPTH,
-                   hints: tuple[bytes, ...] = (), before: bytes = b"", width: int = BEAM_WIDTH) -> list[int] | None:
+                   hints: tuple[bytes, ...] = (), before: bytes = b"") -> list[int] | None:
     """A short token sequence from ``ll``'s state to an accepting one (see the module docstring), or None when
     the beam search finds none within ``max_depth`` tokens. ``ll`` is not modified. ``hints``: the grammar's
     literals (:func:`grammar_hints`); ``before``: the text already generated (a hint it has begun continues).
@@ -166,24 +155,23 @@ def search_witness(ll: llguidance.LLMatcher, tok: EngineTokenizer, max_depth: in
         return []
     if ll.is_error():
         return None
-    found = _beam(ll, tok, max_depth, hints, before, symbols=False, width=width)
-    return found if found is not None else _beam(ll, tok, max_depth, hints, before, symbols=True, width=width)
+    found = _beam(ll, tok, max_depth, hints, before, symbols=False)
+    return found if found is not None else _beam(ll, tok, max_depth, hints, before, symbols=True)
 
 
 def _beam(ll: llguidance.LLMatcher, tok: EngineTokenizer, max_depth: int, hints: tuple[bytes, ...], before: bytes,
-          symbols: bool, width: int) -> list[int] | None:
+          symbols: bool) -> list[int] | None:
     """One beam search of :func:`search_witness`."""
     ranks = _ranks(tok)
-    # matcher, its mask, token path, byte path, bracket balance of the path
-    Node = tuple[llguidance.LLMatcher, bytes, list[int], bytes, int]
-    frontier: list[Node] = [(ll, ll.compute_bitmask(), [], before[-64:], 0)]
+    Node = tuple[llguidance.LLMatcher, bytes, list[int], bytes]  # matcher, its mask, token path, byte path
+    frontier: list[Node] = [(ll, ll.compute_bitmask(), [], before[-64:])]
     found: list[int] | None = None
     for _ in range(max_depth):
         # every candidate of every state is tried for acceptance first (so a closing token never loses its
         # place in the beam to a longer path), then the beam takes the others round robin, each state's best
         # tokens first, one state per fingerprint
-        children: list[list[tuple[llguidance.LLMatcher, list[int], bytes, int]]] = []
-        for node, mask, path, text, balance in frontier:
+        children: list[list[tuple[llguidance.LLMatcher, list[int], bytes]]] = []
+        for node, mask, path, text in frontier:
             mine = []
             for t in _candidates(mask, ranks, EXPAND, text, hints, symbols):
                 child = node.deep_copy()
@@ -192,29 +180,25 @@ def _beam(ll: llguidance.LLMatcher, tok: EngineTokenizer, max_depth: int, hints:
                 if child.is_accepting():
                     found = path + [t]
                     break
-                piece = tok.ll.decode_bytes([t])
-                mine.append((child, path + [t], text + piece, balance + _balance(piece)))
+                mine.append((child, path + [t], text + tok.ll.decode_bytes([t])))
             if found is not None:
                 break
             children.append(mine)
         if found is not None:
             break
-        # the fingerprint: the allowed mask, the hints begun, and the bracket balance: two states that allow the
-        # same tokens can still be nested differently ('[{...}' and '{...}' both allow only '}'), and only the
-        # shallower one closes in one token
-        seen: set[tuple[bytes, frozenset[bytes], int]] = set()
+        seen: set[tuple[bytes, frozenset[bytes]]] = set()
         nxt: list[Node] = []
         for j in range(max((len(c) for c in children), default=0)):
             for mine in children:
-                if j >= len(mine) or len(nxt) >= width:
+                if j >= len(mine) or len(nxt) >= BEAM_WIDTH:
                     continue
-                child, cpath, ctext, cbalance = mine[j]
+                child, cpath, ctext = mine[j]
                 cmask = child.compute_bitmask()
-                key = (cmask, _continuations(ctext, hints), cbalance)
+                key = (cmask, _continuations(ctext, hints))
                 if key in seen:
                     continue
                 seen.add(key)
-                nxt.append((child, cmask, cpath, ctext[-64:], cbalance))
+                nxt.append((child, cmask, cpath, ctext[-64:]))
         if not nxt:
             break
         frontier = nxt
@@ -345,10 +329,8 @@ class Closer:
         self.searches += 1
         # the search counts its own (often single-byte) tokens; canonical retokenisation shortens its find, so
         # it may look deeper than the tokens that are left
-        # where the budget binds the search is short, so it affords a wider beam: a beam that misses the one
-        # completion that fits would refuse a token the rule accepts
         found = search_witness(ll, self.matcher.tokenizer, max(0, min(4 * depth + 4, MAX_DEPTH)),
-                               self.matcher.hints, self.text, NEAR_END_WIDTH if depth <= NEAR_END else BEAM_WIDTH)
+                               self.matcher.hints, self.text)
         self._own.add(found)
         return found
 
