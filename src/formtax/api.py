@@ -203,7 +203,7 @@ async def agenerate(model: Backend, prompt: Prompt, strategy: str = "free", answ
                     **kwargs: Any) -> Result:
     """:func:`generate` for asyncio code: decoding runs in a worker thread, so the event loop stays free.
 
-    Thread safety (tested in tests/core/test_api_threads.py): calls on one model from several threads (or
+    Thread safety (tested in tests/core/test_api_promises.py): calls on one model from several threads (or
     concurrent ``agenerate`` tasks) are safe and give what sequential calls give, token for token. Each call has
     its own grammar matchers, KV cache and generators; the weights are only read, and the compiled-grammar and
     witness caches are locked LRU maps. They share the CPU, so they do not run faster than one batch

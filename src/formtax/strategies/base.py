@@ -56,8 +56,7 @@ def request_reserve(backend: Backend, request: Request) -> int:
 
     c = request.constraint
     if request.closing and isinstance(c, ChoiceConstraint):
-        tok = backend.tokenizer
-        return max(len(tok.encode(o)) for o in c.options) + 1
+        return closing_room(backend, c, answer_reserve(c))  # the longest option's own tokenisation, + 1
     return answer_reserve(c)
 
 
