@@ -20,7 +20,7 @@ from formtax.constraints.compile import validate_with_engine
 from formtax.constraints.formats import CHECKED_FORMATS
 from formtax.constraints.spec import JsonConstraint
 from formtax.errors import ConstraintError
-from formtax.serve.responses import UNCHECKED_HEADER, headers
+from formtax.serve.shapes import UNCHECKED_HEADER, headers
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "bench"))
 import schema_coverage  # noqa: E402

@@ -169,3 +169,52 @@ def test_instructor_tools_and_json_schema_modes(server):
         got = patched.chat.completions.create(model="m", response_model=Sum, max_retries=0, max_tokens=60,
                                               messages=[{"role": "user", "content": "Add 3 and 4."}])
         assert isinstance(got, Sum), mode
+
+
+def test_a_tool_argument_called_name_or_arguments(server):
+    """Issue 47 point 4: LangChain's ``with_structured_output(method="function_calling")`` forces a call of a tool
+    whose arguments are called ``name`` and ``arguments``. The call is written name first (``{"Record": {...}}``),
+    so no argument shares a key with the call itself. Under the old ``{"name": <tool>, "arguments": {...}}`` form
+    the model wrote ``"name": "none"`` for Carol's record."""
+    lc = pytest.importorskip("langchain_openai")
+    from pydantic import BaseModel
+
+    class Person(BaseModel):
+        """A person."""
+
+        name: str
+        age: int
+
+    class Record(BaseModel):
+        """A record."""
+
+        arguments: str
+        name: str
+
+    client, _ = server
+    llm = lc.ChatOpenAI(base_url=str(client.base_url), api_key="none", model="m", temperature=0, max_tokens=64,
+                        max_retries=0)
+    for model, text, want in ((Person, "Alice is 30 years old.", {"name": "Alice", "age": 30}),
+                              (Record, "Record: name Carol, arguments none.", {"name": "Carol"})):
+        out = llm.with_structured_output(model, method="function_calling", include_raw=True).invoke(text)
+        raw = out["raw"]
+        assert raw.response_metadata["finish_reason"] == "tool_calls"
+        assert raw.tool_calls[0]["name"] == model.__name__
+        got = out["parsed"].model_dump()
+        assert {k: got[k] for k in want} == want, got
+
+
+def test_the_responses_api_on_the_real_model(server):
+    """Issue 47: ``responses.parse`` into a Pydantic model and a streamed response, on the embedded model."""
+    from pydantic import BaseModel
+
+    class Sum(BaseModel):
+        a: int
+        b: int
+
+    client, _ = server
+    parsed = client.responses.parse(model="m", input="Add 3 and 4.", text_format=Sum, max_output_tokens=60)
+    assert parsed.status == "completed" and isinstance(parsed.output_parsed, Sum)
+    whole = client.responses.create(model="m", input=Q, max_output_tokens=24)
+    events = list(client.responses.create(model="m", input=Q, max_output_tokens=24, stream=True))
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == whole.output_text

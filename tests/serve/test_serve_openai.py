@@ -22,7 +22,7 @@ from formtax.backends.fake import FakeBackend, random_logits, scripted  # noqa: 
 from formtax.errors import ContextLengthError  # noqa: E402
 from formtax.serve.app import ServerThread, create_app  # noqa: E402
 from formtax.serve.hooks import Hooked, RequestHooks  # noqa: E402
-from formtax.serve.responses import StopCutter  # noqa: E402
+from formtax.serve.shapes import StopCutter  # noqa: E402
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
@@ -74,7 +74,7 @@ def test_tool_calls_carry_arguments_that_validate(served, seed):
 
 def test_auto_is_text_or_a_call():
     """``auto``: a model that wants to write text writes text; one that wants a call gets a valid call."""
-    call = '{"name": "add", "arguments": {"a": 3, "b": 4}}'
+    call = '{"add": {"a": 3, "b": 4}}'
     for want, is_call in (("It is 7.", False), (call, True)):
         app = create_app(FakeBackend(scripted(want)), window_s=0.0, temperature=0.0)
         with ServerThread(app) as srv:
@@ -102,7 +102,7 @@ def test_tool_calls_stream_as_openai_streams_them(served):
 
 def test_reasoning_before_a_tool_call():
     """A reasoning strategy reasons first; the call is its answer (issue 39's most asked-for feature)."""
-    want = 'I should add 3 and 4.\n{"name": "add", "arguments": {"a": 3, "b": 4}}'
+    want = 'I should add 3 and 4.\n{"add": {"a": 3, "b": 4}}'
     app = create_app(FakeBackend(scripted(want)), window_s=0.0, temperature=0.0)
     with ServerThread(app) as srv:
         r = _client(srv).chat.completions.create(
@@ -423,7 +423,7 @@ def test_fields_sent_as_null_are_unset():
                                "seed", "stop", "temperature", "max_tokens", "max_completion_tokens", "logit_bias",
                                "response_format", "tools", "tool_choice", "parallel_tool_calls", "user",
                                "metadata", "store", "stream_options", "service_tier", "prompt_cache_key",
-                               "modalities")}
+                               "modalities", "reasoning_effort", "functions", "function_call")}
     with ServerThread(app) as srv:
         r = httpx.post(srv.url + "/chat/completions", json={"messages": USER, **nulls, "max_tokens": 8})
         assert r.status_code == 200, r.text
@@ -439,7 +439,7 @@ def test_fields_sent_as_null_are_unset():
 def test_a_call_that_reaches_the_budget_reports_length():
     """Issue 47 point 4 (in part): a tool call whose last token is the budget's last says ``length`` in
     ``choices[0].finish_reason``, as formtax's own field does; it used to say ``tool_calls``."""
-    call = '{"name": "add", "arguments": {"a": 3, "b": 4}}'
+    call = '{"add": {"a": 3, "b": 4}}'
     app = create_app(FakeBackend(scripted(call)), window_s=0.0, temperature=0.0)
     with ServerThread(app) as srv:
         kw = dict(model="fake-random", messages=USER, tools=[ADD], tool_choice="required", parallel_tool_calls=False)
@@ -450,3 +450,37 @@ def test_a_call_that_reaches_the_budget_reports_length():
         cut = _client(srv).chat.completions.create(max_tokens=n, **kw)  # the call's last token is the budget's
         assert cut.model_extra["formtax"]["finish_reason"] == "length" and cut.choices[0].message.tool_calls
         assert cut.choices[0].finish_reason == "length"
+
+
+def test_legacy_functions_are_tools_answered_as_function_call():
+    """Issue 47 point 3: ``functions`` / ``function_call`` map to tools, answered in the legacy shape."""
+    app = create_app(FakeBackend(scripted('{"add": {"a": 3, "b": 4}}')), window_s=0.0, temperature=0.0)
+    with ServerThread(app) as srv:
+        r = _client(srv).chat.completions.create(model="fake-random", messages=USER, max_tokens=60,
+                                                 functions=[ADD["function"]], function_call={"name": "add"})
+        assert r.choices[0].finish_reason == "function_call" and r.choices[0].message.tool_calls is None
+        assert r.choices[0].message.function_call.name == "add"
+        assert json.loads(r.choices[0].message.function_call.arguments) == {"a": 3, "b": 4}
+        both = httpx.post(srv.url + "/chat/completions", json={"messages": USER, "tools": [ADD],
+                                                               "functions": [ADD["function"]]})
+        assert both.status_code == 400 and "not both" in both.json()["error"]["message"]
+
+
+def test_top_logprobs_needs_logprobs_and_usage_comes_when_asked(served):
+    """Issue 48 point 2 (in part): ``top_logprobs`` without ``logprobs`` is refused, as OpenAI refuses it; a
+    stream's usage is its own last chunk (``choices: []``), sent only under ``stream_options.include_usage``."""
+    client, _, _ = served
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="fake", messages=USER, max_tokens=4, top_logprobs=2)
+    assert "needs logprobs" in e.value.body["message"]
+    plain = list(client.chat.completions.create(model="fake", messages=USER, max_tokens=6, stream=True))
+    assert all(c.usage is None for c in plain) and all(c.choices for c in plain)
+    asked = list(client.chat.completions.create(model="fake", messages=USER, max_tokens=6, stream=True,
+                                                stream_options={"include_usage": True}))
+    assert asked[-1].choices == [] and asked[-1].usage.completion_tokens == 6
+    assert all(c.usage is None for c in asked[:-1])
+    for tools in (None, [ADD]):  # live and whole-generation streams alike
+        kw = {"tools": tools, "tool_choice": "required"} if tools else {}
+        chunks = list(client.chat.completions.create(model="fake", messages=USER, max_tokens=60, stream=True,
+                                                     stream_options={"include_usage": True}, **kw))
+        assert chunks[-1].choices == [] and chunks[-1].usage.total_tokens > 0

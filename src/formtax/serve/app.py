@@ -1,6 +1,8 @@
 """``formtax serve``: an OpenAI-compatible HTTP server over any formtax backend (FastAPI + uvicorn).
 
-Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``, ``GET /health``. How a
+Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/responses``, ``GET /v1/models``,
+``GET /health``. This module routes; the serving classes (:mod:`formtax.serve.serving_chat`,
+:mod:`formtax.serve.responses_api`) turn a request into generations. How a
 request becomes a generation is :mod:`formtax.serve.schema` (tools: :mod:`formtax.serve.tools`); concurrent
 requests share batches (:mod:`formtax.serve.batcher`), each row under its own controls (:mod:`formtax.serve.hooks`).
 Responses carry OpenAI's fields plus ``reasoning_content`` (the strategy's reasoning phase, when it separates one)
@@ -15,7 +17,8 @@ a prompt that with ``max_tokens`` exceeds the model's context (400, ``context_le
 method answers OpenAI's error object.
 
 Streaming (``stream: true``) sends OpenAI's server-sent-event chunks live, token by token, for single-pass
-strategies on step-wise backends (the row decodes in a shared batch like any other). Text is ``content``; a
+strategies on step-wise backends (the row decodes in a shared batch like any other); the usage comes on its own last
+chunk (``choices: []``) when ``stream_options.include_usage`` asks for it, as OpenAI sends it. Text is ``content``; a
 reasoning phase goes to ``reasoning_content`` only when the strategy separates reasoning from its answer, exactly
 as without streaming. Tool calls, multi-call strategies (suffix, nl2format) and other backends send the same
 chunks when the generation completes.
@@ -23,51 +26,29 @@ chunks when the generation completes.
 
 from __future__ import annotations
 
-import asyncio
-import queue
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from formtax.api import check_context
-from formtax.constraints.spec import Constraint
-from formtax.decoding.engine import Backend, Capability
-from formtax.decoding.plan import Phase
-from formtax.decoding.sampling import fresh_seed
+from formtax.decoding.engine import Backend
 from formtax.errors import ConfigError, ContextLengthError, FormtaxError
-from formtax.serve import responses as out
+from formtax.serve import shapes as out
 from formtax.serve.batcher import Batcher, QueueFull
-from formtax.serve.hooks import RequestHooks, cut_at_stop
-from formtax.serve.schema import ChatRequest, CompletionRequest, Sampled, chat_constraint
-from formtax.serve.tools import ToolPlan, read_calls, tools_prompt, with_tools_prompt
+from formtax.serve.responses_api import ResponseBuilder, ResponsesRequest
+from formtax.serve.responses_api import sse_events as responses_sse
+from formtax.serve.schema import ChatRequest, CompletionRequest
+from formtax.serve.serving import Outcome, ServeConfig
+from formtax.serve.serving_chat import ChatServing, CompletionServing
 from formtax.strategies import get_strategy
-from formtax.strategies.base import Prompt, Result, SinglePass
-from formtax.streaming import END, Delta, deltas
 
 APPROXIMATED_HEADER = out.APPROXIMATED_HEADER
-
-
-@dataclass
-class ServeConfig:
-    """The server's settings (``formtax serve``'s flags)."""
-
-    max_batch: int = 16
-    window_s: float = 0.01
-    timeout_s: float = 600.0
-    default_max_tokens: int = 256
-    max_queue: int = 256
-    temperature: float = 1.0  # OpenAI's default; ``--temperature`` sets the server's own
-    served_model_names: tuple[str, ...] = ()  # names a request's ``model`` may use (default: its id, "default")
-    api_key: str | None = None  # when set, requests need ``Authorization: Bearer <key>``
-    strategy: str | None = None  # the default strategy of a request that names none
-    answer: str | None = None  # the default answer SPEC of a request that gives no answer format
-    stuck_after_s: float = 30.0
+__all__ = ["APPROXIMATED_HEADER", "ServeConfig", "ServerThread", "create_app"]
 
 
 class _Unauthorized(FormtaxError):
@@ -107,11 +88,8 @@ def create_app(backend: Backend, config: ServeConfig | None = None, **settings: 
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {}
-        where = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
-        msg = "not supported by formtax serve" if first.get("type") == "extra_forbidden" else \
-            str(first.get("msg", "invalid request")).removeprefix("Value error, ")
-        return out.error(400, f"{where}: {msg}" if where else msg, where or None)
+        message, where = validation_message(list(exc.errors()))
+        return out.error(400, message, where)
 
     @app.exception_handler(FormtaxError)
     async def _formtax(request: Request, exc: FormtaxError) -> JSONResponse:
@@ -164,219 +142,56 @@ def create_app(backend: Backend, config: ServeConfig | None = None, **settings: 
                              code="model_not_found")
         return model_entry(model_id)
 
-    def check_model(req: Sampled) -> JSONResponse | None:
-        if req.model is not None and req.model not in names:
-            return out.error(404, f"the model {req.model!r} does not exist (served: {', '.join(names)})", "model",
-                             code="model_not_found")
-        return None
+    chat_serving = ChatServing(backend, batcher, cfg, names)
+    text_serving = CompletionServing(backend, batcher, cfg, names)
 
-    def plan_kwargs(req: Sampled, strategy: str, answer: Any, raw: bool) -> dict[str, Any]:
-        opts = req.formtax
-        return {"strategy": strategy, "answer": answer, "max_tokens": req.budget(cfg.default_max_tokens),
-                "temperature": cfg.temperature if req.temperature is None else req.temperature,
-                "top_p": req.top_p, "raw": raw, "reasoning": opts.reasoning if opts else None,
-                "triggers": tuple(opts.triggers) if opts else (), "closing": opts.closing if opts else None}
-
-    def hooks_of(req: Sampled, free_text: bool, logprobs: bool, top: int) -> RequestHooks:
-        stops = req.stops()
-        return RequestHooks(stops=stops if free_text else (), logprobs=logprobs, top_logprobs=top,
-                            presence=req.presence_penalty, frequency=req.frequency_penalty, bias=req.bias())
-
-    def refuse_unhookable(strategy: str, hooks: RequestHooks) -> None:
-        """The controls that act inside the loop need a single-pass strategy on a step-wise backend."""
-        wanted = [n for n, on in (("stop", bool(hooks.stops)), ("logprobs", hooks.logprobs),
-                                  ("presence_penalty / frequency_penalty / logit_bias", hooks.edits_scores)) if on]
-        if wanted and not (isinstance(get_strategy(strategy), SinglePass)
-                           and Capability.STEP_LOGITS in backend.capabilities):
-            raise ConfigError(f"{wanted[0]} is not supported with strategy {strategy!r} on backend {backend.name!r}"
-                              " (single-pass strategies on step-wise backends only)")
-
-    async def run_all(request: Request, req: Sampled, prompt: Prompt, kwargs: dict[str, Any],
-                      hooks: list[RequestHooks]) -> list[Result] | JSONResponse:
-        """Every choice's result, or the error response of a request that timed out (504) or whose client went
-        away; either way its rows are cancelled."""
-        key = tuple((k, v.describe() if isinstance(v, Constraint) else repr(v)) for k, v in sorted(kwargs.items()))
-        seed = fresh_seed() if req.seed is None else req.seed  # unseeded: fresh entropy, as OpenAI samples
-        tasks = [asyncio.ensure_future(batcher.run(prompt, key, cfg.timeout_s, seed + k, h, **kwargs))
-                 for k, h in enumerate(hooks)]
-        try:
-            while not all(t.done() for t in tasks):
-                await asyncio.wait(tasks, timeout=0.25)
-                if not all(t.done() for t in tasks) and await request.is_disconnected():
-                    return out.error(499, "the client closed the request", kind="cancelled")
-            return [t.result() for t in tasks]
-        except TimeoutError:
-            return out.error(504, f"the request did not finish within {cfg.timeout_s:g} s", kind="timeout")
-        finally:
-            for t in tasks:
-                t.cancel()
-
-    def precheck(prompt: Prompt, kwargs: dict[str, Any]) -> None:
-        """What the worker would refuse, refused here before the request is queued: the context limit first,
-        then the strategy's own check (a missing answer, a budget the answer cannot fit)."""
-        from formtax.api import requests_of
-        from formtax.constraints.native import as_constraint
-        from formtax.decoding.sampling import Sampling
-
-        strat = get_strategy(kwargs["strategy"])
-        answer = kwargs["answer"]
-        reqs = requests_of(backend, [prompt], as_constraint(answer) if answer is not None else None,
-                           kwargs["max_tokens"], kwargs["reasoning"], kwargs["triggers"], 0, True,
-                           Sampling(kwargs["temperature"], kwargs["top_p"]), False, kwargs["raw"], kwargs["closing"],
-                           {})
-        check_context(backend, reqs)
-        strat.check(backend, reqs)
+    def reply(outcome: Outcome | JSONResponse, include_usage: bool) -> Any:
+        if isinstance(outcome, JSONResponse):
+            return outcome
+        if outcome.chunks is not None:
+            return StreamingResponse(out.sse_events(outcome.chunks, include_usage), media_type="text/event-stream",
+                                     headers=outcome.headers)
+        return JSONResponse(outcome.body, headers=outcome.headers)
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat(request: Request, req: ChatRequest) -> Any:
-        if (missing := check_model(req)) is not None:
-            return missing
-        strategy, constraint, tools = chat_constraint(req, cfg.strategy, cfg.answer)
-        messages: list[dict[str, str]] = [{"role": m.role, "content": m.text()} for m in req.messages]
-        if tools is not None:
-            messages = with_tools_prompt(messages, tools_prompt(tools, req.tools or []))
-        kwargs = plan_kwargs(req, strategy, constraint, raw=False)
-        free_text = constraint is None or (tools is not None and tools.text_allowed and strategy == "constrained")
-        top = req.top_logprobs or 0
-        hooks = [hooks_of(req, free_text, req.logprobs, top) for _ in range(req.n)]
-        refuse_unhookable(strategy, hooks[0])
-        precheck(messages, kwargs)
-        separated = constraint is not None and getattr(get_strategy(strategy), "constrained_answer", False)
-        if req.stream and tools is None and req.n == 1 and _streams(backend, strategy):
-            live = _live(batcher, cfg, messages, kwargs, req, hooks[0], separated, req.model or names[0])
-            first = await anext(live)  # the first token, or a refusal as a 400 before the stream starts
-            return StreamingResponse(_then(first, live), media_type="text/event-stream")
-        results = await run_all(request, req, messages, kwargs, hooks)
-        if isinstance(results, JSONResponse):
-            return results
-        body = out.envelope("chat.completion", req.model or names[0], results)
-        body["choices"] = [_choice(k, r, h, tools, backend) for k, (r, h) in enumerate(zip(results, hooks,
-                                                                                             strict=True))]
-        if req.stream:
-            return StreamingResponse(out.chat_chunks(body), media_type="text/event-stream",
-                                     headers=out.headers(results[0]))
-        return JSONResponse(body, headers=out.headers(results[0]))
+        return reply(await chat_serving.create(request, req), req.include_usage())
 
     @app.post("/v1/completions", response_model=None)
     async def completions(request: Request, req: CompletionRequest) -> Any:
-        if (missing := check_model(req)) is not None:
-            return missing
-        if isinstance(req.prompt, list) and len(req.prompt) != 1:
-            raise ConfigError("prompt: give one prompt per request (use n for several choices)")
-        if req.echo:
-            raise ConfigError("echo: not supported by formtax serve")
-        prompt = req.prompt if isinstance(req.prompt, str) else req.prompt[0]
-        opts = req.formtax
-        answer = opts.answer if opts and opts.answer else None
-        strategy = (opts.strategy if opts and opts.strategy else ("constrained" if answer else "free"))
-        kwargs = plan_kwargs(req, strategy, answer, raw=True)
-        hooks = [hooks_of(req, answer is None, req.logprobs is not None, req.logprobs or 0) for _ in range(req.n)]
-        refuse_unhookable(strategy, hooks[0])
-        precheck(prompt, kwargs)
-        results = await run_all(request, req, prompt, kwargs, hooks)
-        if isinstance(results, JSONResponse):
-            return results
-        body = out.envelope("text_completion", req.model or names[0], results)
-        body["choices"] = [{"index": k, "text": cut_at_stop(out.content(r) or "", h.stops), "finish_reason":
-                            out.finish(r), "logprobs": out.text_logprobs(backend.tokenizer, h.recorded)
-                            if h.logprobs else None} for k, (r, h) in enumerate(zip(results, hooks, strict=True))]
-        if req.stream:
-            return StreamingResponse(out.text_chunks(body), media_type="text/event-stream")
-        return body
+        return reply(await text_serving.create(request, req), req.include_usage())
+
+    @app.post("/v1/responses", response_model=None)
+    async def responses(request: Request, req: ResponsesRequest) -> Any:
+        try:
+            as_chat = req.to_chat()
+        except ValidationError as e:
+            raise ConfigError(validation_message(e.errors())) from None
+        outcome = await chat_serving.create(request, as_chat)
+        if isinstance(outcome, JSONResponse):
+            return outcome
+        builder = ResponseBuilder(req, chat_serving.model_name(as_chat))
+        if outcome.chunks is not None:
+            return StreamingResponse(responses_sse(builder.events(outcome.chunks)), media_type="text/event-stream",
+                                     headers=outcome.headers)
+        assert outcome.body is not None
+        return JSONResponse(builder.from_chat(outcome.body), headers=outcome.headers)
+
+    @app.get("/v1/responses/{response_id}")
+    async def stored_response(response_id: str) -> JSONResponse:
+        return out.error(404, f"formtax serve stores no responses ({response_id}); keep the response you were sent",
+                         code="not_found")
 
     return app
 
 
-def _choice(index: int, res: Result, hooks: RequestHooks, tools: ToolPlan | None, backend: Backend
-            ) -> dict[str, Any]:
-    """One chat choice: the content (cut at a stop string), the separated reasoning, tool calls, logprobs."""
-    text = out.content(res)
-    message: dict[str, Any] = {"role": "assistant", "content": cut_at_stop(text, hooks.stops) if text else text}
-    if out.reasoning(res) is not None:
-        message["reasoning_content"] = out.reasoning(res)
-    finish = out.finish(res)
-    if tools is not None and res.parse_ok:
-        calls = read_calls(text, res.parsed)
-        if calls:
-            message["tool_calls"] = calls
-            message["content"] = None
-            # a call that ran into the budget says so, as OpenAI does: never a complete ``tool_calls``
-            finish = "length" if finish == "length" else "tool_calls"
-    return {"index": index, "message": message, "finish_reason": finish,
-            "logprobs": out.chat_logprobs(backend.tokenizer, hooks.recorded) if hooks.logprobs else None,
-            "formtax": out.extension(res)}
-
-
-def _streams(backend: Backend, strategy: str) -> bool:
-    """Whether a request can stream live: a single-pass strategy on a step-wise backend."""
-    return isinstance(get_strategy(strategy), SinglePass) and Capability.STEP_LOGITS in backend.capabilities
-
-
-async def _live(batcher: Batcher, cfg: ServeConfig, messages: Prompt, kwargs: dict[str, Any], req: ChatRequest,
-                hooks: RequestHooks, separated: bool, model: str) -> AsyncIterator[str]:
-    """OpenAI chat chunks as the row decodes in its batch: reasoning phases as ``reasoning_content`` deltas when
-    the strategy separates them, everything else as ``content`` (held back at a possible stop string), then the
-    finish reason, usage and the formtax object. Closing the stream (the client went away) cancels the row."""
-    q: queue.Queue[Any] = queue.Queue()
-    hooks.sink = lambda t, ph: q.put((t, ph))
-    key = tuple((k, v.describe() if isinstance(v, Constraint) else repr(v)) for k, v in sorted(kwargs.items()))
-    job = batcher.submit(messages, key, fresh_seed() if req.seed is None else req.seed, hooks, **kwargs)
-
-    def done(fut: Any) -> None:
-        if not fut.cancelled():
-            q.put(fut.exception() or fut.result())
-        q.put(END)
-
-    job.future.add_done_callback(done)
-    parts = deltas(batcher.backend.tokenizer, q)
-    base = out.chunk_base(model)
-    cutter = out.StopCutter(hooks.stops)
-    started = time.monotonic()
-    role = out.sse(base | {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                         "finish_reason": None}]})
-    try:
-        while True:
-            left = cfg.timeout_s - (time.monotonic() - started)
-            try:
-                part = await asyncio.wait_for(asyncio.to_thread(next, parts, None), max(left, 0.001))
-            except TimeoutError:
-                yield out.sse({"error": {"message": f"the request did not finish within {cfg.timeout_s:g} s",
-                                         "type": "timeout", "param": None, "code": None}})
-                return
-            if role:
-                yield role
-                role = ""
-            if part is None:
-                return
-            if isinstance(part, Result):
-                tail = cutter.flush()
-                if tail:
-                    yield out.sse(base | {"choices": [{"index": 0, "delta": {"content": tail},
-                                                        "finish_reason": None}]})
-                lp = out.chat_logprobs(batcher.backend.tokenizer, hooks.recorded) if hooks.logprobs else None
-                yield out.sse(base | {"choices": [{"index": 0, "delta": {}, "finish_reason": out.finish(part),
-                                                    "logprobs": lp}],
-                                      "usage": out.envelope("chat.completion", model, [part])["usage"],
-                                      "formtax": out.extension(part)})
-                yield "data: [DONE]\n\n"
-                return
-            assert isinstance(part, Delta)
-            if separated and part.phase in (Phase.REASONING, Phase.RC):
-                if part.text:
-                    yield out.sse(base | {"choices": [{"index": 0, "delta": {"reasoning_content": part.text},
-                                                        "finish_reason": None}]})
-                continue
-            text = cutter.feed(part.text)
-            if text:
-                yield out.sse(base | {"choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]})
-    finally:
-        batcher.cancel(job)  # a no-op when it finished; otherwise its row leaves the batch
-
-
-async def _then(first: str, rest: AsyncIterator[str]) -> AsyncIterator[str]:
-    yield first
-    async for chunk in rest:
-        yield chunk
+def validation_message(errors: list[Any]) -> tuple[str, str | None]:
+    """One line for a request's first validation error, and the field it names."""
+    first = errors[0] if errors else {}
+    where = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
+    msg = "not supported by formtax serve" if first.get("type") == "extra_forbidden" else \
+        str(first.get("msg", "invalid request")).removeprefix("Value error, ")
+    return (f"{where}: {msg}" if where else msg), (where or None)
 
 
 class ServerThread:

@@ -20,19 +20,23 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from formtax.constraints.native import _closed, as_constraint
 from formtax.constraints.spec import Constraint, JsonConstraint
 from formtax.errors import ConfigError
-from formtax.serve.tools import Tool, ToolPlan, tool_plan
+from formtax.serve.tools import Function, Tool, ToolPlan, tool_plan, written_call
 
 
 class Message(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    role: Literal["system", "user", "assistant", "tool", "developer"]
+    role: Literal["system", "user", "assistant", "tool", "developer", "function"]
     content: str | list[dict[str, Any]] | None = None
+
+    def prompt_role(self) -> str:
+        """The role in the chat template: a legacy ``function`` result is a tool result."""
+        return "tool" if self.role == "function" else self.role
 
     def text(self) -> str:
         """The message as prompt text: its text parts in order; an assistant's earlier tool calls in the JSON form
@@ -41,7 +45,9 @@ class Message(BaseModel):
             text = "".join(str(p.get("text", "")) for p in self.content if p.get("type") == "text")
         else:
             text = self.content or ""
-        calls = (self.model_extra or {}).get("tool_calls")
+        extra = self.model_extra or {}
+        calls = extra.get("tool_calls") or ([{"function": extra["function_call"]}] if extra.get("function_call")
+                                            else None)
         if calls and not text:
             written = []
             for c in calls:
@@ -50,7 +56,7 @@ class Message(BaseModel):
                     args = json.loads(fn.get("arguments") or "{}")
                 except json.JSONDecodeError:
                     args = fn.get("arguments")
-                written.append({"name": fn.get("name"), "arguments": args})
+                written.append(written_call(fn.get("name"), args))
             text = json.dumps(written[0] if len(written) == 1 else written)
         return text
 
@@ -110,6 +116,10 @@ class Sampled(BaseModel):
     prompt_cache_key: str | None = None  # a cache-routing hint: formtax's prefix reuse needs none
     modalities: list[Literal["text"]] | None = None  # text is the one output modality formtax has
 
+    def include_usage(self) -> bool:
+        """Whether a stream ends with the usage chunk (OpenAI sends it only when asked)."""
+        return bool((self.stream_options or {}).get("include_usage"))
+
     def budget(self, default: int) -> int:
         return self.max_completion_tokens or self.max_tokens or default
 
@@ -129,13 +139,42 @@ class Sampled(BaseModel):
 
 
 class ChatRequest(Sampled):
+    """A chat request. The legacy ``functions`` / ``function_call`` become ``tools`` / ``tool_choice`` (one call,
+    answered as ``message.function_call`` with ``finish_reason: "function_call"``, as OpenAI answers them)."""
+
     messages: list[Message] = Field(min_length=1)
     response_format: dict[str, Any] | None = None
     tools: list[Tool] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
+    functions: list[Function] | None = None
+    function_call: str | dict[str, Any] | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    _legacy: bool = PrivateAttr(False)  # the request sent ``functions``
+
+    @property
+    def legacy_functions(self) -> bool:
+        return self._legacy
+
+    @model_validator(mode="after")
+    def _legacy_and_logprobs(self) -> ChatRequest:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs: needs logprobs: true")
+        if self.functions is None and self.function_call is None:
+            return self
+        if self.tools is not None or self.tool_choice is not None:
+            raise ValueError("functions: give tools or the legacy functions, not both")
+        if self.function_call is not None and not self.functions:
+            raise ValueError("function_call: needs functions")
+        choice = self.function_call
+        if isinstance(choice, dict):
+            choice = {"type": "function", "function": {"name": choice.get("name")}}
+        self.tools = [Tool(function=f) for f in self.functions or ()]
+        self.tool_choice, self.parallel_tool_calls, self._legacy = choice, False, True
+        self.functions = self.function_call = None
+        return self
 
     @field_validator("response_format")
     @classmethod

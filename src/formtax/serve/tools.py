@@ -1,8 +1,11 @@
 """Tool calls for ``formtax serve``: the grammar of a call, the prompt that describes the tools, and reading the
 calls back out of the output.
 
-A call is written as one JSON object ``{"name": <tool>, "arguments": {...}}``, the arguments under the tool's own
-``parameters`` schema (closed like OpenAI's strict mode when the function says ``strict: true``). With
+A call is written as one JSON object with one key, the tool's name, whose value is the arguments object:
+``{"get_weather": {"city": "Paris"}}``. The name comes first and the arguments are their own object, under the
+tool's own ``parameters`` schema (closed like OpenAI's strict mode when the function says ``strict: true``): no key
+is shared between the call and its arguments, so an argument called ``name`` or ``arguments`` cannot be read as the
+call's own field (issue 47; the ``{"name": ..., "arguments": ...}`` form it replaces put both in one key space). With
 ``parallel_tool_calls`` (OpenAI's default) a JSON array of such objects is allowed too. ``tool_choice``:
 
 * a named function: that tool's call, its name forced by the grammar;
@@ -67,8 +70,8 @@ def _parameters(tool: Tool) -> dict[str, Any]:
 
 def call_schema(tools: list[Tool]) -> dict[str, Any]:
     """The JSON Schema of one call of any of ``tools``."""
-    calls = [{"type": "object", "properties": {"name": {"const": t.function.name}, "arguments": _parameters(t)},
-              "required": ["name", "arguments"], "additionalProperties": False} for t in tools]
+    calls = [{"type": "object", "properties": {t.function.name: _parameters(t)}, "required": [t.function.name],
+              "additionalProperties": False} for t in tools]
     return calls[0] if len(calls) == 1 else {"anyOf": calls}
 
 
@@ -111,8 +114,8 @@ def tools_prompt(plan: ToolPlan, tools: list[Tool]) -> str:
     listed = [{"name": t.function.name, "description": t.function.description or "",
                "parameters": t.function.parameters or {}} for t in tools if t.function.name in plan.names]
     lines = ["You can call these tools:", json.dumps(listed, indent=1),
-             'To call a tool, reply with only a JSON object: {"name": <the tool\'s name>, "arguments": <an object '
-             "of its parameters>}."]
+             "To call a tool, reply with only a JSON object whose one key is the tool's name and whose value is an "
+             'object of its parameters: {"<the tool\'s name>": {<its parameters>}}.']
     if plan.parallel:
         lines.append("To call several tools, reply with a JSON array of such objects.")
     if plan.text_allowed:
@@ -139,4 +142,9 @@ def read_calls(text: str | None, parsed: Any) -> list[dict[str, Any]] | None:
         value = json.loads(text)
     calls = value if isinstance(value, list) else [value]
     return [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-             "function": {"name": c["name"], "arguments": json.dumps(c["arguments"])}} for c in calls]
+             "function": {"name": name, "arguments": json.dumps(args)}} for c in calls for name, args in c.items()]
+
+
+def written_call(name: str | None, arguments: Any) -> dict[str, Any]:
+    """A call as the model is asked to write it (an assistant's earlier calls go back into the prompt so)."""
+    return {str(name): arguments}

@@ -1,4 +1,4 @@
-"""OpenAI's response shapes for ``formtax serve``: errors, the completion envelope, logprobs, tool calls and the
+"""OpenAI's chat and completions shapes for ``formtax serve``: errors, the completion envelope, logprobs, tool calls and the
 server-sent-event chunks (how a :class:`~formtax.strategies.base.Result` is worded for an OpenAI client)."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Any
 from fastapi.responses import JSONResponse
 
 from formtax.decoding.engine import TokenizerInfo
+from formtax.decoding.plan import Phase
 from formtax.serve.hooks import TokenLogprob
 from formtax.strategies.base import Result
 
@@ -63,10 +64,19 @@ def envelope(kind: str, model: str, results: list[Result]) -> dict[str, Any]:
     object of the first choice (each choice also carries its own)."""
     completion = sum(r.tokens.total for r in results)
     prompt = results[0].tokens.prompt
+    thought = sum(reasoning_tokens(r) for r in results)
     return {"id": f"{'chatcmpl' if kind == 'chat.completion' else 'cmpl'}-{uuid.uuid4().hex}", "object": kind,
             "created": int(time.time()), "model": model,
-            "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
+            "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+                      "completion_tokens_details": {"reasoning_tokens": thought}},
             "formtax": extension(results[0])}
+
+
+def reasoning_tokens(res: Result) -> int:
+    """OpenAI's ``reasoning_tokens``: the tokens of the reasoning phases, where the strategy separates them."""
+    if reasoning(res) is None:
+        return 0
+    return sum(n for phase, n in res.tokens.by_phase.items() if phase in (Phase.REASONING, Phase.RC))
 
 
 def extension(res: Result) -> dict[str, Any]:
@@ -108,6 +118,27 @@ def sse(obj: Any) -> str:
     return f"data: {json.dumps(obj)}\n\n"
 
 
+def is_usage_chunk(chunk: dict[str, Any]) -> bool:
+    return chunk.get("choices") == [] and "usage" in chunk
+
+
+async def sse_events(chunks: AsyncIterator[dict[str, Any]], include_usage: bool) -> AsyncIterator[str]:
+    """Chunks as server-sent events, ``[DONE]`` last. The usage rides on its own last chunk (``choices: []``),
+    sent only when the client asked (``stream_options.include_usage``), as OpenAI sends it. An error chunk ends
+    the stream."""
+    async for chunk in chunks:
+        if is_usage_chunk(chunk) and not include_usage:
+            continue
+        yield sse(chunk)
+        if "error" in chunk:
+            return
+    yield "data: [DONE]\n\n"
+
+
+def usage_chunk(base: dict[str, Any], usage: dict[str, Any]) -> dict[str, Any]:
+    return base | {"choices": [], "usage": usage}
+
+
 def chunk_base(model: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
     if body is not None:
         return {k: body[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
@@ -115,9 +146,10 @@ def chunk_base(model: str, body: dict[str, Any] | None = None) -> dict[str, Any]
             "model": model}
 
 
-async def chat_chunks(body: dict[str, Any]) -> AsyncIterator[str]:
+async def chat_chunks(body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
     """A finished chat completion as OpenAI's chunks: role, reasoning, content or the tool calls (each call's id
-    and name first, then its arguments, as OpenAI streams them), the finish reason with usage, ``[DONE]``."""
+    and name first, then its arguments, as OpenAI streams them), the finish reason (with the ``formtax`` object),
+    and the usage chunk last."""
     base = chunk_base(body["model"], body)
     for choice in body["choices"]:
         i, msg = choice["index"], choice["message"]
@@ -131,21 +163,19 @@ async def chat_chunks(body: dict[str, Any]) -> AsyncIterator[str]:
         if msg.get("content"):
             deltas.append({"content": msg["content"]})
         for d in deltas:
-            yield sse(base | {"choices": [{"index": i, "delta": d, "finish_reason": None}]})
-        last = {"usage": body["usage"], "formtax": body["formtax"]} if i == len(body["choices"]) - 1 else {}
-        yield sse(base | {"choices": [{"index": i, "delta": {}, "finish_reason": choice["finish_reason"],
-                                       "logprobs": choice.get("logprobs")}]} | last)
-    yield "data: [DONE]\n\n"
+            yield base | {"choices": [{"index": i, "delta": d, "finish_reason": None}]}
+        yield base | {"choices": [{"index": i, "delta": {}, "finish_reason": choice["finish_reason"],
+                                   "logprobs": choice.get("logprobs")}], "formtax": choice.get("formtax")}
+    yield usage_chunk(base, body["usage"])
 
 
-async def text_chunks(body: dict[str, Any]) -> AsyncIterator[str]:
+async def text_chunks(body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
     base = {k: body[k] for k in ("id", "created", "model")} | {"object": "text_completion"}
     for choice in body["choices"]:
-        yield sse(base | {"choices": [{"index": choice["index"], "text": choice["text"], "finish_reason": None}]})
-        last = {"usage": body["usage"], "formtax": body["formtax"]} if choice is body["choices"][-1] else {}
-        yield sse(base | {"choices": [{"index": choice["index"], "text": "",
-                                       "finish_reason": choice["finish_reason"]}]} | last)
-    yield "data: [DONE]\n\n"
+        yield base | {"choices": [{"index": choice["index"], "text": choice["text"], "finish_reason": None}]}
+        yield base | {"choices": [{"index": choice["index"], "text": "", "finish_reason": choice["finish_reason"]}],
+                      "formtax": body["formtax"]}
+    yield usage_chunk(base, body["usage"])
 
 
 class StopCutter:

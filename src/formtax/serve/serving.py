@@ -1,0 +1,217 @@
+"""What every endpoint of ``formtax serve`` shares, in the shape of vLLM's serving classes: the routes
+(:mod:`formtax.serve.app`) parse and authorise; a serving object turns a parsed request into generation jobs, checks
+them before any work, runs them in the shared batch and words the results. :class:`Serving` holds the shared steps;
+:mod:`formtax.serve.serving_chat` (chat and text completions) and :mod:`formtax.serve.responses_api` (the Responses
+API, which reuses chat's) build on it.
+
+A stream is an async iterator of chunk dicts, not of server-sent-event strings, so the chat route serialises them as
+OpenAI's chunks and the Responses route re-words the same chunks as its typed events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+
+from formtax.constraints.spec import Constraint
+from formtax.decoding.engine import Backend, Capability
+from formtax.decoding.plan import Phase
+from formtax.decoding.sampling import fresh_seed
+from formtax.errors import ConfigError
+from formtax.serve import shapes as out
+from formtax.serve.batcher import Batcher
+from formtax.serve.hooks import RequestHooks
+from formtax.serve.schema import Sampled
+from formtax.strategies import get_strategy
+from formtax.strategies.base import Prompt, Result, SinglePass
+from formtax.strategies.base import Request as GenRequest
+from formtax.streaming import END, Delta, deltas
+
+
+@dataclass
+class ServeConfig:
+    """The server's settings (``formtax serve``'s flags)."""
+
+    max_batch: int = 16
+    window_s: float = 0.01
+    timeout_s: float = 600.0
+    default_max_tokens: int = 256
+    max_queue: int = 256
+    temperature: float = 1.0  # OpenAI's default; ``--temperature`` sets the server's own
+    served_model_names: tuple[str, ...] = ()  # names a request's ``model`` may use (default: its id, "default")
+    api_key: str | None = None  # when set, requests need ``Authorization: Bearer <key>``
+    strategy: str | None = None  # the default strategy of a request that names none
+    answer: str | None = None  # the default answer SPEC of a request that gives no answer format
+    stuck_after_s: float = 30.0
+
+
+@dataclass
+class Outcome:
+    """What a serving call produced: a whole body, or a stream of chunks; headers for either."""
+
+    body: dict[str, Any] | None = None
+    chunks: AsyncIterator[dict[str, Any]] | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def job_key(kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    """A hashable description of a job's generation arguments (equal keys may share a batch)."""
+    return tuple((k, v.describe() if isinstance(v, Constraint) else repr(v)) for k, v in sorted(kwargs.items()))
+
+
+class Serving:
+    """The steps every endpoint shares (module docstring)."""
+
+    def __init__(self, backend: Backend, batcher: Batcher, cfg: ServeConfig, names: tuple[str, ...]) -> None:
+        self.backend, self.batcher, self.cfg, self.names = backend, batcher, cfg, names
+
+    def model_name(self, req: Sampled) -> str:
+        return req.model or self.names[0]
+
+    def check_model(self, req: Sampled) -> JSONResponse | None:
+        if req.model is not None and req.model not in self.names:
+            return out.error(404, f"the model {req.model!r} does not exist (served: {', '.join(self.names)})",
+                             "model", code="model_not_found")
+        return None
+
+    def plan_kwargs(self, req: Sampled, strategy: str, answer: Any, raw: bool) -> dict[str, Any]:
+        opts = req.formtax
+        return {"strategy": strategy, "answer": answer, "max_tokens": req.budget(self.cfg.default_max_tokens),
+                "temperature": self.cfg.temperature if req.temperature is None else req.temperature,
+                "top_p": req.top_p, "raw": raw, "reasoning": opts.reasoning if opts else None,
+                "triggers": tuple(opts.triggers) if opts else (), "closing": opts.closing if opts else None}
+
+    @staticmethod
+    def hooks_of(req: Sampled, free_text: bool, logprobs: bool, top: int) -> RequestHooks:
+        return RequestHooks(stops=req.stops() if free_text else (), logprobs=logprobs, top_logprobs=top,
+                            presence=req.presence_penalty, frequency=req.frequency_penalty, bias=req.bias())
+
+    def streams_live(self, strategy: str) -> bool:
+        """Whether a request can stream live: a single-pass strategy on a step-wise backend."""
+        return isinstance(get_strategy(strategy), SinglePass) and Capability.STEP_LOGITS in self.backend.capabilities
+
+    def refuse_unhookable(self, strategy: str, hooks: RequestHooks) -> None:
+        """The controls that act inside the loop need a single-pass strategy on a step-wise backend."""
+        wanted = [n for n, on in (("stop", bool(hooks.stops)), ("logprobs", hooks.logprobs),
+                                  ("presence_penalty / frequency_penalty / logit_bias", hooks.edits_scores)) if on]
+        if wanted and not self.streams_live(strategy):
+            raise ConfigError(f"{wanted[0]} is not supported with strategy {strategy!r} on backend "
+                              f"{self.backend.name!r} (single-pass strategies on step-wise backends only)")
+
+    def generation_request(self, prompt: Prompt, kwargs: dict[str, Any]) -> GenRequest:
+        """The strategy request a job's arguments make (what the worker will build), for checks before queueing."""
+        from formtax.api import requests_of
+        from formtax.constraints.native import as_constraint
+        from formtax.decoding.sampling import Sampling
+
+        answer = kwargs["answer"]
+        (req,) = requests_of(self.backend, [prompt], as_constraint(answer) if answer is not None else None,
+                             kwargs["max_tokens"], kwargs["reasoning"], kwargs["triggers"], 0, True,
+                             Sampling(kwargs["temperature"], kwargs["top_p"]), False, kwargs["raw"],
+                             kwargs["closing"], {})
+        return req
+
+    def precheck(self, prompt: Prompt, kwargs: dict[str, Any]) -> None:
+        """What the worker would refuse, refused here before the request is queued: the context limit first,
+        then the strategy's own check (a missing answer, a budget the answer cannot fit)."""
+        from formtax.api import check_context
+
+        req = self.generation_request(prompt, kwargs)
+        check_context(self.backend, [req])
+        get_strategy(kwargs["strategy"]).check(self.backend, [req])
+
+    async def run_all(self, request: Request, req: Sampled, prompt: Prompt, kwargs: dict[str, Any],
+                      hooks: list[RequestHooks]) -> list[Result] | JSONResponse:
+        """Every choice's result, or the error response of a request that timed out (504) or whose client went
+        away; either way its rows are cancelled."""
+        seed = fresh_seed() if req.seed is None else req.seed  # unseeded: fresh entropy, as OpenAI samples
+        tasks = [asyncio.ensure_future(self.batcher.run(prompt, job_key(kwargs), self.cfg.timeout_s, seed + k, h,
+                                                        **kwargs))
+                 for k, h in enumerate(hooks)]
+        try:
+            while not all(t.done() for t in tasks):
+                await asyncio.wait(tasks, timeout=0.25)
+                if not all(t.done() for t in tasks) and await request.is_disconnected():
+                    return out.error(499, "the client closed the request", kind="cancelled")
+            return [t.result() for t in tasks]
+        except TimeoutError:
+            return out.error(504, f"the request did not finish within {self.cfg.timeout_s:g} s", kind="timeout")
+        finally:
+            for t in tasks:
+                t.cancel()
+
+    async def live(self, prompt: Prompt, kwargs: dict[str, Any], req: Sampled, hooks: RequestHooks,
+                   separated: bool) -> AsyncIterator[dict[str, Any]]:
+        """OpenAI chat chunks as the row decodes in its batch: reasoning phases as ``reasoning_content`` deltas
+        when the strategy separates them, everything else as ``content`` (held back at a possible stop string),
+        then the finish reason with the formtax object, then the usage chunk. Closing the stream (the client went
+        away) cancels the row."""
+        q: queue.Queue[Any] = queue.Queue()
+        hooks.sink = lambda t, ph: q.put((t, ph))
+        job = self.batcher.submit(prompt, job_key(kwargs), fresh_seed() if req.seed is None else req.seed, hooks,
+                                  **kwargs)
+
+        def done(fut: Any) -> None:
+            if not fut.cancelled():
+                q.put(fut.exception() or fut.result())
+            q.put(END)
+
+        job.future.add_done_callback(done)
+        tok = self.batcher.backend.tokenizer
+        parts = deltas(tok, q)
+        model = self.model_name(req)
+        base = out.chunk_base(model)
+        cutter = out.StopCutter(hooks.stops)
+        started = time.monotonic()
+        role: dict[str, Any] | None = base | {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                                           "finish_reason": None}]}
+
+        def delta(d: dict[str, Any]) -> dict[str, Any]:
+            return base | {"choices": [{"index": 0, "delta": d, "finish_reason": None}]}
+
+        try:
+            while True:
+                left = self.cfg.timeout_s - (time.monotonic() - started)
+                try:
+                    part = await asyncio.wait_for(asyncio.to_thread(next, parts, None), max(left, 0.001))
+                except TimeoutError:
+                    yield {"error": {"message": f"the request did not finish within {self.cfg.timeout_s:g} s",
+                                     "type": "timeout", "param": None, "code": None}}
+                    return
+                if role is not None:
+                    yield role
+                    role = None
+                if part is None:
+                    return
+                if isinstance(part, Result):
+                    tail = cutter.flush()
+                    if tail:
+                        yield delta({"content": tail})
+                    lp = out.chat_logprobs(tok, hooks.recorded) if hooks.logprobs else None
+                    yield base | {"choices": [{"index": 0, "delta": {}, "finish_reason": out.finish(part),
+                                               "logprobs": lp}], "formtax": out.extension(part)}
+                    yield out.usage_chunk(base, out.envelope("chat.completion", model, [part])["usage"])
+                    return
+                assert isinstance(part, Delta)
+                if separated and part.phase in (Phase.REASONING, Phase.RC):
+                    if part.text:
+                        yield delta({"reasoning_content": part.text})
+                    continue
+                text = cutter.feed(part.text)
+                if text:
+                    yield delta({"content": text})
+        finally:
+            self.batcher.cancel(job)  # a no-op when it finished; otherwise its row leaves the batch
+
+
+async def then(first: dict[str, Any], rest: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+    yield first
+    async for chunk in rest:
+        yield chunk

@@ -1,0 +1,125 @@
+"""Chat and text completions (``/v1/chat/completions``, ``/v1/completions``): a parsed request becomes jobs in the
+shared batch, and their results OpenAI's bodies or chunks (:class:`~formtax.serve.serving.Outcome`).
+
+``reasoning_effort`` (and the Responses API's ``reasoning.effort``) bounds the reasoning phase of a reasoning
+strategy (one whose ``answer_overhead`` is not None: json, inwriting, nl2format, the suffix searches) at
+:data:`REASONING_EFFORT` tokens; the answer keeps its own reserve on top, and ``max_tokens`` still bounds the
+whole output, as OpenAI's ``max_completion_tokens`` counts reasoning tokens. A strategy with no reasoning phase
+refuses it and says which strategies take it. The token counts are ours: OpenAI publishes none.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+
+from formtax.errors import ConfigError
+from formtax.serve import shapes as out
+from formtax.serve.hooks import RequestHooks, cut_at_stop
+from formtax.serve.schema import ChatRequest, CompletionRequest, chat_constraint
+from formtax.serve.serving import Outcome, Serving, then
+from formtax.serve.tools import ToolPlan, read_calls, tools_prompt, with_tools_prompt
+from formtax.strategies import get_strategy
+from formtax.strategies.base import Prompt, Result
+
+REASONING_EFFORT = {"none": 0, "minimal": 16, "low": 64, "medium": 256, "high": 1024, "xhigh": 4096}
+"""The reasoning budget, in tokens, of each ``reasoning_effort`` (module docstring)."""
+
+
+class ChatServing(Serving):
+    """``/v1/chat/completions``."""
+
+    def effort_budget(self, prompt: Prompt, kwargs: dict[str, Any], effort: str) -> int:
+        """``max_tokens`` under ``reasoning_effort`` (module docstring)."""
+        strategy = kwargs["strategy"]
+        strat = get_strategy(strategy)
+        gen = self.generation_request(prompt, kwargs)
+        overhead = strat.answer_overhead(gen, self.backend) if gen.constraint is not None else None
+        if overhead is None:
+            raise ConfigError(f"reasoning_effort: strategy {strategy!r} has no reasoning phase to bound; use a "
+                              "reasoning strategy (formtax.strategy json, inwriting or nl2format, with an answer "
+                              "format), or leave reasoning_effort out")
+        return min(kwargs["max_tokens"], max(overhead + REASONING_EFFORT[effort], strat.min_budget(gen)))
+
+    async def create(self, request: Request, req: ChatRequest) -> Outcome | JSONResponse:
+        if (missing := self.check_model(req)) is not None:
+            return missing
+        strategy, constraint, tools = chat_constraint(req, self.cfg.strategy, self.cfg.answer)
+        messages: list[dict[str, str]] = [{"role": m.prompt_role(), "content": m.text()} for m in req.messages]
+        if tools is not None:
+            messages = with_tools_prompt(messages, tools_prompt(tools, req.tools or []))
+        kwargs = self.plan_kwargs(req, strategy, constraint, raw=False)
+        if req.reasoning_effort is not None:
+            kwargs["max_tokens"] = self.effort_budget(messages, kwargs, req.reasoning_effort)
+        free_text = constraint is None or (tools is not None and tools.text_allowed and strategy == "constrained")
+        hooks = [self.hooks_of(req, free_text, req.logprobs, req.top_logprobs or 0) for _ in range(req.n)]
+        self.refuse_unhookable(strategy, hooks[0])
+        self.precheck(messages, kwargs)
+        separated = constraint is not None and getattr(get_strategy(strategy), "constrained_answer", False)
+        if req.stream and tools is None and req.n == 1 and self.streams_live(strategy):
+            live = self.live(messages, kwargs, req, hooks[0], separated)
+            first = await anext(live)  # the first token, or a refusal as a 400 before the stream starts
+            return Outcome(chunks=then(first, live))
+        results = await self.run_all(request, req, messages, kwargs, hooks)
+        if isinstance(results, JSONResponse):
+            return results
+        body = out.envelope("chat.completion", self.model_name(req), results)
+        body["choices"] = [self.choice(k, r, h, tools, req.legacy_functions)
+                           for k, (r, h) in enumerate(zip(results, hooks, strict=True))]
+        headers = out.headers(results[0])
+        return Outcome(chunks=out.chat_chunks(body), headers=headers) if req.stream else Outcome(body, None, headers)
+
+    def choice(self, index: int, res: Result, hooks: RequestHooks, tools: ToolPlan | None, legacy: bool
+               ) -> dict[str, Any]:
+        """One chat choice: the content (cut at a stop string), the separated reasoning, tool calls (or the legacy
+        ``function_call`` of a request that sent ``functions``), logprobs."""
+        text = out.content(res)
+        message: dict[str, Any] = {"role": "assistant", "content": cut_at_stop(text, hooks.stops) if text else text}
+        if out.reasoning(res) is not None:
+            message["reasoning_content"] = out.reasoning(res)
+        finish = out.finish(res)
+        if tools is not None and res.parse_ok:
+            calls = read_calls(text, res.parsed)
+            if calls:
+                message["content"] = None
+                if legacy:
+                    message["function_call"] = calls[0]["function"]
+                else:
+                    message["tool_calls"] = calls
+                # a call that ran into the budget says so, as OpenAI does: never a complete call
+                finish = "length" if finish == "length" else ("function_call" if legacy else "tool_calls")
+        return {"index": index, "message": message, "finish_reason": finish,
+                "logprobs": out.chat_logprobs(self.backend.tokenizer, hooks.recorded) if hooks.logprobs else None,
+                "formtax": out.extension(res)}
+
+
+class CompletionServing(Serving):
+    """``/v1/completions``: the prompt is raw text (no chat template)."""
+
+    async def create(self, request: Request, req: CompletionRequest) -> Outcome | JSONResponse:
+        if (missing := self.check_model(req)) is not None:
+            return missing
+        if isinstance(req.prompt, list) and len(req.prompt) != 1:
+            raise ConfigError("prompt: give one prompt per request (use n for several choices)")
+        if req.echo:
+            raise ConfigError("echo: not supported by formtax serve")
+        prompt = req.prompt if isinstance(req.prompt, str) else req.prompt[0]
+        opts = req.formtax
+        answer = opts.answer if opts and opts.answer else None
+        strategy = (opts.strategy if opts and opts.strategy else ("constrained" if answer else "free"))
+        kwargs = self.plan_kwargs(req, strategy, answer, raw=True)
+        hooks = [self.hooks_of(req, answer is None, req.logprobs is not None, req.logprobs or 0)
+                 for _ in range(req.n)]
+        self.refuse_unhookable(strategy, hooks[0])
+        self.precheck(prompt, kwargs)
+        results = await self.run_all(request, req, prompt, kwargs, hooks)
+        if isinstance(results, JSONResponse):
+            return results
+        body = out.envelope("text_completion", self.model_name(req), results)
+        tok = self.backend.tokenizer
+        body["choices"] = [{"index": k, "text": cut_at_stop(out.content(r) or "", h.stops), "finish_reason":
+                            out.finish(r), "logprobs": out.text_logprobs(tok, h.recorded) if h.logprobs else None}
+                           for k, (r, h) in enumerate(zip(results, hooks, strict=True))]
+        return Outcome(chunks=out.text_chunks(body)) if req.stream else Outcome(body)
