@@ -323,6 +323,8 @@ def test_health_reports_a_stuck_worker_and_a_full_queue_is_429():
         full = httpx.post(srv.url + "/chat/completions", json={"messages": USER, "max_tokens": 2}, timeout=30)
         assert full.status_code == 429 and full.json()["error"]["code"] == "rate_limit_exceeded"
         assert full.headers["retry-after"] == "1"  # issue 48 point 4
+        metrics = httpx.get(srv.url.removesuffix("/v1") + "/metrics").text
+        assert 'formtax:queue_refusals_total{model_name="fake-random"} 1.0' in metrics
         gate.set()
         first.join()
 
@@ -484,3 +486,36 @@ def test_top_logprobs_needs_logprobs_and_usage_comes_when_asked(served):
         chunks = list(client.chat.completions.create(model="fake", messages=USER, max_tokens=60, stream=True,
                                                      stream_options={"include_usage": True}, **kw))
         assert chunks[-1].choices == [] and chunks[-1].usage.total_tokens > 0
+
+
+def test_metrics_are_prometheus_text_and_move():
+    """Issue 48 point 3: ``/metrics`` (open under --api-key) parses with Prometheus' own text parser and its
+    counters move with requests: vLLM's names, and formtax's answers, closing and queue refusals."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def scrape(srv):
+        text = httpx.get(srv.url.removesuffix("/v1") + "/metrics").text
+        return {s.name + str(sorted(s.labels.items())): s.value for f in text_string_to_metric_families(text)
+                for s in f.samples}
+
+    app = create_app(FakeBackend(random_logits(seed=0)), window_s=0.0, temperature=0.0, api_key="k",
+                     served_model_names=("smol",))
+    with ServerThread(app) as srv:
+        before = scrape(srv)
+        client = _client(srv, "k")
+        client.chat.completions.create(model="smol", messages=USER, max_tokens=8)
+        list(client.chat.completions.create(model="smol", messages=USER, max_tokens=8, stream=True))
+        client.chat.completions.create(model="smol", messages=USER, max_tokens=40,
+                                       extra_body={"formtax": {"answer": "{int:0..99}"}})
+        after = scrape(srv)
+    m = "[('model_name', 'smol')]"
+    assert after["vllm:generation_tokens_total" + m] - before.get("vllm:generation_tokens_total" + m, 0) >= 16
+    assert after["vllm:prompt_tokens_total" + m] > 0
+    assert after["vllm:e2e_request_latency_seconds_count" + m] == 3
+    assert after["vllm:time_to_first_token_seconds_count" + m] == 3
+    assert after["vllm:inter_token_latency_seconds_count" + m] >= 14
+    assert after["vllm:num_requests_running" + m] == 0 and after["vllm:num_requests_waiting" + m] == 0
+    key = "formtax:answers_total[('model_name', 'smol'), ('outcome', 'parsed'), ('strategy', 'constrained')]"
+    assert after[key] == 1
+    assert sum(v for k, v in after.items() if k.startswith("vllm:request_success_total")) == 3
+    assert "formtax:queue_refusals_total" + m in after

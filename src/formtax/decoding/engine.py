@@ -34,6 +34,11 @@ class Capability(StrEnum):
     TOPK_LOGPROBS = "topk-logprobs"  # only top-k log-probs (servers)
 
 
+class RenderedChat(str):
+    """Chat messages the chat template already rendered (with a request's own template variables): a plain-text
+    prompt that encodes as its messages would (the template wrote the special tokens), not as a raw string."""
+
+
 @dataclass
 class TokenizerInfo:
     """What the loop and the strategies need to know of a tokenizer."""
@@ -88,11 +93,12 @@ class TokenizerInfo:
             )
         return self._newline
 
-    def chat_prompt(self, messages: list[dict[str, str]]) -> str:
-        """The prompt text for chat messages (the chat template when there is one, else plain concatenation)."""
+    def chat_prompt(self, messages: list[dict[str, str]], extra: dict[str, Any] | None = None) -> str:
+        """The prompt text for chat messages (the chat template when there is one, else plain concatenation);
+        ``extra``: more variables for the template (a server request's ``chat_template_kwargs``)."""
         if self.has_chat_template:
             return str(self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
-                                                   **self.chat_options))
+                                                   **{**self.chat_options, **(extra or {})}))
         return "\n\n".join(m["content"] for m in messages) + "\n"
 
     def set_thinking(self, on: bool | None) -> None:
@@ -118,6 +124,8 @@ class TokenizerInfo:
         concatenated for a model without a chat template are plain text too, so they get the tokenizer's own
         special tokens (Gemma's BOS, without which the pre-trained model is far off its training distribution);
         a chat template writes its own."""
+        if isinstance(prompt, RenderedChat):
+            return list(self.hf.encode(prompt, add_special_tokens=not self.has_chat_template))
         if isinstance(prompt, str):
             return list(self.hf.encode(prompt, add_special_tokens=True))
         return list(self.hf.encode(self.chat_prompt(prompt), add_special_tokens=not self.has_chat_template))

@@ -32,7 +32,8 @@ from typing import Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -40,11 +41,13 @@ from formtax.decoding.engine import Backend
 from formtax.errors import ConfigError, ContextLengthError, FormtaxError
 from formtax.serve import shapes as out
 from formtax.serve.batcher import Batcher, QueueFull
+from formtax.serve.metrics import ServerMetrics
 from formtax.serve.responses_api import ResponseBuilder, ResponsesRequest
 from formtax.serve.responses_api import sse_events as responses_sse
 from formtax.serve.schema import ChatRequest, CompletionRequest
 from formtax.serve.serving import Outcome, ServeConfig
 from formtax.serve.serving_chat import ChatServing, CompletionServing
+from formtax.serve.vllm_fields import no_equivalent
 from formtax.strategies import get_strategy
 
 APPROXIMATED_HEADER = out.APPROXIMATED_HEADER
@@ -55,8 +58,9 @@ class _Unauthorized(FormtaxError):
     pass
 
 
-OPEN_PATHS = frozenset({"/health"})
-"""Routes a server with ``--api-key`` answers without one: health probes send none (vLLM's ``/health`` is open too)."""
+OPEN_PATHS = frozenset({"/health", "/metrics"})
+"""Routes a server with ``--api-key`` answers without one: health probes and scrapers send none (vLLM's are open
+too)."""
 
 
 def create_app(backend: Backend, config: ServeConfig | None = None, **settings: Any) -> FastAPI:
@@ -73,6 +77,7 @@ def create_app(backend: Backend, config: ServeConfig | None = None, **settings: 
     batcher = Batcher(backend, max_batch=cfg.max_batch, window_s=cfg.window_s, max_queue=cfg.max_queue)
     app = FastAPI(title="formtax", version="1")
     app.state.batcher, app.state.config = batcher, cfg
+    metrics = app.state.metrics = ServerMetrics(names[0])
     app.router.add_event_handler("shutdown", batcher.close)
 
     def authorize(request: Request) -> None:
@@ -88,16 +93,28 @@ def create_app(backend: Backend, config: ServeConfig | None = None, **settings: 
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        message, where = validation_message(list(exc.errors()))
+        errors = list(exc.errors())
+        first = errors[0] if errors else {}
+        if first.get("type") == "json_invalid":  # the body is not JSON: say so, with no made-up field
+            ctx = first.get("ctx") or {}
+            return out.error(400, f"the request body is not valid JSON ({ctx.get('error', 'decode error')} at "
+                             f"character {first.get('loc', ('', '?'))[-1]})")
+        field = str(first.get("loc", ("", ""))[-1])
+        if first.get("type") == "extra_forbidden" and (refusal := no_equivalent(field)) is not None:
+            return out.error(400, refusal, field)
+        message, where = validation_message(errors)
         return out.error(400, message, where)
 
     @app.exception_handler(FormtaxError)
     async def _formtax(request: Request, exc: FormtaxError) -> JSONResponse:
         if isinstance(exc, ContextLengthError):
-            return out.error(400, str(exc), "messages", code="context_length_exceeded")
+            where = "prompt" if request.url.path.endswith("/completions") and "/chat/" not in request.url.path \
+                else ("input" if request.url.path.endswith("/responses") else "messages")
+            return out.error(400, str(exc), where, code="context_length_exceeded")
         if isinstance(exc, _Unauthorized):
             return out.error(401, str(exc), code="invalid_api_key")
         if isinstance(exc, QueueFull):
+            metrics.refused()
             return out.error(429, str(exc), kind="rate_limit_error", code="rate_limit_exceeded",
                              headers={"Retry-After": str(out.RETRY_AFTER_S)})
         return out.error(400, str(exc).splitlines()[0])
@@ -142,8 +159,12 @@ def create_app(backend: Backend, config: ServeConfig | None = None, **settings: 
                              code="model_not_found")
         return model_entry(model_id)
 
-    chat_serving = ChatServing(backend, batcher, cfg, names)
-    text_serving = CompletionServing(backend, batcher, cfg, names)
+    chat_serving = ChatServing(backend, batcher, cfg, names, metrics)
+    text_serving = CompletionServing(backend, batcher, cfg, names, metrics)
+
+    @app.get("/metrics")
+    async def scrape() -> Response:
+        return Response(metrics.render(batcher.waiting), media_type=CONTENT_TYPE_LATEST)
 
     def reply(outcome: Outcome | JSONResponse, include_usage: bool) -> Any:
         if isinstance(outcome, JSONResponse):

@@ -277,8 +277,9 @@ def prepare_job(backend: Backend, job: Job) -> Prepared | Result:
         policy = strat.policy(backend, req)
     except ConstraintError as e:
         return strat.error_result(backend, e)
-    row = RowRequest(backend.tokenizer.prompt_ids(req.prompt), job.hooks.wrap(policy, backend.tokenizer),
-                     req.max_tokens, req.seed)
+    ids = backend.tokenizer.prompt_ids(req.prompt)
+    job.hooks.prompt_ids = tuple(ids)
+    row = RowRequest(ids, job.hooks.wrap(policy, backend.tokenizer), req.max_tokens, req.seed)
     return Prepared(job, strat, req, row)
 
 

@@ -13,13 +13,16 @@ for token as ``formtax.generate``. The semantics (ours where OpenAI leaves them 
 * **logprobs**: the model's own log-probabilities (the raw distribution, before masks, penalties and temperature)
   of each emitted token, and its ``top_logprobs`` most likely tokens;
 * **penalties and logit_bias**: added to the scores the row chooses from (OpenAI's formula: ``presence`` once per
-  token already generated, ``frequency`` per occurrence); masks and forced tokens still apply after them.
+  token already generated, ``frequency`` per occurrence); masks and forced tokens still apply after them;
+* **vLLM's** ``repetition_penalty`` (a positive score of a token in the prompt or the output is divided by it, a
+  negative one multiplied) and ``min_tokens`` (EOS scores -inf until that many tokens are out).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -48,13 +51,17 @@ class RequestHooks:
     presence: float = 0.0
     frequency: float = 0.0
     bias: dict[int, float] = field(default_factory=dict)
+    repetition: float = 1.0  # vLLM's repetition_penalty (prompt and output tokens)
+    min_tokens: int = 0  # EOS is kept away until this many tokens are out (free text)
+    prompt_ids: tuple[int, ...] = ()  # set where the row is built (the repetition penalty reads them)
     cancel: threading.Event = field(default_factory=threading.Event)
     sink: Callable[[int, str], None] | None = None  # every emitted token and its phase (live streaming)
     recorded: list[TokenLogprob] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)  # time.monotonic() of each emitted token (the metrics)
 
     @property
     def edits_scores(self) -> bool:
-        return bool(self.presence or self.frequency or self.bias)
+        return bool(self.presence or self.frequency or self.bias or self.repetition != 1.0 or self.min_tokens)
 
     def wrap(self, policy: Policy, tok: TokenizerInfo) -> Policy:
         return Hooked(policy, self, tok)
@@ -96,6 +103,15 @@ class Hooked(Policy):
             ids = torch.tensor(list(self.counts), device=scores.device)
             n = torch.tensor([float(c) for c in self.counts.values()], device=scores.device, dtype=scores.dtype)
             scores[ids] -= h.presence + h.frequency * n
+        if h.repetition != 1.0:
+            seen = sorted({t for t in (*h.prompt_ids, *self.generated) if 0 <= t < scores.shape[-1]})
+            if seen:
+                ids = torch.tensor(seen, device=scores.device, dtype=torch.long)
+                vals = scores[ids]
+                scores[ids] = torch.where(vals > 0, vals / h.repetition, vals * h.repetition)
+        if h.min_tokens and len(self.generated) < h.min_tokens:
+            eos = [t for t in self.tok.eos_ids if 0 <= t < scores.shape[-1]]
+            scores[torch.tensor(eos, device=scores.device, dtype=torch.long)] = float("-inf")
         if h.bias:
             ids = torch.tensor([t for t in h.bias if 0 <= t < scores.shape[-1]], device=scores.device, dtype=torch.long)
             vals = torch.tensor([h.bias[int(t)] for t in ids.tolist()], device=scores.device, dtype=scores.dtype)
@@ -108,6 +124,7 @@ class Hooked(Policy):
             top = torch.topk(self._logp, h.top_logprobs) if h.top_logprobs else None
             h.recorded.append(TokenLogprob(token, float(self._logp[token]), [] if top is None else
                                            list(zip(top.indices.tolist(), top.values.tolist(), strict=True))))
+        h.times.append(time.monotonic())
         if h.sink is not None:
             h.sink(token, self.inner.phase)
         self.generated.append(token)

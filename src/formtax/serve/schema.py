@@ -26,6 +26,7 @@ from formtax.constraints.native import _closed, as_constraint
 from formtax.constraints.spec import Constraint, JsonConstraint
 from formtax.errors import ConfigError
 from formtax.serve.tools import Function, Tool, ToolPlan, tool_plan, written_call
+from formtax.serve.vllm_fields import GUIDED, guided_constraint
 
 
 class Message(BaseModel):
@@ -107,6 +108,17 @@ class Sampled(BaseModel):
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = None
     formtax: FormtaxOptions | None = None
+    # vLLM's fields (formtax/serve/vllm_fields.py)
+    top_k: int | None = Field(default=None, ge=-1)
+    min_p: float | None = Field(default=None, ge=0.0, lt=1.0)
+    repetition_penalty: float | None = Field(default=None, gt=0.0, le=10.0)
+    min_tokens: int | None = Field(default=None, ge=0)
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_decoding_backend: str | None = None  # accepted: formtax's engine is llguidance whatever it names
+    structured_outputs: dict[str, Any] | None = None
     # accepted because they do not change the output
     user: str | None = None
     metadata: dict[str, Any] | None = None
@@ -119,6 +131,10 @@ class Sampled(BaseModel):
     def include_usage(self) -> bool:
         """Whether a stream ends with the usage chunk (OpenAI sends it only when asked)."""
         return bool((self.stream_options or {}).get("include_usage"))
+
+    def guided(self) -> tuple[str, Constraint] | None:
+        """The answer constraint of vLLM's guided fields, and the field that gave it."""
+        return guided_constraint({k: getattr(self, k) for k in (*GUIDED, "structured_outputs")})
 
     def budget(self, default: int) -> int:
         return self.max_completion_tokens or self.max_tokens or default
@@ -152,6 +168,7 @@ class ChatRequest(Sampled):
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM's: extra variables of the chat template
     _legacy: bool = PrivateAttr(False)  # the request sent ``functions``
 
     @property
@@ -197,8 +214,10 @@ def chat_constraint(req: ChatRequest, default_strategy: str | None = None, defau
     opts = req.formtax or FormtaxOptions()
     tools = tool_plan(req.tools, req.tool_choice, req.parallel_tool_calls)
     fmt = req.response_format is not None and req.response_format.get("type") != "text"
+    guided = req.guided()
     sources = [name for name, present in (("response_format", fmt), ("tools", tools is not None),
-                                           ("formtax.answer", opts.answer is not None)) if present]
+                                           ("formtax.answer", opts.answer is not None),
+                                           (guided[0] if guided else "", guided is not None)) if present]
     if len(sources) > 1:
         raise ConfigError(f"give one answer format, not {' and '.join(sources)}")
     constraint: Constraint | None = None
@@ -215,6 +234,8 @@ def chat_constraint(req: ChatRequest, default_strategy: str | None = None, defau
         constraint = as_constraint(_closed(schema) if spec.get("strict") else schema)
     elif tools is not None:
         constraint = tools.constraint
+    elif guided is not None:
+        constraint = guided[1]
     strategy = opts.strategy or default_strategy or ("constrained" if constraint is not None else "free")
     if strategy != "free" and constraint is None and opts.strategy is None:
         strategy = "free"  # the server's default strategy needs an answer; a request without one is free text

@@ -28,6 +28,7 @@ from formtax.errors import ConfigError
 from formtax.serve import shapes as out
 from formtax.serve.batcher import Batcher
 from formtax.serve.hooks import RequestHooks
+from formtax.serve.metrics import ServerMetrics
 from formtax.serve.schema import Sampled
 from formtax.strategies import get_strategy
 from formtax.strategies.base import Prompt, Result, SinglePass
@@ -69,8 +70,10 @@ def job_key(kwargs: dict[str, Any]) -> tuple[Any, ...]:
 class Serving:
     """The steps every endpoint shares (module docstring)."""
 
-    def __init__(self, backend: Backend, batcher: Batcher, cfg: ServeConfig, names: tuple[str, ...]) -> None:
+    def __init__(self, backend: Backend, batcher: Batcher, cfg: ServeConfig, names: tuple[str, ...],
+                 metrics: ServerMetrics) -> None:
         self.backend, self.batcher, self.cfg, self.names = backend, batcher, cfg, names
+        self.metrics = metrics
 
     def model_name(self, req: Sampled) -> str:
         return req.model or self.names[0]
@@ -85,13 +88,16 @@ class Serving:
         opts = req.formtax
         return {"strategy": strategy, "answer": answer, "max_tokens": req.budget(self.cfg.default_max_tokens),
                 "temperature": self.cfg.temperature if req.temperature is None else req.temperature,
-                "top_p": req.top_p, "raw": raw, "reasoning": opts.reasoning if opts else None,
+                "top_p": req.top_p, "top_k": max(0, req.top_k or 0), "min_p": req.min_p or 0.0, "raw": raw, "reasoning": opts.reasoning if opts else None,
                 "triggers": tuple(opts.triggers) if opts else (), "closing": opts.closing if opts else None}
 
     @staticmethod
     def hooks_of(req: Sampled, free_text: bool, logprobs: bool, top: int) -> RequestHooks:
+        if req.min_tokens and not free_text:
+            raise ConfigError("min_tokens: applies to free text; a constrained answer ends where its grammar ends")
         return RequestHooks(stops=req.stops() if free_text else (), logprobs=logprobs, top_logprobs=top,
-                            presence=req.presence_penalty, frequency=req.frequency_penalty, bias=req.bias())
+                            presence=req.presence_penalty, frequency=req.frequency_penalty, bias=req.bias(),
+                            repetition=req.repetition_penalty or 1.0, min_tokens=req.min_tokens or 0)
 
     def streams_live(self, strategy: str) -> bool:
         """Whether a request can stream live: a single-pass strategy on a step-wise backend."""
@@ -100,7 +106,8 @@ class Serving:
     def refuse_unhookable(self, strategy: str, hooks: RequestHooks) -> None:
         """The controls that act inside the loop need a single-pass strategy on a step-wise backend."""
         wanted = [n for n, on in (("stop", bool(hooks.stops)), ("logprobs", hooks.logprobs),
-                                  ("presence_penalty / frequency_penalty / logit_bias", hooks.edits_scores)) if on]
+                                  ("presence_penalty / frequency_penalty / logit_bias / repetition_penalty / "
+                                   "min_tokens", hooks.edits_scores)) if on]
         if wanted and not self.streams_live(strategy):
             raise ConfigError(f"{wanted[0]} is not supported with strategy {strategy!r} on backend "
                               f"{self.backend.name!r} (single-pass strategies on step-wise backends only)")
@@ -114,7 +121,8 @@ class Serving:
         answer = kwargs["answer"]
         (req,) = requests_of(self.backend, [prompt], as_constraint(answer) if answer is not None else None,
                              kwargs["max_tokens"], kwargs["reasoning"], kwargs["triggers"], 0, True,
-                             Sampling(kwargs["temperature"], kwargs["top_p"]), False, kwargs["raw"],
+                             Sampling(kwargs["temperature"], kwargs["top_p"], kwargs["top_k"], kwargs["min_p"]),
+                             False, kwargs["raw"],
                              kwargs["closing"], {})
         return req
 
@@ -132,6 +140,7 @@ class Serving:
         """Every choice's result, or the error response of a request that timed out (504) or whose client went
         away; either way its rows are cancelled."""
         seed = fresh_seed() if req.seed is None else req.seed  # unseeded: fresh entropy, as OpenAI samples
+        arrival = self.metrics.started()
         tasks = [asyncio.ensure_future(self.batcher.run(prompt, job_key(kwargs), self.cfg.timeout_s, seed + k, h,
                                                         **kwargs))
                  for k, h in enumerate(hooks)]
@@ -140,10 +149,13 @@ class Serving:
                 await asyncio.wait(tasks, timeout=0.25)
                 if not all(t.done() for t in tasks) and await request.is_disconnected():
                     return out.error(499, "the client closed the request", kind="cancelled")
-            return [t.result() for t in tasks]
+            results = [t.result() for t in tasks]
+            self.metrics.finished(arrival, results, [h.times for h in hooks], kwargs["answer"] is not None)
+            return results
         except TimeoutError:
             return out.error(504, f"the request did not finish within {self.cfg.timeout_s:g} s", kind="timeout")
         finally:
+            self.metrics.ended()
             for t in tasks:
                 t.cancel()
 
@@ -155,6 +167,7 @@ class Serving:
         away) cancels the row."""
         q: queue.Queue[Any] = queue.Queue()
         hooks.sink = lambda t, ph: q.put((t, ph))
+        arrival = self.metrics.started()
         job = self.batcher.submit(prompt, job_key(kwargs), fresh_seed() if req.seed is None else req.seed, hooks,
                                   **kwargs)
 
@@ -191,6 +204,7 @@ class Serving:
                 if part is None:
                     return
                 if isinstance(part, Result):
+                    self.metrics.finished(arrival, [part], [hooks.times], kwargs["answer"] is not None)
                     tail = cutter.flush()
                     if tail:
                         yield delta({"content": tail})
@@ -208,6 +222,7 @@ class Serving:
                 if text:
                     yield delta({"content": text})
         finally:
+            self.metrics.ended()
             self.batcher.cancel(job)  # a no-op when it finished; otherwise its row leaves the batch
 
 

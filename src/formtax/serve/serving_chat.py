@@ -15,6 +15,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
+from formtax.decoding.engine import RenderedChat
 from formtax.errors import ConfigError
 from formtax.serve import shapes as out
 from formtax.serve.hooks import RequestHooks, cut_at_stop
@@ -51,18 +52,22 @@ class ChatServing(Serving):
         if tools is not None:
             messages = with_tools_prompt(messages, tools_prompt(tools, req.tools or []))
         kwargs = self.plan_kwargs(req, strategy, constraint, raw=False)
+        prompt: Prompt = messages
+        if req.chat_template_kwargs:  # vLLM's: the template's own variables, this request only
+            prompt = RenderedChat(self.backend.tokenizer.chat_prompt(messages, req.chat_template_kwargs))
+            kwargs["raw"] = True
         if req.reasoning_effort is not None:
-            kwargs["max_tokens"] = self.effort_budget(messages, kwargs, req.reasoning_effort)
+            kwargs["max_tokens"] = self.effort_budget(prompt, kwargs, req.reasoning_effort)
         free_text = constraint is None or (tools is not None and tools.text_allowed and strategy == "constrained")
         hooks = [self.hooks_of(req, free_text, req.logprobs, req.top_logprobs or 0) for _ in range(req.n)]
         self.refuse_unhookable(strategy, hooks[0])
-        self.precheck(messages, kwargs)
+        self.precheck(prompt, kwargs)
         separated = constraint is not None and getattr(get_strategy(strategy), "constrained_answer", False)
         if req.stream and tools is None and req.n == 1 and self.streams_live(strategy):
-            live = self.live(messages, kwargs, req, hooks[0], separated)
+            live = self.live(prompt, kwargs, req, hooks[0], separated)
             first = await anext(live)  # the first token, or a refusal as a 400 before the stream starts
             return Outcome(chunks=then(first, live))
-        results = await self.run_all(request, req, messages, kwargs, hooks)
+        results = await self.run_all(request, req, prompt, kwargs, hooks)
         if isinstance(results, JSONResponse):
             return results
         body = out.envelope("chat.completion", self.model_name(req), results)
@@ -107,7 +112,12 @@ class CompletionServing(Serving):
             raise ConfigError("echo: not supported by formtax serve")
         prompt = req.prompt if isinstance(req.prompt, str) else req.prompt[0]
         opts = req.formtax
-        answer = opts.answer if opts and opts.answer else None
+        guided = req.guided()
+        answer: Any = opts.answer if opts and opts.answer else None
+        if guided is not None:
+            if answer is not None:
+                raise ConfigError(f"give one answer format, not formtax.answer and {guided[0]}")
+            answer = guided[1]
         strategy = (opts.strategy if opts and opts.strategy else ("constrained" if answer else "free"))
         kwargs = self.plan_kwargs(req, strategy, answer, raw=True)
         hooks = [self.hooks_of(req, answer is None, req.logprobs is not None, req.logprobs or 0)
