@@ -167,11 +167,15 @@ def finish_results(backend: Backend, strat: Strategy, reqs: Sequence[Request], r
 
 def check_context(backend: Backend, reqs: Sequence[Request]) -> None:
     """Refuse, before any model call, a prompt whose tokens plus ``max_tokens`` exceed the model's context
-    (:class:`~formtax.errors.ContextLengthError`, one line with the numbers, as OpenAI words it)."""
+    (:class:`~formtax.errors.ContextLengthError`, one line with the numbers, as OpenAI words it). A prompt whose
+    length alone proves it (``TokenizerInfo.fewest_tokens``) is refused without tokenizing it."""
     limit = backend.context_length
     if limit is None:
         return
     for r in reqs:
+        floor = backend.tokenizer.fewest_tokens(r.prompt)  # a prompt of megabytes is refused untokenized
+        if floor + r.max_tokens > limit:
+            raise ContextLengthError(limit, floor, r.max_tokens, at_least=True)
         n = len(backend.tokenizer.prompt_ids(r.prompt))
         if n + r.max_tokens > limit:
             raise ContextLengthError(limit, n, r.max_tokens)

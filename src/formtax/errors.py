@@ -29,8 +29,9 @@ class ContextLengthError(ConfigError):
     """A prompt plus its token budget exceeds the model's context (refused before any model call; the server
     answers it with OpenAI's ``context_length_exceeded``)."""
 
-    def __init__(self, limit: int, prompt: int, completion: int) -> None:
-        super().__init__(f"this model's maximum context length is {limit} tokens, but {prompt + completion} were "
-                         f"requested ({prompt} in the prompt, {completion} for the completion); shorten the prompt "
-                         "or lower max_tokens")
+    def __init__(self, limit: int, prompt: int, completion: int, at_least: bool = False) -> None:
+        more = "at least " if at_least else ""
+        super().__init__(f"this model's maximum context length is {limit} tokens, but {more}{prompt + completion} "
+                         f"were requested ({more}{prompt} in the prompt, {completion} for the completion); shorten "
+                         "the prompt or lower max_tokens")
         self.limit, self.prompt, self.completion = limit, prompt, completion

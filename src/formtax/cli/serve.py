@@ -34,6 +34,9 @@ def _args(p: argparse.ArgumentParser) -> None:
                    help="the strategy of a request that names none (e.g. inwriting): any OpenAI client gets it")
     p.add_argument("--answer", default=None,
                    help="the answer SPEC of a request that gives no response_format, tools or formtax.answer")
+    p.add_argument("--max-body-bytes", type=int, default=None,
+                   help="a request body over this many bytes gets a 413 before it is parsed (default: 64 bytes per "
+                        "context token + 1 MiB; 16 MiB when the context is unknown)")
     add_threads_arg(p)
 
 
@@ -42,8 +45,8 @@ def _args(p: argparse.ArgumentParser) -> None:
 def serve_cmd(args: argparse.Namespace) -> int:
     from formtax.errors import ConfigError
 
-    for flag in ("port", "max_batch", "max_tokens", "max_queue"):
-        if getattr(args, flag) < (0 if flag == "port" else 1):
+    for flag in ("port", "max_batch", "max_tokens", "max_queue", "max_body_bytes"):
+        if getattr(args, flag) is not None and getattr(args, flag) < (0 if flag == "port" else 1):
             raise ConfigError(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
     if args.timeout <= 0 or args.batch_window_ms < 0:
         raise ConfigError("--timeout must be > 0 and --batch-window-ms >= 0")
@@ -72,7 +75,7 @@ def serve_cmd(args: argparse.Namespace) -> int:
                       default_max_tokens=args.max_tokens, max_queue=args.max_queue, temperature=args.temperature,
                       served_model_names=tuple(args.served_model_name or ()),
                       api_key=args.api_key or os.environ.get("FORMTAX_API_KEY") or None,
-                      strategy=args.strategy, answer=args.answer)
+                      strategy=args.strategy, answer=args.answer, max_body_bytes=args.max_body_bytes)
     backend = load_model(args.model, backend=args.backend, device=args.device, dtype=args.dtype)
     app = create_app(backend, cfg)
     names = ", ".join(cfg.served_model_names or (backend.model_id,))

@@ -52,6 +52,7 @@ class TokenizerInfo:
     chat_options: dict[str, Any] = field(default_factory=dict)
     _engine: EngineTokenizer | None = field(default=None, repr=False)
     _newline: frozenset[int] | None = field(default=None, repr=False)
+    _max_bytes: int | None = field(default=None, repr=False)
 
     @classmethod
     def from_hf(cls, hf_tokenizer: Any, generation_eos: Any, n_logits: int, model_id: str) -> TokenizerInfo:
@@ -92,6 +93,23 @@ class TokenizerInfo:
                 i for i in vocab.values() if i not in self.eos_ids and "\n" in self.decode([i])
             )
         return self._newline
+
+    @property
+    def max_token_bytes(self) -> int:
+        """An upper bound on the bytes of text one token stands for: the longest vocabulary entry's UTF-8 length
+        (a byte-level BPE character stands for one byte in one or two; SentencePiece's ``▁`` for one in
+        three; a byte-fallback ``<0x0A>`` for one in six). Computed once."""
+        if self._max_bytes is None:
+            self._max_bytes = max((len(t.encode("utf-8")) for t in self.hf.get_vocab()), default=1)
+        return self._max_bytes
+
+    def fewest_tokens(self, prompt: str | list[dict[str, str]]) -> int:
+        """A lower bound on the prompt's token count, from its length alone (no tokenizing): its non-whitespace
+        bytes over twice :attr:`max_token_bytes` (whitespace may collapse; a normaliser may shorten a character,
+        hence the 2). What lets a server refuse a prompt of megabytes before tokenizing it."""
+        texts = [prompt] if isinstance(prompt, str) else [str(m.get("content") or "") for m in prompt]
+        solid = sum(len(t.encode("utf-8", "replace")) - sum(map(t.count, " \t\n\r")) for t in texts)
+        return solid // (2 * self.max_token_bytes)
 
     def chat_prompt(self, messages: list[dict[str, str]], extra: dict[str, Any] | None = None) -> str:
         """The prompt text for chat messages (the chat template when there is one, else plain concatenation);

@@ -41,6 +41,7 @@ from formtax.decoding.engine import Backend
 from formtax.errors import ConfigError, ContextLengthError, FormtaxError
 from formtax.serve import shapes as out
 from formtax.serve.batcher import Batcher, QueueFull
+from formtax.serve.limits import BodyLimit, BodyTooLarge, default_body_limit
 from formtax.serve.metrics import ServerMetrics
 from formtax.serve.responses_api import ResponseBuilder, ResponsesRequest
 from formtax.serve.responses_api import sse_events as responses_sse
@@ -77,6 +78,7 @@ def create_app(backend: Backend, config: ServeConfig | None = None, **settings: 
     batcher = Batcher(backend, max_batch=cfg.max_batch, window_s=cfg.window_s, max_queue=cfg.max_queue)
     app = FastAPI(title="formtax", version="1")
     app.state.batcher, app.state.config = batcher, cfg
+    app.add_middleware(BodyLimit, limit=cfg.max_body_bytes or default_body_limit(backend.context_length))
     metrics = app.state.metrics = ServerMetrics(names[0])
     app.router.add_event_handler("shutdown", batcher.close)
 
@@ -113,6 +115,8 @@ def create_app(backend: Backend, config: ServeConfig | None = None, **settings: 
             return out.error(400, str(exc), where, code="context_length_exceeded")
         if isinstance(exc, _Unauthorized):
             return out.error(401, str(exc), code="invalid_api_key")
+        if isinstance(exc, BodyTooLarge):
+            return out.error(413, str(exc), code="request_too_large")
         if isinstance(exc, QueueFull):
             metrics.refused()
             return out.error(429, str(exc), kind="rate_limit_error", code="rate_limit_exceeded",
@@ -123,6 +127,8 @@ def create_app(backend: Backend, config: ServeConfig | None = None, **settings: 
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         """Unknown routes and wrong methods in OpenAI's error shape (FastAPI's own is ``{"detail": ...}``)."""
         path = request.url.path
+        if isinstance(exc.__cause__, BodyTooLarge):  # a chunked body crossed the limit while FastAPI read it
+            return out.error(413, str(exc.__cause__), code="request_too_large")
         if exc.status_code == 404:
             message = (f"formtax serves no embedding model ({path}); it serves chat and text completions"
                        if path.rstrip("/").endswith("/embeddings") else f"unknown route: {request.method} {path}")

@@ -51,6 +51,7 @@ class ServeConfig:
     strategy: str | None = None  # the default strategy of a request that names none
     answer: str | None = None  # the default answer SPEC of a request that gives no answer format
     stuck_after_s: float = 30.0
+    max_body_bytes: int | None = None  # a request body over it is a 413; None: sized from the context (limits.py)
 
 
 @dataclass
@@ -126,14 +127,18 @@ class Serving:
                              kwargs["closing"], {})
         return req
 
-    def precheck(self, prompt: Prompt, kwargs: dict[str, Any]) -> None:
+    async def precheck(self, prompt: Prompt, kwargs: dict[str, Any]) -> None:
         """What the worker would refuse, refused here before the request is queued: the context limit first,
-        then the strategy's own check (a missing answer, a budget the answer cannot fit)."""
+        then the strategy's own check (a missing answer, a budget the answer cannot fit). It runs off the event
+        loop (tokenizing a long prompt takes time), so ``/health`` and other requests are answered meanwhile."""
         from formtax.api import check_context
 
-        req = self.generation_request(prompt, kwargs)
-        check_context(self.backend, [req])
-        get_strategy(kwargs["strategy"]).check(self.backend, [req])
+        def check() -> None:
+            req = self.generation_request(prompt, kwargs)
+            check_context(self.backend, [req])
+            get_strategy(kwargs["strategy"]).check(self.backend, [req])
+
+        await asyncio.to_thread(check)
 
     async def run_all(self, request: Request, req: Sampled, prompt: Prompt, kwargs: dict[str, Any],
                       hooks: list[RequestHooks]) -> list[Result] | JSONResponse:

@@ -61,7 +61,7 @@ class ChatServing(Serving):
         free_text = constraint is None or (tools is not None and tools.text_allowed and strategy == "constrained")
         hooks = [self.hooks_of(req, free_text, req.logprobs, req.top_logprobs or 0) for _ in range(req.n)]
         self.refuse_unhookable(strategy, hooks[0])
-        self.precheck(prompt, kwargs)
+        await self.precheck(prompt, kwargs)
         separated = constraint is not None and getattr(get_strategy(strategy), "constrained_answer", False)
         if req.stream and tools is None and req.n == 1 and self.streams_live(strategy):
             live = self.live(prompt, kwargs, req, hooks[0], separated)
@@ -123,7 +123,7 @@ class CompletionServing(Serving):
         hooks = [self.hooks_of(req, answer is None, req.logprobs is not None, req.logprobs or 0)
                  for _ in range(req.n)]
         self.refuse_unhookable(strategy, hooks[0])
-        self.precheck(prompt, kwargs)
+        await self.precheck(prompt, kwargs)
         results = await self.run_all(request, req, prompt, kwargs, hooks)
         if isinstance(results, JSONResponse):
             return results
