@@ -519,3 +519,68 @@ def test_metrics_are_prometheus_text_and_move():
     assert after[key] == 1
     assert sum(v for k, v in after.items() if k.startswith("vllm:request_success_total")) == 3
     assert "formtax:queue_refusals_total" + m in after
+
+
+def test_tool_calls_auto_text_and_n_stream_live():
+    """Issue 48 point 6: tool-call arguments stream as they are generated (many argument deltas, OpenAI's form,
+    parallel calls by index), ``auto`` text streams as content, ``n=2`` streams per choice; each equals the
+    response without streaming."""
+    two = '[{"add": {"a": 3, "b": 4}}, {"get_weather": {"city": "Paris", "unit": "c"}}]'
+    app = create_app(FakeBackend(scripted(two)), window_s=0.0, temperature=0.0)
+    with ServerThread(app) as srv:
+        client = _client(srv)
+        kw = dict(model="fake-random", messages=USER, tools=[ADD, WEATHER], max_tokens=120)
+        chunks = list(client.chat.completions.create(tool_choice="required", stream=True, **kw))
+        whole = client.chat.completions.create(tool_choice="required", **kw)
+    parts = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or ())]
+    by_index: dict[int, list] = {}
+    for p in parts:
+        by_index.setdefault(p.index, []).append(p)
+    assert sorted(by_index) == [0, 1] and len(parts) > 6  # argument pieces as they came, not one per call
+    streamed = [(ps[0].function.name, json.loads("".join(p.function.arguments or "" for p in ps)))
+                for _, ps in sorted(by_index.items())]
+    assert all(ps[0].id for ps in by_index.values()) and not any(p.id for ps in by_index.values() for p in ps[1:])
+    assert streamed == [(c.function.name, json.loads(c.function.arguments)) for c in whole.choices[0].message.tool_calls]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["tool_calls"]
+
+    app = create_app(FakeBackend(scripted("It is seven, as 3 + 4 = 7.")), window_s=0.0, temperature=0.0)
+    with ServerThread(app) as srv:
+        chunks = list(_client(srv).chat.completions.create(model="fake-random", messages=USER, tools=[ADD],
+                                                          max_tokens=60, stream=True))
+    content = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    assert "".join(content) == "It is seven, as 3 + 4 = 7." and len(content) > 3
+    assert not any(c.choices[0].delta.tool_calls for c in chunks if c.choices)
+
+    app = create_app(FakeBackend(random_logits(seed=4)), window_s=0.0, temperature=1.0)
+    with ServerThread(app) as srv:
+        client = _client(srv)
+        whole = client.chat.completions.create(model="fake-random", messages=USER, max_tokens=12, n=2, seed=9)
+        chunks = list(client.chat.completions.create(model="fake-random", messages=USER, max_tokens=12, n=2,
+                                                     seed=9, stream=True, stream_options={"include_usage": True}))
+    texts = {0: "", 1: ""}
+    for c in chunks:
+        for ch in c.choices:
+            texts[ch.index] += ch.delta.content or ""
+    assert texts == {k: whole.choices[k].message.content for k in (0, 1)}
+    assert sum(1 for c in chunks for ch in c.choices if ch.delta.content) > 4
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_completions_take_a_list_of_prompts(served):
+    """Issue 48 point 6: ``/v1/completions`` takes a list of prompts; choice ``i * n + k`` is prompt i's k-th,
+    streamed live or not, and the usage counts each prompt once."""
+    client, _, _ = served
+    prompts = ["Once upon a time", "The answer is"]
+    whole = client.completions.create(model="fake", prompt=prompts, max_tokens=6, n=2, seed=1, temperature=1.0)
+    single = [client.completions.create(model="fake", prompt=p, max_tokens=6, n=2, seed=1, temperature=1.0)
+              for p in prompts]
+    assert [c.text for c in whole.choices] == [c.text for s in single for c in s.choices]
+    assert whole.usage.prompt_tokens == sum(s.usage.prompt_tokens for s in single)
+    chunks = list(client.completions.create(model="fake", prompt=prompts, max_tokens=6, n=2, seed=1,
+                                            temperature=1.0, stream=True, stream_options={"include_usage": True}))
+    texts: dict[int, str] = {}
+    for c in chunks:
+        for ch in c.choices:
+            texts[ch.index] = texts.get(ch.index, "") + ch.text
+    assert [texts[k] for k in range(4)] == [c.text for c in whole.choices]
+    assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens

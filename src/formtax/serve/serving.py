@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import time
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +31,7 @@ from formtax.serve.batcher import Batcher
 from formtax.serve.hooks import RequestHooks
 from formtax.serve.metrics import ServerMetrics
 from formtax.serve.schema import Sampled
+from formtax.serve.tools import CallStream, ToolPlan
 from formtax.strategies import get_strategy
 from formtax.strategies.base import Prompt, Result, SinglePass
 from formtax.strategies.base import Request as GenRequest
@@ -164,17 +166,66 @@ class Serving:
             for t in tasks:
                 t.cancel()
 
-    async def live(self, prompt: Prompt, kwargs: dict[str, Any], req: Sampled, hooks: RequestHooks,
-                   separated: bool) -> AsyncIterator[dict[str, Any]]:
-        """OpenAI chat chunks as the row decodes in its batch: reasoning phases as ``reasoning_content`` deltas
-        when the strategy separates them, everything else as ``content`` (held back at a possible stop string),
-        then the finish reason with the formtax object, then the usage chunk. Closing the stream (the client went
-        away) cancels the row."""
-        q: queue.Queue[Any] = queue.Queue()
-        hooks.sink = lambda t, ph: q.put((t, ph))
+    async def live(self, rows: list[LiveRow], kwargs: dict[str, Any], req: Sampled, separated: bool,
+                   tools: ToolPlan | None = None, legacy: bool = False, text: bool = False
+                   ) -> AsyncIterator[dict[str, Any]]:
+        """The chunks of every row (choice) as they decode in the shared batch, merged into one stream, each with
+        its choice's index: chat's deltas (``text``: the legacy completions' ``text`` pieces instead), each
+        choice's finish chunk with its formtax object, then one usage chunk. A row that cannot start raises before
+        the first chunk (the route answers a 400). Closing the stream (the client went away) cancels every row."""
+        model = self.model_name(req)
+        base = out.chunk_base(model)
+        if text:
+            base |= {"object": "text_completion", "id": "cmpl-" + base["id"].removeprefix("chatcmpl-")}
+        merged: asyncio.Queue[Any] = asyncio.Queue()
         arrival = self.metrics.started()
-        job = self.batcher.submit(prompt, job_key(kwargs), fresh_seed() if req.seed is None else req.seed, hooks,
-                                  **kwargs)
+
+        async def pump(row: LiveRow) -> None:
+            try:
+                async for chunk in self._row_chunks(row, kwargs, req, separated, tools, legacy, text, base):
+                    await merged.put(chunk)
+            except Exception as e:  # noqa: BLE001 - handed to the consumer, which raises it
+                await merged.put(e)
+            finally:
+                await merged.put(END)
+
+        tasks = [asyncio.create_task(pump(r)) for r in rows]
+        results: dict[int, Result] = {}
+        try:
+            ended = 0
+            while ended < len(rows):
+                item = await merged.get()
+                if item is END:
+                    ended += 1
+                elif isinstance(item, Exception):
+                    raise item
+                elif isinstance(item, Result):
+                    continue
+                elif "_result" in item:
+                    results[item["_index"]] = item["_result"]
+                else:
+                    yield item
+                    if "error" in item:
+                        return
+            pairs = [(r, results[r.index]) for r in rows if r.index in results]
+            if pairs:
+                done = [res for _, res in pairs]
+                self.metrics.finished(arrival, done, [r.hooks.times for r, _ in pairs], kwargs["answer"] is not None)
+                firsts = {r.prompt_index: res for r, res in reversed(pairs)}
+                yield out.usage_chunk(base, out.usage(done, list(firsts.values())))
+        finally:
+            self.metrics.ended()
+            for t in tasks:
+                t.cancel()
+
+    async def _row_chunks(self, row: LiveRow, kwargs: dict[str, Any], req: Sampled, separated: bool,
+                          tools: ToolPlan | None, legacy: bool, text: bool, base: dict[str, Any]
+                          ) -> AsyncIterator[dict[str, Any]]:
+        """One row's chunks (:meth:`live`); its Result last, as an internal ``_result`` item."""
+        q: queue.Queue[Any] = queue.Queue()
+        hooks = row.hooks
+        hooks.sink = lambda t, ph: q.put((t, ph))
+        job = self.batcher.submit(row.prompt, job_key(kwargs), row.seed, hooks, **kwargs)
 
         def done(fut: Any) -> None:
             if not fut.cancelled():
@@ -184,16 +235,41 @@ class Serving:
         job.future.add_done_callback(done)
         tok = self.batcher.backend.tokenizer
         parts = deltas(tok, q)
-        model = self.model_name(req)
-        base = out.chunk_base(model)
         cutter = out.StopCutter(hooks.stops)
+        calls = CallStream(tools.text_allowed) if tools is not None else None
         started = time.monotonic()
-        role: dict[str, Any] | None = base | {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                                           "finish_reason": None}]}
+        i = row.index
 
         def delta(d: dict[str, Any]) -> dict[str, Any]:
-            return base | {"choices": [{"index": 0, "delta": d, "finish_reason": None}]}
+            if text:
+                return base | {"choices": [{"index": i, "text": d.get("content", ""), "finish_reason": None,
+                                            "logprobs": None}]}
+            return base | {"choices": [{"index": i, "delta": d, "finish_reason": None}]}
 
+        def content(piece: str) -> list[dict[str, Any]]:
+            """Content text as chunks: through the call reader when the answer may be a call."""
+            if calls is None:
+                piece = cutter.feed(piece)
+                return [delta({"content": piece})] if piece else []
+            chunks = []
+            for kind, value in calls.feed(piece):
+                if kind == "text":
+                    value = cutter.feed(value)
+                    if value:
+                        chunks.append(delta({"content": value}))
+                elif legacy:
+                    chunks.append(delta({"function_call": {"name": value, "arguments": ""}} if kind == "call"
+                                        else {"function_call": {"arguments": value}}))
+                elif kind == "call":
+                    chunks.append(delta({"tool_calls": [{"index": calls.calls - 1, "id": f"call_{uuid.uuid4().hex[:24]}",
+                                                         "type": "function",
+                                                         "function": {"name": value, "arguments": ""}}]}))
+                else:
+                    chunks.append(delta({"tool_calls": [{"index": calls.calls - 1,
+                                                         "function": {"arguments": value}}]}))
+            return chunks
+
+        role: dict[str, Any] | None = None if text else delta({"role": "assistant", "content": ""})
         try:
             while True:
                 left = self.cfg.timeout_s - (time.monotonic() - started)
@@ -209,26 +285,41 @@ class Serving:
                 if part is None:
                     return
                 if isinstance(part, Result):
-                    self.metrics.finished(arrival, [part], [hooks.times], kwargs["answer"] is not None)
                     tail = cutter.flush()
                     if tail:
                         yield delta({"content": tail})
-                    lp = out.chat_logprobs(tok, hooks.recorded) if hooks.logprobs else None
-                    yield base | {"choices": [{"index": 0, "delta": {}, "finish_reason": out.finish(part),
-                                               "logprobs": lp}], "formtax": out.extension(part)}
-                    yield out.usage_chunk(base, out.envelope("chat.completion", model, [part])["usage"])
+                    finish = out.finish(part)
+                    if calls is not None and calls.calls and finish != "length":
+                        finish = "function_call" if legacy else "tool_calls"
+                    if text:
+                        yield base | {"choices": [{"index": i, "text": "", "finish_reason": finish,
+                                                   "logprobs": None}], "formtax": out.extension(part)}
+                    else:
+                        lp = out.chat_logprobs(tok, hooks.recorded) if hooks.logprobs else None
+                        yield base | {"choices": [{"index": i, "delta": {}, "finish_reason": finish,
+                                                   "logprobs": lp}], "formtax": out.extension(part)}
+                    yield {"_result": part, "_index": i}
                     return
                 assert isinstance(part, Delta)
                 if separated and part.phase in (Phase.REASONING, Phase.RC):
-                    if part.text:
+                    if part.text and not text:
                         yield delta({"reasoning_content": part.text})
                     continue
-                text = cutter.feed(part.text)
-                if text:
-                    yield delta({"content": text})
+                for chunk in content(part.text):
+                    yield chunk
         finally:
-            self.metrics.ended()
             self.batcher.cancel(job)  # a no-op when it finished; otherwise its row leaves the batch
+
+
+@dataclass
+class LiveRow:
+    """One choice of a live stream: its prompt, controls, seed and index among the choices."""
+
+    prompt: Prompt
+    hooks: RequestHooks
+    seed: int
+    index: int  # the choice's index in the response
+    prompt_index: int = 0  # which prompt of the request (legacy completions take several)
 
 
 async def then(first: dict[str, Any], rest: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:

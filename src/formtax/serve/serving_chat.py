@@ -10,17 +10,19 @@ refuses it and says which strategies take it. The token counts are ours: OpenAI 
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from formtax.decoding.engine import RenderedChat
+from formtax.decoding.sampling import fresh_seed
 from formtax.errors import ConfigError
 from formtax.serve import shapes as out
 from formtax.serve.hooks import RequestHooks, cut_at_stop
 from formtax.serve.schema import ChatRequest, CompletionRequest, chat_constraint
-from formtax.serve.serving import Outcome, Serving, then
+from formtax.serve.serving import LiveRow, Outcome, Serving, then
 from formtax.serve.tools import ToolPlan, read_calls, tools_prompt, with_tools_prompt
 from formtax.strategies import get_strategy
 from formtax.strategies.base import Prompt, Result
@@ -63,8 +65,10 @@ class ChatServing(Serving):
         self.refuse_unhookable(strategy, hooks[0])
         await self.precheck(prompt, kwargs)
         separated = constraint is not None and getattr(get_strategy(strategy), "constrained_answer", False)
-        if req.stream and tools is None and req.n == 1 and self.streams_live(strategy):
-            live = self.live(prompt, kwargs, req, hooks[0], separated)
+        if req.stream and self.streams_live(strategy):
+            seed = fresh_seed() if req.seed is None else req.seed
+            rows = [LiveRow(prompt, h, seed + k, k) for k, h in enumerate(hooks)]
+            live = self.live(rows, kwargs, req, separated, tools, req.legacy_functions)
             first = await anext(live)  # the first token, or a refusal as a 400 before the stream starts
             return Outcome(chunks=then(first, live))
         results = await self.run_all(request, req, prompt, kwargs, hooks)
@@ -106,11 +110,11 @@ class CompletionServing(Serving):
     async def create(self, request: Request, req: CompletionRequest) -> Outcome | JSONResponse:
         if (missing := self.check_model(req)) is not None:
             return missing
-        if isinstance(req.prompt, list) and len(req.prompt) != 1:
-            raise ConfigError("prompt: give one prompt per request (use n for several choices)")
         if req.echo:
             raise ConfigError("echo: not supported by formtax serve")
-        prompt = req.prompt if isinstance(req.prompt, str) else req.prompt[0]
+        prompts = [req.prompt] if isinstance(req.prompt, str) else list(req.prompt)
+        if not prompts:
+            raise ConfigError("prompt: give at least one prompt")
         opts = req.formtax
         guided = req.guided()
         answer: Any = opts.answer if opts and opts.answer else None
@@ -120,16 +124,32 @@ class CompletionServing(Serving):
             answer = guided[1]
         strategy = (opts.strategy if opts and opts.strategy else ("constrained" if answer else "free"))
         kwargs = self.plan_kwargs(req, strategy, answer, raw=True)
-        hooks = [self.hooks_of(req, answer is None, req.logprobs is not None, req.logprobs or 0)
-                 for _ in range(req.n)]
-        self.refuse_unhookable(strategy, hooks[0])
-        await self.precheck(prompt, kwargs)
-        results = await self.run_all(request, req, prompt, kwargs, hooks)
-        if isinstance(results, JSONResponse):
-            return results
+        hooks = [[self.hooks_of(req, answer is None, req.logprobs is not None, req.logprobs or 0)
+                  for _ in range(req.n)] for _ in prompts]
+        self.refuse_unhookable(strategy, hooks[0][0])
+        for p in prompts:
+            await self.precheck(p, kwargs)
+        if req.stream and self.streams_live(strategy):
+            seed = fresh_seed() if req.seed is None else req.seed
+            rows = [LiveRow(p, h, seed + k, i * req.n + k, i) for i, (p, hs) in enumerate(zip(prompts, hooks,
+                                                                                              strict=True))
+                    for k, h in enumerate(hs)]
+            live = self.live(rows, kwargs, req, separated=False, text=True)
+            first = await anext(live)
+            return Outcome(chunks=then(first, live))
+        runs = await asyncio.gather(*(self.run_all(request, req, p, kwargs, hs)
+                                      for p, hs in zip(prompts, hooks, strict=True)))
+        finished: list[list[Result]] = []
+        for run in runs:
+            if isinstance(run, JSONResponse):
+                return run
+            finished.append(run)
+        results = [r for run in finished for r in run]
+        flat = [h for hs in hooks for h in hs]
         body = out.envelope("text_completion", self.model_name(req), results)
+        body["usage"] = out.usage(results, [run[0] for run in finished])
         tok = self.backend.tokenizer
         body["choices"] = [{"index": k, "text": cut_at_stop(out.content(r) or "", h.stops), "finish_reason":
                             out.finish(r), "logprobs": out.text_logprobs(tok, h.recorded) if h.logprobs else None}
-                           for k, (r, h) in enumerate(zip(results, hooks, strict=True))]
+                           for k, (r, h) in enumerate(zip(results, flat, strict=True))]
         return Outcome(chunks=out.text_chunks(body)) if req.stream else Outcome(body)

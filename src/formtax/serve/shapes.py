@@ -59,17 +59,20 @@ def finish(res: Result) -> str:
     return FINISH.get(res.finish_reason, "stop")
 
 
+def usage(results: list[Result], prompts: list[Result] | None = None) -> dict[str, Any]:
+    """OpenAI's usage of ``results`` (every choice's tokens); the prompt tokens of ``prompts`` (one result per
+    distinct prompt; default: the first result's prompt, counted once)."""
+    completion = sum(r.tokens.total for r in results)
+    prompt = sum(r.tokens.prompt for r in (prompts if prompts is not None else results[:1]))
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "completion_tokens_details": {"reasoning_tokens": sum(reasoning_tokens(r) for r in results)}}
+
+
 def envelope(kind: str, model: str, results: list[Result]) -> dict[str, Any]:
     """The fields around the choices: id, object, created, model, usage (all choices), and the ``formtax``
     object of the first choice (each choice also carries its own)."""
-    completion = sum(r.tokens.total for r in results)
-    prompt = results[0].tokens.prompt
-    thought = sum(reasoning_tokens(r) for r in results)
     return {"id": f"{'chatcmpl' if kind == 'chat.completion' else 'cmpl'}-{uuid.uuid4().hex}", "object": kind,
-            "created": int(time.time()), "model": model,
-            "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-                      "completion_tokens_details": {"reasoning_tokens": thought}},
-            "formtax": extension(results[0])}
+            "created": int(time.time()), "model": model, "usage": usage(results), "formtax": extension(results[0])}
 
 
 def reasoning_tokens(res: Result) -> int:

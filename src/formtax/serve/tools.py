@@ -148,3 +148,88 @@ def read_calls(text: str | None, parsed: Any) -> list[dict[str, Any]] | None:
 def written_call(name: str | None, arguments: Any) -> dict[str, Any]:
     """A call as the model is asked to write it (an assistant's earlier calls go back into the prompt so)."""
     return {str(name): arguments}
+
+
+class CallStream:
+    """Reads a call's text as it is generated and says, live, what OpenAI streams: each call's name once it is
+    written, then its arguments object piece by piece. In ``auto`` mode an output whose first character is not
+    ``{`` or ``[`` is text (the grammar's own rule, so the decision is final at the first character).
+
+    A character-level scanner of the call form (module docstring): the grammar has already made the text valid,
+    so depth, strings and escapes are all it tracks. Hand-written because an incremental JSON parser would still
+    have to be told where a call's name ends and its arguments begin."""
+
+    def __init__(self, text_allowed: bool) -> None:
+        self.text_allowed = text_allowed
+        self.mode: str | None = None  # "text" or "call", fixed by the first character
+        self.depth = 0
+        self.in_string = self.escape = False
+        self.call_level = 0  # the depth a call object opens at: 0 alone, 1 inside a list of calls
+        self.key: list[str] | None = None  # the name being read
+        self.name: str | None = None
+        self.args_from: int | None = None  # the depth the arguments object opened at
+        self.calls = 0
+
+    def feed(self, text: str) -> list[tuple[str, Any]]:
+        """Events for ``text``: ``("text", s)``, ``("call", name)`` (a new call), ``("args", s)``."""
+        events: list[tuple[str, Any]] = []
+        args: list[str] = []
+
+        def flush_args() -> None:
+            if args:
+                events.append(("args", "".join(args)))
+                args.clear()
+
+        for ch in text:
+            if self.mode is None:
+                self.mode = "call" if ch in "{[" or not self.text_allowed else "text"
+                self.call_level = 1 if ch == "[" else 0
+            if self.mode == "text":
+                events.append(("text", ch))
+                continue
+            opened = self.depth
+            if self.in_string:
+                if self.escape:
+                    self.escape = False
+                elif ch == "\\":
+                    self.escape = True
+                elif ch == '"':
+                    self.in_string = False
+            elif ch == '"':
+                self.in_string = True
+            elif ch in "{[":
+                self.depth += 1
+            elif ch in "}]":
+                self.depth -= 1
+            if self.args_from is not None:  # inside the arguments object: every character is the arguments'
+                args.append(ch)
+                if self.depth == self.args_from:  # its closing brace
+                    self.args_from = None
+                continue
+            if self.key is not None:  # reading the call's key: the tool's name
+                if self.in_string:
+                    if not (ch == '"' and not self.key):
+                        self.key.append(ch)
+                else:
+                    self.name, self.key = json.loads('"' + "".join(self.key) + '"'), None
+                continue
+            if ch == "{" and opened == self.call_level and not self.in_string:
+                continue  # a call object opened; its key comes next
+            if ch == '"' and self.in_string and self.depth == self.call_level + 1 and self.name is None:
+                self.key = []
+                continue
+            if ch == "{" and self.name is not None and opened == self.call_level + 1:
+                flush_args()
+                events.append(("call", self.name))
+                self.calls += 1
+                self.name = None
+                self.args_from = opened
+                args.append(ch)
+        flush_args()
+        merged: list[tuple[str, Any]] = []
+        for kind, value in events:  # text characters as one piece
+            if kind == "text" and merged and merged[-1][0] == "text":
+                merged[-1] = ("text", merged[-1][1] + value)
+            else:
+                merged.append((kind, value))
+        return merged
