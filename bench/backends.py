@@ -5,6 +5,8 @@ target >= 2.5). Both run float32 by default, so their greedy outputs are compara
 (``outputs_differing`` counts the requests whose text differs). Also reported, on the same grid:
 
 * ``openai_*``: the openai backend against a local vLLM server (same engine settings), start-up excluded;
+  ``openai_vs_vllm`` has its own target (>= 0.85: the HTTP client's pooled connections keep the server's cost
+  small);
 * ``ray_*``: ``--workers 2`` vs one worker, both with the vllm backend, wall time of the whole run including
   each worker's engine start (that is what a user waits for).
 
@@ -123,7 +125,8 @@ def main() -> None:
         r_ob = in_subprocess("openai", args)
         out.update(server_startup_s=r_ob["startup_s"], openai_tok_s=round(r_ob["tok_s"], 1),
                    openai_wall_s=round(r_ob["wall_s"], 1), openai_vs_hf=round(r_ob["tok_s"] / r_hf["tok_s"], 3),
-                   openai_vs_vllm=round(r_ob["tok_s"] / r_vl["tok_s"], 3),
+                   openai_vs_vllm=round(r_ob["tok_s"] / r_vl["tok_s"], 3), openai_vs_vllm_target=0.85,
+                   openai_vs_vllm_better=r_ob["tok_s"] / r_vl["tok_s"] >= 0.85,
                    openai_outputs_differing_from_vllm=differing(r_vl, r_ob))
         print(json.dumps(out), flush=True)
     if not args.skip_ray:

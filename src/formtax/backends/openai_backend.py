@@ -36,15 +36,11 @@ Every result records which server and model answered (``Result.model``, ``stats[
 
 from __future__ import annotations
 
-import http.client
-import json
 import logging
 import math
 import os
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Collection, Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -76,10 +72,36 @@ class ServerRefused(FormtaxError):
     """The server answered a request with a client error (4xx): an error for that request only."""
 
 
-class _Client:
-    """JSON over HTTP with retries (stdlib only: one dependency fewer, and every timeout is ours)."""
+RETRY_AFTER_MAX_S = 60.0
+"""The longest ``Retry-After`` the client waits before its next try."""
 
-    def __init__(self, base_url: str, api_key: str | None, timeout: float, retries: int, backoff: float) -> None:
+
+def retry_after(value: str | None) -> float | None:
+    """A ``Retry-After`` header in seconds (delta-seconds or an HTTP date), capped at :data:`RETRY_AFTER_MAX_S`."""
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        from email.utils import parsedate_to_datetime
+
+        try:
+            seconds = parsedate_to_datetime(value).timestamp() - time.time()
+        except (TypeError, ValueError):
+            return None
+    return min(max(seconds, 0.0), RETRY_AFTER_MAX_S)
+
+
+class _Client:
+    """JSON over HTTP with retries, on one ``httpx.Client``: its connections are pooled and reused across the
+    concurrent requests of a batch. A 429 or 5xx is retried after the server's ``Retry-After`` (else exponential
+    backoff); a connection error or timeout is retried; a refusal (4xx) and a body that is not JSON are not, since
+    a second try would get the same answer."""
+
+    def __init__(self, base_url: str, api_key: str | None, timeout: float, retries: int, backoff: float,
+                 connections: int = 64) -> None:
+        import httpx
+
         url = base_url.rstrip("/")
         if not url.startswith(("http://", "https://")):
             raise ConfigError(f"server URL must start with http:// or https:// (got {base_url!r})")
@@ -89,32 +111,42 @@ class _Client:
         self.timeout = timeout
         self.retries = retries
         self.backoff = backoff
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+        self.http = httpx.Client(timeout=timeout, headers=headers, limits=limits)
 
     def request(self, url: str, body: dict[str, Any] | None = None, retries: int | None = None) -> Any:
-        data = json.dumps(body).encode() if body is not None else None
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
+        import httpx
+
         tries = (self.retries if retries is None else retries) + 1
-        last: BaseException | None = None
+        last: BaseException | str | None = None
+        wait_s = 0.0
         for attempt in range(tries):
             if attempt:
-                time.sleep(self.backoff * 2 ** (attempt - 1))
-            req = urllib.request.Request(url, data=data, headers=headers, method="POST" if data else "GET")
+                time.sleep(wait_s)
+            wait_s = self.backoff * 2 ** attempt
             try:
-                with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                    return json.loads(resp.read())
-            except urllib.error.HTTPError as e:
-                detail = e.read()[:800].decode("utf-8", "replace")
-                if e.code == 429 or e.code >= 500:
-                    last = e
-                    log.warning("server %s answered %s (try %d/%d)", url, e.code, attempt + 1, tries)
-                    continue
-                raise ServerRefused(f"server {url} refused the request ({e.code}): {detail}") from e
-            except (urllib.error.URLError, http.client.HTTPException, ConnectionError, TimeoutError, json.JSONDecodeError) as e:
+                resp = self.http.post(url, json=body) if body is not None else self.http.get(url)
+            except httpx.HTTPError as e:  # connection refused or reset, timeouts
                 last = e
                 log.warning("server %s: %s (try %d/%d)", url, e, attempt + 1, tries)
+                continue
+            if resp.status_code == 429 or resp.status_code >= 500:
+                last = f"{resp.status_code} {resp.text[:300]}"
+                wait_s = retry_after(resp.headers.get("retry-after")) or wait_s
+                log.warning("server %s answered %s (try %d/%d)", url, resp.status_code, attempt + 1, tries)
+                continue
+            if resp.status_code >= 400:
+                raise ServerRefused(f"server {url} refused the request ({resp.status_code}): {resp.text[:800]}")
+            try:
+                return resp.json()
+            except ValueError as e:
+                raise ServerRefused(f"server {url} answered {resp.status_code} with a body that is not JSON: "
+                                    f"{resp.text[:200]!r}") from e
         raise ServerUnavailable(f"server {url} unreachable after {tries} tries: {last}")
+
+    def close(self) -> None:
+        self.http.close()
 
 
 @dataclass
@@ -159,7 +191,8 @@ class OpenAIBackend(RowEngine):
             raise ConfigError("the openai backend needs a server URL: --server http://HOST:PORT/v1")
         if flavor not in ("auto", "vllm", "generic"):
             raise ConfigError(f"flavor must be auto, vllm or generic (got {flavor!r})")
-        client = _Client(server, api_key or os.environ.get("OPENAI_API_KEY"), timeout, retries, backoff)
+        client = _Client(server, api_key or os.environ.get("OPENAI_API_KEY"), timeout, retries, backoff,
+                         connections=max(1, concurrency))
         try:
             listing = client.request(client.base + "/models")
         except ServerUnavailable as e:  # before any request: a configuration error (wrong URL, server not up)

@@ -40,7 +40,7 @@ def _args(p: argparse.ArgumentParser) -> None:
     add_threads_arg(p)
 
 
-@command("serve", _args, "serve an OpenAI-compatible API (/v1/chat/completions, /v1/completions) over a formtax "
+@command("serve", _args, "serve an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/responses) over a formtax "
          "backend; strategies through the 'formtax' extension field")
 def serve_cmd(args: argparse.Namespace) -> int:
     from formtax.errors import ConfigError
