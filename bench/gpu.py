@@ -19,7 +19,10 @@ Per model and batch it reports (tokens per second; one JSON line each):
   default) and off;
 - ``plain_llguidance``: ``generate`` with the 20-line llguidance LogitsProcessor a user would write (a matcher per
   row, the batch's bitmask filled over llguidance's thread pool, applied in place);
-- ``inwriting`` and ``suffix_last``: "The answer is: {int}".
+- ``inwriting`` and ``suffix_last``: "The answer is: {int}";
+- sampled modes (issue 44): ``free_sampled`` (T=1, top-p 0.9, a seeded generator per row on the logits' device),
+  ``free_mixed`` (half the rows greedy, half sampled, in one batch), ``json_sampled`` and ``inwriting_sampled``
+  (T=1).
 
 The last line is the summary: at the largest model and batch, each mode's tokens per second over formtax free's
 (the targets: JSON with closing at least 0.85, InWriting at least 0.9, suffix-last at least 0.8) and formtax JSON
@@ -168,6 +171,7 @@ def bench_batch(model: Any, m: Any, llg: tuple[Any, str], b: int, a: argparse.Na
 
     import formtax
     from formtax.decoding import Plan, Policy, RowRequest, decode
+    from formtax.decoding.sampling import GREEDY, Sampling
 
     tok, n = m.tokenizer, a.tokens
     prompts = [f"{p} (case {i})" for i in range(b) for p in BASE][:b]
@@ -199,12 +203,22 @@ def bench_batch(model: Any, m: Any, llg: tuple[Any, str], b: int, a: argparse.Na
     same = sum(o.tokens == r for o, r in zip(free_out, gen_out.tolist(), strict=True))
     free_tps = b * n / t_free
     row.update(generate_tok_s=round(b * n / t_gen, 1), free_tok_s=round(free_tps, 1), free_identical=f"{same}/{b}")
-    for label, name, answer, closing in (("json", "constrained", SCHEMA, None),
-                                         ("json_noclosing", "constrained", SCHEMA, False),
-                                         ("inwriting", "inwriting", TEMPLATE, None),
-                                         ("suffix_last", "suffix-last", TEMPLATE, None)):
-        t, rs = timer(lambda s=name, ans=answer, c=closing: formtax.generate_batch(
-            m, prompts, strategy=s, answer=ans, max_tokens=n, closing=c))
+    # sampled: every row from its own seeded generator on the logits' device; "mixed": half the rows greedy,
+    # half sampled at T=1 / top-p 0.9, in one batch (each row under its own settings)
+    hot = Sampling(1.0, top_p=0.9)
+    t_s, _ = timer(lambda: decode(m, [RowRequest(p, NoEos(), n, seed=k) for k, p in enumerate(ids)], hot))
+    t_mix, _ = timer(lambda: decode(m, [RowRequest(p, NoEos(), n, seed=k, sampling=hot if k % 2 else GREEDY)
+                                        for k, p in enumerate(ids)]))
+    row.update(free_sampled_tok_s=round(b * n / t_s, 1), free_sampled_over_free=round(t_free / t_s, 3),
+               free_mixed_tok_s=round(b * n / t_mix, 1), free_mixed_over_free=round(t_free / t_mix, 3))
+    for label, name, answer, closing, temp in (("json", "constrained", SCHEMA, None, 0.0),
+                                               ("json_noclosing", "constrained", SCHEMA, False, 0.0),
+                                               ("json_sampled", "constrained", SCHEMA, None, 1.0),
+                                               ("inwriting", "inwriting", TEMPLATE, None, 0.0),
+                                               ("inwriting_sampled", "inwriting", TEMPLATE, None, 1.0),
+                                               ("suffix_last", "suffix-last", TEMPLATE, None, 0.0)):
+        t, rs = timer(lambda s=name, ans=answer, c=closing, tt=temp: formtax.generate_batch(
+            m, prompts, strategy=s, answer=ans, max_tokens=n, closing=c, temperature=tt, seed=0))
         tps = sum(r.tokens.total for r in rs) / t
         row.update({f"{label}_tok_s": round(tps, 1), f"{label}_parse_ok": f"{sum(bool(r.parse_ok) for r in rs)}/{b}",
                     f"{label}_over_free": round(tps / free_tps, 3)})

@@ -6,6 +6,8 @@ body and the completions' context ``param``."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 import os
 import re
@@ -117,21 +119,29 @@ def test_min_tokens_holds_eos_back():
     assert refused.status_code == 400 and "free text" in refused.json()["error"]["message"]
 
 
-def test_chat_template_kwargs_reach_the_template(srv):
-    """The byte tokenizer's template reads no variable, so they change nothing; on a template that reads one the
-    rendered prompt changes (the prompt token count moves by the text it adds)."""
-    plain = _post(srv).json()
-    same = _post(srv, chat_template_kwargs={"enable_thinking": False}).json()
-    assert same["choices"][0]["message"]["content"] == plain["choices"][0]["message"]["content"]
-    assert same["usage"]["prompt_tokens"] == plain["usage"]["prompt_tokens"]
+def _own_template(template: str) -> FakeBackend:
+    """A fake backend whose tokenizer is its own copy (the byte tokenizer is shared and cached) with ``template``."""
     backend = FakeBackend(random_logits(seed=11), model_id="fake", context=4096)
-    hf = backend.tokenizer.hf
-    hf.chat_template = "{% if note %}NOTE:{{ note }}\n{% endif %}" + hf.chat_template
-    app = create_app(backend, window_s=0.0, temperature=0.0)
-    with ServerThread(app) as s:
-        base = _post(s).json()["usage"]["prompt_tokens"]
-        noted = _post(s, chat_template_kwargs={"note": "abc"}).json()["usage"]["prompt_tokens"]
-    assert noted == base + len("NOTE:abc\n")
+    hf = copy.deepcopy(backend.tokenizer.hf)
+    hf.chat_template = template
+    backend._tok = dataclasses.replace(backend.tokenizer, hf=hf)
+    return backend
+
+
+def test_chat_template_kwargs_reach_the_template():
+    """A template that reads none of them renders what it renders without them; one that reads one renders it
+    (the prompt token count moves by the text it adds)."""
+    from formtax.bytetok import CHAT_TEMPLATE
+
+    for template, moved in ((CHAT_TEMPLATE, 0), ("{% if note %}NOTE:{{ note }}\n{% endif %}" + CHAT_TEMPLATE,
+                                                 len("NOTE:abc\n"))):
+        app = create_app(_own_template(template), window_s=0.0, temperature=0.0)
+        with ServerThread(app) as s:
+            plain = _post(s).json()
+            noted = _post(s, chat_template_kwargs={"note": "abc", "enable_thinking": False}).json()
+        assert noted["usage"]["prompt_tokens"] == plain["usage"]["prompt_tokens"] + moved
+        if not moved:
+            assert noted["choices"][0]["message"]["content"] == plain["choices"][0]["message"]["content"]
 
 
 @pytest.mark.parametrize(("field", "needle"), [("use_beam_search", "suffix-min"), ("stop_token_ids", "use stop"),

@@ -56,15 +56,16 @@ def scripted(text: str, prompt_len: Callable[[Sequence[int]], int] | None = None
 
 
 class FakeBatch(Batch):
-    def __init__(self, fn: LogitsFn, prompts: Sequence[Sequence[int]]) -> None:
+    def __init__(self, fn: LogitsFn, prompts: Sequence[Sequence[int]], device: torch.device | None = None) -> None:
         self.fn = fn
+        self.device = device or torch.device("cpu")
         self.seqs = [list(p) for p in prompts]
         self.plen = [len(p) for p in prompts]
         self.calls = 0
 
     def _logits(self) -> torch.Tensor:
         self.calls += 1
-        return torch.stack([self.fn(s) for s in self.seqs]).float()
+        return torch.stack([self.fn(s) for s in self.seqs]).float().to(self.device)
 
     def prefill(self) -> torch.Tensor:
         return self._logits()
@@ -103,8 +104,10 @@ class FakeBackend(Backend):
     name = "fake"
     capabilities = frozenset({Capability.STEP_LOGITS, Capability.KV_CROP})
 
-    def __init__(self, fn: LogitsFn | None = None, model_id: str = "fake-random", context: int | None = None) -> None:
+    def __init__(self, fn: LogitsFn | None = None, model_id: str = "fake-random", context: int | None = None,
+                 device: str = "cpu") -> None:
         self.fn = fn or random_logits()
+        self.device = torch.device(device)  # where the logits are put (a test of the device paths on a GPU)
         self._id = model_id
         self._context = context
         hf = byte_tokenizer()
@@ -125,6 +128,6 @@ class FakeBackend(Backend):
         return self._context
 
     def new_batch(self, prompts: Sequence[Sequence[int]]) -> FakeBatch:
-        b = FakeBatch(self.fn, prompts)
+        b = FakeBatch(self.fn, prompts, self.device)
         self.batches.append(b)
         return b

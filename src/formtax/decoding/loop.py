@@ -210,8 +210,8 @@ class _Step:
     faster there; the tokens are the same."""
 
     def __init__(self, cursors: Sequence[RowCursor], gens: list[torch.Generator | None],
-                 sampling: Sampling, batch: Batch, t0: float, together: bool, on_device: bool = False) -> None:
-        self.cursors, self.gens, self.sampling, self.batch, self.t0 = cursors, gens, sampling, batch, t0
+                 samplings: list[Sampling], batch: Batch, t0: float, together: bool, on_device: bool = False) -> None:
+        self.cursors, self.gens, self.samplings, self.batch, self.t0 = cursors, gens, samplings, batch, t0
         self.together, self.on_device = together, on_device
         self.vocab = 0
         self.begin(torch.empty(0), 0)
@@ -240,18 +240,18 @@ class _Step:
         return self._top
 
     def plan_row(self, pos: int, i: int) -> None:
-        cur, gen = self.cursors[i], self.gens[i]
+        cur, gen, sampling = self.cursors[i], self.gens[i], self.samplings[i]
         row_logits = self.rows[pos]
         plan = cur.plan(row_logits)
         drawn: tuple[int, bool] | None = None
         if plan.divert is not None:  # draw first; a diverted token is replaced by the next plan's choice
             unmasked = plan.scores is None and plan.allowed is None and not plan.banned
-            if (self.sampling.greedy or plan.divert.by_argmax) and unmasked:
+            if (sampling.greedy or plan.divert.by_argmax) and unmasked:
                 drawn = (self.top()[pos], False)  # the unmasked greedy draw: the step's shared argmax
             elif plan.divert.by_argmax:
                 drawn = _choose(plan.scores if plan.scores is not None else row_logits, plan, GREEDY, None)
             else:
-                drawn = _choose(plan.scores if plan.scores is not None else row_logits, plan, self.sampling, gen)
+                drawn = _choose(plan.scores if plan.scores is not None else row_logits, plan, sampling, gen)
             replaced = plan.divert.resolve(drawn[0])
             if replaced is not None:
                 plan, drawn = replaced, None
@@ -268,11 +268,11 @@ class _Step:
             self.decided[pos] = (plan.forced, plan.allowed is not None, True)
         elif drawn is not None:  # kept from the diverting plan: its divert tokens were in effect masked
             self.decided[pos] = (drawn[0], True, False)
-        elif self.sampling.greedy and self.together:
+        elif sampling.greedy and self.together:
             self.greedy.append((pos, plan))
-        else:  # sampled (each row from its own generator), or a coupled row
+        else:  # sampled (each row from its own generator, under its own settings), or a coupled row
             base = plan.scores if plan.scores is not None else row_logits
-            self.decided[pos] = choose_vetted(base, plan, self.sampling, gen)
+            self.decided[pos] = choose_vetted(base, plan, sampling, gen)
 
     def choose_greedy(self) -> None:
         """The greedy rows choose together; a row whose veto refuses its choice goes on alone."""
@@ -284,7 +284,7 @@ class _Step:
         for (pos, plan), first in zip(self.greedy, _greedy_batch(self.rows, self.greedy, self.top), strict=True):
             if plan.veto is not None:
                 base = plan.scores if plan.scores is not None else self.rows[pos]
-                first = _vetted(base, plan, self.sampling, None, *first)
+                first = _vetted(base, plan, GREEDY, None, *first)
             self.decided[pos] = first
 
     def _choose_on_device(self) -> None:
@@ -397,6 +397,12 @@ class _Step:
         cur.out.forward_passes = self.passes
 
 
+def row_generator(sampling: Sampling, seed: int, device: torch.device) -> torch.Generator | None:
+    """A sampled row's generator, seeded with its seed, on the device its logits live on (a CUDA tensor cannot be
+    drawn from with a CPU generator); None for a greedy row."""
+    return None if sampling.greedy else torch.Generator(device=device).manual_seed(int(seed))
+
+
 DEVICE_STEP: bool | None = None
 """The default of :func:`decode`'s ``device_step`` (None: by where the logits are); tests set it to run every
 strategy through the device path on CPU."""
@@ -412,7 +418,9 @@ def decode(
     on_finish: Callable[[int, RowOutput], None] | None = None,
 ) -> list[RowOutput]:
     """Decode a batch of rows to completion; every row follows its own policy. ``temperature``: a temperature
-    (0 = greedy) or a full :class:`~formtax.decoding.sampling.Sampling` (top-k, top-p, min-p).
+    (0 = greedy) or a full :class:`~formtax.decoding.sampling.Sampling` (top-k, top-p, min-p), for the rows that
+    carry none of their own (``RowRequest.sampling``: rows of one batch may sample differently, each from its own
+    generator on the logits' device).
     ``device_step``: choose on the logits' device (:class:`_Step`); None = wherever the logits are not on the
     host (the tests force it on CPU to count its transfers and check its tokens against the host path).
 
@@ -426,12 +434,11 @@ def decode(
     outs = [c.out for c in cursors]
     if not rows:
         return outs
-    gens: list[torch.Generator | None] = [None] * len(rows)
-    if not sampling.greedy:
-        gens = [torch.Generator().manual_seed(int(r.seed)) for r in rows]
     t0 = time.perf_counter()
     batch = backend.new_batch([r.prompt_ids for r in rows])
     logits = batch.prefill()
+    samplings = [r.sampling or sampling for r in rows]
+    gens = [row_generator(s, r.seed, logits.device) for s, r in zip(samplings, rows, strict=True)]
     passes = 1
     live = list(range(len(rows)))
     for i in live:
@@ -446,7 +453,7 @@ def decode(
         batch.keep(live)  # positions equal row indices before the first step
     device_step = DEVICE_STEP if device_step is None else device_step
     on_device = logits.device.type != "cpu" if device_step is None else device_step
-    step = _Step(cursors, gens, sampling, batch, t0, together=not any(_coupled(r.policy) for r in rows),
+    step = _Step(cursors, gens, samplings, batch, t0, together=not any(_coupled(r.policy) for r in rows),
                  on_device=on_device)
     fill = MaskFill(background=on_device and logits.device.type != "cpu")
     fill.start([m for i in live if (m := rows[i].policy.mask_matcher()) is not None])
@@ -476,19 +483,20 @@ def decode(
         live = [live[p] for p in step.keep]
         logits = step.forward()  # launched (asynchronous on a device); the next masks are filled meanwhile
         if admit is not None and batch.joinable:
-            logits = _admit(backend, batch, logits, admit(len(live)), rows, cursors, outs, gens, live, sampling,
-                            on_finish)
+            logits = _admit(backend, batch, logits, admit(len(live)), rows, cursors, outs, gens, samplings, live,
+                            sampling, on_finish)
         fill.start([m for i in live if (m := rows[i].policy.mask_matcher()) is not None])
         passes += 1
     return outs
 
 
 def _admit(backend: Backend, batch: Batch, logits: torch.Tensor, new: Sequence[RowRequest], rows: list[RowRequest],
-           cursors: list[RowCursor], outs: list[RowOutput], gens: list[torch.Generator | None], live: list[int],
-           sampling: Sampling, on_finish: Callable[[int, RowOutput], None] | None) -> torch.Tensor:
+           cursors: list[RowCursor], outs: list[RowOutput], gens: list[torch.Generator | None],
+           samplings: list[Sampling], live: list[int], sampling: Sampling,
+           on_finish: Callable[[int, RowOutput], None] | None) -> torch.Tensor:
     """Continuous batching (:func:`decode`): ``new`` rows are prefilled on their own and join ``batch``; their
     logits follow the live rows'. A row with no budget finishes at once. Grows ``rows``, ``cursors``, ``outs``,
-    ``gens`` and ``live`` in place; returns the logits of every live row."""
+    ``gens``, ``samplings`` and ``live`` in place; returns the logits of every live row."""
     joining: list[RowRequest] = []
     for r in new:
         if r.policy.coupled:
@@ -497,7 +505,8 @@ def _admit(backend: Backend, batch: Batch, logits: torch.Tensor, new: Sequence[R
         rows.append(r)
         cursors.append(RowCursor(r))
         outs.append(cursors[-1].out)
-        gens.append(None if sampling.greedy else torch.Generator().manual_seed(int(r.seed)))
+        samplings.append(r.sampling or sampling)
+        gens.append(row_generator(samplings[-1], r.seed, logits.device))
         if r.max_tokens <= 0:
             outs[i].finish_reason = r.policy.budget_exhausted()
             if on_finish is not None:

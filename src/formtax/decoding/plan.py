@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from formtax.decoding.lowering import Lowering, RowPlan
+from formtax.decoding.sampling import Sampling
 from formtax.tensorops import count_true
 
 if TYPE_CHECKING:
@@ -178,6 +179,8 @@ class RowRequest:
     policy: Policy
     max_tokens: int
     seed: int = 0
+    # the row's own sampling (temperature, top-p/k, min-p); None: the decode()'s. Rows of one batch may differ.
+    sampling: Sampling | None = None
 
 
 @dataclass

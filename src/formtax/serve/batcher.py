@@ -4,9 +4,9 @@ Requests wait in a bounded queue (a full one is refused: the server answers 429)
 used from one thread, as the decode loop expects) serves them:
 
 * **continuous batching** for single-pass strategies on a backend whose loop formtax steps: one run of the decode
-  loop takes the oldest request and everything queued with the same sampling settings (any strategy, answer or
-  budget: each row has its own policy), then, after every step, admits newly queued ones (:meth:`Batch.join`) up
-  to ``max_batch`` live rows, and answers each request as soon as its row finishes;
+  loop takes the oldest request and everything queued (any strategy, answer, budget or sampling settings: each
+  row has its own policy, sampling and generator), then, after every step, admits newly queued ones
+  (:meth:`Batch.join`) up to ``max_batch`` live rows, and answers each request as soon as its row finishes;
 * **equal-key batches** for the rest (suffix-*, nl2format, engines that decode whole rows): the oldest request and
   what arrives within ``window_s`` with the same strategy, answer, budget and sampling, run as one
   ``generate_batch``.
@@ -169,12 +169,11 @@ class Batcher:
 
     def _session(self, first: Job) -> None:
         """Continuous batching: one run of the decode loop that takes in, after every step, the queued jobs it
-        can (single-pass strategies with the same sampling settings; any strategy, answer or budget), up to
-        ``max_batch`` live rows, and answers each job as soon as its row finishes."""
-        key = sampling_key(first)
+        can (single-pass strategies, with any strategy, answer, budget and sampling settings: each row samples
+        under its own), up to ``max_batch`` live rows, and answers each job as soon as its row finishes."""
 
         def fits(j: Job) -> bool:
-            return continuous(self.backend, j) and sampling_key(j) == key
+            return continuous(self.backend, j)
 
         order: list[Prepared] = []
         t0 = time.perf_counter()
@@ -216,7 +215,7 @@ class Batcher:
             del self.batches[slot]  # nothing decoded (only this worker thread appends to the list)
             return
         try:
-            decode(self.backend, rows, Sampling(*key), admit=admit, on_finish=on_finish)
+            decode(self.backend, rows, admit=admit, on_finish=on_finish)
         except Exception as e:  # the model failed: every unanswered job of the session gets the error
             log.exception("decode session failed")
             for p in order:
@@ -236,12 +235,6 @@ class Prepared:
 
 def same_key(first: Job) -> Callable[[Job], bool]:
     return lambda j: j.key == first.key
-
-
-def sampling_key(job: Job) -> tuple[float, float, int, float]:
-    kw = job.kwargs
-    return (float(kw.get("temperature", 0.0)), float(kw.get("top_p", 1.0)), int(kw.get("top_k", 0)),
-            float(kw.get("min_p", 0.0)))
 
 
 def continuous(backend: Backend, job: Job) -> bool:
@@ -279,7 +272,8 @@ def prepare_job(backend: Backend, job: Job) -> Prepared | Result:
         return strat.error_result(backend, e)
     ids = backend.tokenizer.prompt_ids(req.prompt)
     job.hooks.prompt_ids = tuple(ids)
-    row = RowRequest(ids, job.hooks.wrap(policy, backend.tokenizer), req.max_tokens, req.seed)
+    row = RowRequest(ids, job.hooks.wrap(policy, backend.tokenizer), req.max_tokens, req.seed,
+                     Sampling(req.temperature, req.top_p, req.top_k, req.min_p))
     return Prepared(job, strat, req, row)
 
 
