@@ -34,7 +34,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("formtax.runner",),        # grids, resumable runs, parallel execution
     ("formtax.report",),        # generic tables, figures, verification
     ("formtax.planted", "formtax.studies"),  # calibration worlds; studies (task + scoring + analyses each)
-    ("formtax.integrations", "formtax.serve"),
+    ("formtax.integrations", "formtax.serve", "formtax.vllm_plugin"),  # vllm_plugin: vLLM loads it by path
     ("formtax.cli", "formtax.__main__"),
 )
 

@@ -16,6 +16,10 @@ import pytest
 
 VLLM_DTYPE = os.environ.get("FORMTAX_VLLM_DTYPE", "float32")
 SERVER_STARTUP_S = float(os.environ.get("FORMTAX_VLLM_SERVER_STARTUP_S", "420"))
+# the stock server also loads formtax's plugin (it leaves requests without formtax arguments alone), with the
+# settings its rows need (docs/vllm.md): tests/vllm/test_vllm_plugin.py drives it
+PLUGIN_ARGS = ["--logits-processors", "formtax.vllm_plugin:FormtaxLogitsProcessor", "--no-enable-chunked-prefill",
+               "--no-async-scheduling"]
 
 
 @pytest.fixture(scope="session")
@@ -35,7 +39,7 @@ def vllm_server(tmp_path_factory):
     from formtax.backends.vllm_backend import serve
 
     log = Path(tmp_path_factory.mktemp("vllm-server")) / "server.log"
-    with serve(dtype=VLLM_DTYPE, extra_args=["--enforce-eager"], startup_timeout=SERVER_STARTUP_S,
+    with serve(dtype=VLLM_DTYPE, extra_args=["--enforce-eager", *PLUGIN_ARGS], startup_timeout=SERVER_STARTUP_S,
                log_path=str(log)) as url:
         yield url, log
 

@@ -204,13 +204,18 @@ def processor_class() -> type:
         def is_argmax_invariant(self) -> bool:
             return False  # it changes what greedy decoding picks: vLLM must call it for greedy rows too
 
+        def row_for(self, params: Any, prompt_ids: Sequence[int] | None) -> LiveRow | None:
+            """The row a newly added request steps: the one registered under its ``extra_args[ROW_KEY]``
+            (formtax's in-process backend); formtax.vllm_plugin builds it from the request's arguments instead."""
+            return lookup((params.extra_args or {}).get(ROW_KEY))
+
         def update_state(self, batch_update: BatchUpdate | None) -> None:
             if batch_update is None:
                 return
             for index in batch_update.removed:
                 self.by_index.pop(index, None)
-            for index, params, _prompt, output in batch_update.added:
-                row = lookup((params.extra_args or {}).get(ROW_KEY))
+            for index, params, prompt, output in batch_update.added:
+                row = self.row_for(params, prompt)
                 if row is None:
                     self.by_index.pop(index, None)
                 else:
