@@ -26,13 +26,14 @@ from formtax.strategies.base import Prompt, Strategy
 
 
 def load_model(model: Any = None, backend: str = "hf", device: str = "cpu", dtype: str = "float32",
-               tokenizer: Any = None) -> Backend:
+               tokenizer: Any = None, **options: Any) -> Backend:
     """Load a model: the embedded default (None), a .gguf file, a local folder or a hub id; or wrap an already
-    loaded ``transformers`` model (with its ``tokenizer``, see :func:`from_transformers`) or a Backend."""
+    loaded ``transformers`` model (with its ``tokenizer``, see :func:`from_transformers`) or a Backend.
+    ``options``: the backend's own (hf: ``revision``, ``attn_implementation``, ``trust_remote_code``, ...)."""
     if isinstance(model, Backend):
         return model
     if model is None or isinstance(model, str):
-        return load_backend(backend, model, device=device, dtype=dtype)
+        return load_backend(backend, model, device=device, dtype=dtype, **options)
     return from_transformers(model, tokenizer)
 
 

@@ -192,3 +192,16 @@ def test_an_interrupted_runs_findings_open_with_a_warning(tmp_path: Path, capsys
     assert run(cfg, tmp_path).planned == 12  # resumed: complete, and the warning is gone
     assert main(["report", str(tmp_path), "--replicates", "200"]) == 0
     assert "incomplete" not in set(pd.read_csv(tmp_path / "tables" / "findings.csv")["finding"])
+
+
+def test_when_every_strategy_ties_the_findings_say_so() -> None:
+    """Issue 49: "ranges from inwriting@vc 0% ... to inwriting@fc 0%" read as a range; a tie is said as one."""
+    acc = pd.DataFrame([
+        {"task": "t", "strategy": s, "n_items_used": 5, "n_runs": 1, "acc_strict": 0.0, "acc_strict_low": 0.0,
+         "acc_strict_high": 0.43, "parse_rate_strict": 1.0, "parse_rate_strict_low": 0.57,
+         "parse_rate_strict_high": 1.0, "parse_rate_format": 1.0, "parse_rate_format_low": 0.57,
+         "parse_rate_format_high": 1.0} for s in ("inwriting@vc", "inwriting@fc")])
+    f = findings_table(acc, pd.DataFrame(columns=["task", "strategy_a", "strategy_b", "diff", "diff_low",
+                                                  "diff_high", "paired_p", "n_pairs"]), None)
+    sentence = f.set_index("finding")["sentence"]["accuracy"]
+    assert sentence == "Strict accuracy is the same for every strategy: 0% (inwriting@fc, inwriting@vc)."

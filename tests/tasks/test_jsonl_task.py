@@ -100,7 +100,13 @@ def test_cli_run_report_verify_with_shots(tmp_path: Path, capsys: pytest.Capture
     assert all("What is 40 + 2?" in r["prompt"] for r in records)
     assert all(r["parses"]["strict"]["status"] == "ok" for r in records if r["strategy"] == "constrained")
     assert main(argv) == 0  # resumes: nothing new
-    assert "0 requests run, 8 already recorded" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "0 requests run, 8 already recorded" in printed
+    # issue 49: a results table when run ends, one line per strategy (constrained parses every answer)
+    table = printed.split("8 already recorded")[1]
+    assert "strategy" in table and "accuracy" in table and "intervals and paired tests: formtax report" in table
+    line = next(x for x in table.splitlines() if x.startswith("constrained"))
+    assert line.split()[1:5] == ["4", "0", "100%", "100%"]
     assert main(["report", str(out), "--replicates", "100"]) == 0 and main(["verify", str(out)]) == 0
     manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
     assert str(items.resolve()) in manifest["data_files"]

@@ -12,10 +12,16 @@ from formtax.decoding.engine import Backend, Batch, Capability, TokenizerInfo, r
 from formtax.errors import ConfigError
 
 
-def _hf(model: str | None, device: str, dtype: str) -> Backend:
-    from formtax.backends.hf import HFBackend
+def _hf(model: str | None, device: str, dtype: str, **options: Any) -> Backend:
+    """transformers in this process; ``options`` are ``from_pretrained`` keywords of :data:`HF_OPTIONS` (lm-eval's
+    ``--model_args``, inspect's ``-M``): revision, attn_implementation, trust_remote_code, ..."""
+    from formtax.backends.hf import HF_OPTIONS, HFBackend
 
-    return HFBackend.load(model, device=device, dtype=dtype)
+    unknown = sorted(set(options) - set(HF_OPTIONS))
+    if unknown:
+        raise ConfigError(f"backend 'hf' does not take {', '.join(unknown)} (it takes: {', '.join(HF_OPTIONS)}; "
+                          "the dtype is --dtype)")
+    return HFBackend.load(model, device=device, dtype=dtype, **options)
 
 
 def _fake(model: str | None, device: str, dtype: str) -> Backend:
@@ -56,7 +62,7 @@ def _planted(model: str | None, device: str, dtype: str) -> Backend:
 
 
 BACKENDS: dict[str, Callable[..., Backend]] = {"hf": _hf, "fake": _fake, "vllm": _vllm, "openai": _openai, "planted": _planted}
-TAKES_OPTIONS = {"vllm", "openai"}  # backends whose factory accepts keyword options (engine / server settings)
+TAKES_OPTIONS = {"hf", "vllm", "openai"}  # backends whose factory accepts keyword options (model / engine / server)
 
 
 def load_backend(name: str, model: str | None = None, device: str = "cpu", dtype: str = "float32",

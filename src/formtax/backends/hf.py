@@ -146,6 +146,20 @@ def _cache_kwarg(model: Any) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
+HF_OPTIONS = ("revision", "attn_implementation", "trust_remote_code", "low_cpu_mem_usage", "device_map",
+              "subfolder")
+"""``from_pretrained`` keywords the hf backend takes (``--engine-opt KEY=VALUE``, ``load_model(..., KEY=VALUE)``)."""
+
+
+def _option(key: str, value: Any) -> Any:
+    """An option's value: the booleans of ``--engine-opt`` come as strings."""
+    if key in ("trust_remote_code", "low_cpu_mem_usage") and isinstance(value, str):
+        if value.lower() not in ("true", "false", "1", "0"):
+            raise ConfigError(f"{key} must be true or false, got {value!r}")
+        return value.lower() in ("true", "1")
+    return value
+
+
 class HFBatch(Batch):
     def __init__(self, model: Any, prompts: Sequence[Sequence[int]], pad_id: int, device: torch.device) -> None:
         if not prompts or any(len(p) == 0 for p in prompts):
@@ -285,8 +299,11 @@ class HFBackend(Backend):
         return from_generation_config(self.model.generation_config)
 
     @classmethod
-    def load(cls, name: str | None = None, device: str = "cpu", dtype: str = "float32") -> HFBackend:
-        """Load the embedded default (``name=None``), a GGUF file, a local folder or a hub id."""
+    def load(cls, name: str | None = None, device: str = "cpu", dtype: str = "float32", **options: Any
+             ) -> HFBackend:
+        """Load the embedded default (``name=None``), a GGUF file, a local folder or a hub id; ``options``:
+        ``from_pretrained`` keywords of :data:`HF_OPTIONS` (``revision`` and ``trust_remote_code`` reach the
+        tokenizer too)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         src = resolve_model(name)
@@ -294,8 +311,10 @@ class HFBackend(Backend):
         if torch_dtype is None:
             raise ConfigError(f"unknown dtype {dtype!r}; use float32, bfloat16 or float16")
         try:
-            tok = AutoTokenizer.from_pretrained(src.path)
-            model = AutoModelForCausalLM.from_pretrained(src.path, dtype=torch_dtype)
+            shared = {k: _option(k, v) for k, v in options.items() if k in ("revision", "trust_remote_code")}
+            tok = AutoTokenizer.from_pretrained(src.path, **shared)
+            model = AutoModelForCausalLM.from_pretrained(src.path, dtype=torch_dtype,
+                                                         **{k: _option(k, v) for k, v in options.items()})
         except OSError as e:
             raise ConfigError(
                 f"cannot load model {name!r}: {e}. Give a local folder, a .gguf file, or a hub id this machine "

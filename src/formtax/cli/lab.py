@@ -52,6 +52,9 @@ def _run_args(p: argparse.ArgumentParser) -> None:
                         "3 x 1 for JSON, 1 x 3 on AIME; InWriting and NL-to-Format answer in the JSON form unless "
                         "a spec says :plain) or e.g. t1f1,t2f3")
     p.add_argument("--shots", type=int, default=0, help="few-shot examples from the task's train split")
+    p.add_argument("--system-prompt", default=None, metavar="TEXT",
+                   help="a system message before every chat prompt; '' (empty) keeps the chat template from "
+                        "injecting its own default (SmolLM2's). Default: the task's messages as they are")
     p.add_argument("--prompt-style", choices=["chat", "base"], default=None,
                    help="chat: instruction, format description and question as chat messages; base: a plain "
                         "'Question: ... Answer: ...' few-shot prompt, the same for every strategy (paper 000's "
@@ -142,7 +145,7 @@ def run_cmd(args: argparse.Namespace) -> int:
     cfg = RunConfig(task=args.task, strategies=[s for s in args.strategies.split(",") if s.strip()],
                     model=args.model, backend=args.backend, device=args.device, dtype=args.dtype, limit=args.limit,
                     seeds=args.seeds, seeding=args.seeding, prompt_variants=args.prompt_variants, shots=args.shots,
-                    prompt_style=args.prompt_style,
+                    prompt_style=args.prompt_style, system_prompt=args.system_prompt,
                     max_tokens=256 if args.max_tokens is None else args.max_tokens,
                     reasoning_tokens=args.reasoning_tokens,
                     reasoning_floor=DEFAULT_REASONING_FLOOR if args.max_tokens is None else 0,
@@ -179,7 +182,35 @@ def run_cmd(args: argparse.Namespace) -> int:
                 bar.close()
     print(f"{s.done} requests run, {s.skipped} already recorded, {s.errors} errors, {s.wall_s:.1f} s -> "
           f"{args.out / 'records.jsonl'}")
+    table = results_table(args.out)
+    if table:
+        print(table)
     return 0
+
+
+def results_table(run_dir: Path) -> str:
+    """The run's results at a glance, printed when ``run`` ends (issue 49): per strategy, its records, errors,
+    strict parse rate, format-level parse rate and strict accuracy over the scored records, in the order the run
+    recorded them. Point values only: ``formtax report`` gives each its interval and the paired tests."""
+    import pandas as pd
+
+    from formtax.report.load import load_records
+
+    df = load_records(run_dir)
+    if df.empty:
+        return ""
+    lines = [f"{'strategy':<28} {'records':>7} {'errors':>6} {'parse':>6} {'format':>6} {'accuracy':>8}"]
+    for strategy, g in df.groupby("strategy", sort=False):
+        scored = g[g["scored"].astype(bool)]
+
+        def pct(col: str, frame: pd.DataFrame = scored) -> str:
+            values = frame[col].dropna()
+            return f"{100 * values.mean():.0f}%" if len(values) else "n/a"
+
+        lines.append(f"{str(strategy):<28} {len(g):>7} {int(g['error'].notna().sum()):>6} "
+                     f"{pct('parse_ok_strict'):>6} {pct('format_ok'):>6} {pct('score_strict'):>8}")
+    lines.append(f"(intervals and paired tests: formtax report {run_dir})")
+    return "\n".join(lines)
 
 
 def _report_args(p: argparse.ArgumentParser) -> None:

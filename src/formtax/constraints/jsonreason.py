@@ -80,6 +80,29 @@ def _load_checked(text: str, validator: Any) -> tuple[Any, Validation | None]:
     return value, None
 
 
+INTEGER_LITERAL = re.compile(r"-?(0|[1-9][0-9]*)")
+
+
+def integer_literal_error(text: str, field: dict[str, Any]) -> str | None:
+    """Where the answer field is an integer, the grammar writes it in digits only (no fraction, no exponent; no
+    minus sign at all in a non-negative range, so no ``-0``), while JSON Schema's ``integer`` also takes ``1e2``
+    and ``100.0`` and JSON reads ``-0`` as 0: the
+    validator asks for the grammar's form, so the oracle and the grammar agree (issue 49's "one source of truth").
+    None when the field is not an integer or its literal is the grammar's."""
+    if field.get("type") != "integer":
+        return None
+    try:
+        value = json.loads(text, parse_float=lambda s: ("literal", s), parse_int=lambda s: ("literal", s))
+    except json.JSONDecodeError:
+        return None  # the schema check reports it
+    literal = value.get("answer") if isinstance(value, dict) else None
+    unsigned = field.get("minimum", -1) >= 0  # the grammar of a non-negative range writes no minus sign at all
+    if isinstance(literal, tuple) and (not INTEGER_LITERAL.fullmatch(literal[1])
+                                       or (unsigned and literal[1].startswith("-"))):
+        return f"answer: {literal[1]} is not an integer as the grammar writes one (digits, no fraction or exponent)"
+    return None
+
+
 # A JSON number (RFC 8259 section 6) and the engine's cap on its tokens (ours: every token carries a character, and
 # 24 characters hold any number a model writes as an answer)
 NUMBER_RE = r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?"
@@ -227,6 +250,8 @@ class JsonReasonAnswer(Constraint):
         value, failed = _load_checked(text, self._validator)
         if failed is not None:
             return failed
+        if (lexical := integer_literal_error(text, self.answer_field)) is not None:
+            return Validation(False, value, error=lexical)
         if isinstance(self.answer, NumberOr) and not isinstance(value["answer"], str):
             pass  # a number, and the schema said so
         elif isinstance(self.text_answer, RecordConstraint):
@@ -332,6 +357,8 @@ class JsonAnswerObject(Constraint):
         value, failed = _load_checked(text, self._validator)
         if failed is not None:
             return failed
+        if (lexical := integer_literal_error(text, self.answer_field)) is not None:
+            return Validation(False, value, error=lexical)
         inner = self._fields.validate(json.dumps({"reason": "", "answer": value["answer"]}, ensure_ascii=False))
         if not inner.ok:
             return Validation(False, value, error=inner.error)
@@ -345,3 +372,39 @@ class JsonAnswerObject(Constraint):
         if self.answer.max_tokens is None:
             return None
         return ANSWER_SCAFFOLD + ANSWER_WS_RUNS * ANSWER_WS_TOKENS + JsonReasonAnswer.answer_bound(self.answer, 0)
+
+
+def string_value_span(text: str, key: str) -> tuple[int, int] | None:
+    """The character span of the string value of top-level ``key`` in the JSON object ``text`` (from its opening
+    quote to its closing one, both included); None when the key is absent, not a string, or the text ends first.
+    A scanner of depth, strings and escapes: the json strategy's output is grammar-made, so that is all it tracks
+    (the reason's tokens are counted as reasoning, issue 49)."""
+    depth, i, n = 0, 0, len(text)
+    expect_key = False
+    last_key: str | None = None
+    while i < n:
+        ch = text[i]
+        if ch == '"':
+            j, escaped = i + 1, False
+            while j < n and (escaped or text[j] != '"'):
+                escaped = not escaped and text[j] == "\\"
+                j += 1
+            if j >= n:
+                return None
+            if depth == 1 and expect_key:
+                last_key, expect_key = json.loads(text[i : j + 1]), False
+            elif depth == 1 and last_key == key:
+                return i, j + 1
+            i = j + 1
+            continue
+        if ch in "{[":
+            depth += 1
+            expect_key = depth == 1 and ch == "{"
+        elif ch in "}]":
+            depth -= 1
+        elif ch == "," and depth == 1:
+            expect_key, last_key = True, None
+        elif ch == ":" and depth == 1:
+            pass
+        i += 1
+    return None

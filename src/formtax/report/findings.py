@@ -164,7 +164,12 @@ def findings_table(accuracy: pd.DataFrame, paired: pd.DataFrame, baseline: str |
                          "sentence": "Format-level parse rate (paper 003's: the requested shape, whatever the "
                                      f"answer's spelling): {listed}."})
         by_acc = acc.sort_values(["acc_strict", "strategy"], ascending=[False, True], kind="stable")
-        if len(by_acc):
+        if len(by_acc) > 1 and by_acc["acc_strict"].nunique(dropna=False) == 1:  # every strategy ties
+            value = by_acc.iloc[0].acc_strict
+            names = ", ".join(str(r.strategy) for r in by_acc.itertuples(index=False))
+            rows.append({"task": task, "finding": "accuracy", "sentence": (
+                f"Strict accuracy is the same for every strategy: {_pct(value)} ({names}).")})
+        elif len(by_acc):
             best, worst = by_acc.iloc[0], by_acc.iloc[-1]
             rows.append({"task": task, "finding": "accuracy", "sentence": (
                 "Strict accuracy ranges from "

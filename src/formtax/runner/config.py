@@ -17,6 +17,7 @@ from formtax.tasks import Item, OutputFormat, PromptStyle, Task, parse_variant_i
 
 # Options that change how fast a run goes, not what it computes: they may differ between resumptions.
 NON_IDENTITY = ("batch_size", "device", "workers", "ray_address", "backend_options", "reasoning_floor")
+WEIGHT_OPTIONS = ("revision", "subfolder", "trust_remote_code")  # backend options that change the model itself
 DEFAULT_REASONING_FLOOR = 128  # formtax run without --max-tokens: the reasoning budget where 256 leaves none
 
 
@@ -80,6 +81,9 @@ class RunConfig:
     seeding: str = "request"  # how a request's sampler seed is made from its seed index: see sampler_seed
     json_layout: str = "flexible"  # the json strategy's layout (constraints/jsonreason.py): flexible | compact
     closing: bool = False  # closing mode (constraints/closing.py); off: the papers' decoders
+    # a system message before every chat prompt ("": an empty one, so the template's own default, e.g. SmolLM's,
+    # is not injected); None: the task's messages as they are
+    system_prompt: str | None = None
 
     def identity(self) -> dict[str, Any]:
         d = asdict(self)
@@ -101,9 +105,14 @@ class RunConfig:
         if d["seeding"] == "index" or (self.temperature <= 0.0 and not self.model_defaults):
             d.pop("seeding")  # the rule before it existed; and greedy decoding reads no seed
         for key, default in (("top_p", 1.0), ("top_k", 0), ("min_p", 0.0), ("model_defaults", False), ("closing", False),
-                             ("thinking", None), ("extractor_model", None), ("extractor_backend", None)):
+                             ("thinking", None), ("extractor_model", None), ("extractor_backend", None),
+                             ("system_prompt", None)):
             if d[key] == default:
                 d.pop(key)
+        # the options that choose other weights are part of what a run is (the rest of backend_options is not)
+        weights = {k: self.backend_options[k] for k in WEIGHT_OPTIONS if k in self.backend_options}
+        if weights:
+            d["model_options"] = weights
         return d
 
     def strategy_specs(self, task: Task) -> list[StrategySpec]:

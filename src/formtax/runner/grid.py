@@ -206,9 +206,11 @@ def plan_grid(
     shots: int,
     shot_seed: int = 0,
     style: PromptStyle = PromptStyle.CHAT,
+    system_prompt: str | None = None,
 ) -> list[Planned]:
     """Every request of the grid, in a stable order (strategy, variant, seed, item). ``style`` BASE: every
-    strategy gets the item's plain few-shot prompt (:meth:`Task.base_prompt`)."""
+    strategy gets the item's plain few-shot prompt (:meth:`Task.base_prompt`). ``system_prompt``: a system
+    message before every chat prompt (:func:`with_system`)."""
     shot_items = task.shots(shots, shot_seed, {it.id for it in items}) if shots else []
     out: list[Planned] = []
     for s in specs:
@@ -227,12 +229,25 @@ def plan_grid(
             for seed in seeds:
                 for it in items:
                     msgs: Prompt = (task.base_prompt(it, shot_items) if style is PromptStyle.BASE
-                                    else task.messages(it, pfmt, tv, fv, shot_items))
+                                    else with_system(task.messages(it, pfmt, tv, fv, shot_items), system_prompt))
                     ans = answer_spec(task, it, s)
                     out.append(Planned(request_id(task.name, it.id, s.spec, vid, seed, shots), task.name, it, s, vid,
                                        seed, shots, msgs, ans, fmt.value, fv, prompt_style=style,
                                        prompt_format=pfmt.value))
     return out
+
+
+def with_system(messages: list[dict[str, str]], system: str | None) -> list[dict[str, str]]:
+    """``messages`` under ``formtax run --system-prompt``: the text as the first system message (before a task's own
+    system message, in the same message, so there is still one); None leaves them as they are. An empty text is an
+    empty system message, which keeps a chat template from injecting its default (SmolLM2's "You are a helpful AI
+    assistant named SmolLM...")."""
+    if system is None:
+        return messages
+    if messages and messages[0]["role"] == "system":
+        joined = f"{system}\n\n{messages[0]['content']}" if system else messages[0]["content"]
+        return [{"role": "system", "content": joined}, *messages[1:]]
+    return [{"role": "system", "content": system}, *messages]
 
 
 def check_prompt_identity(planned: list[Planned], render: Any, across_formats: bool = False) -> None:

@@ -220,7 +220,7 @@ def _run(config: RunConfig, out_dir: Path, progress: Callable[[int, int], None] 
                           "gives InWriting and NL-to-Format the JSON form; a FEM strategy gives free and constrained "
                           "its key phrase), so they are the same strategy; write :plain for the answer line")
     planned = plan_grid(task, items, specs, lambda s: config.variants(s.name), list(range(config.seeds)),
-                        config.shots, style=style)
+                        config.shots, style=style, system_prompt=config.system_prompt)
     if config.reasoning_tokens is not None and config.reasoning_tokens < 1:
         raise ConfigError(f"--reasoning-tokens must be at least 1, got {config.reasoning_tokens}")
     check_equal_reasoning(task, planned, config)

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from formtax.constraints.closing import start_witness
 from formtax.constraints.compile import compile_grammar
-from formtax.constraints.jsonreason import JSON_SCAFFOLD, JsonLayout, JsonReasonAnswer, layout_tokens
+from formtax.constraints.jsonreason import (
+    JSON_SCAFFOLD,
+    JsonLayout,
+    JsonReasonAnswer,
+    layout_tokens,
+    string_value_span,
+)
 from formtax.constraints.jsonstrings import caps_for
 from formtax.constraints.spec import ChoiceConstraint, Constraint
-from formtax.decoding.engine import Backend, Capability
+from formtax.decoding.engine import Backend, Capability, TokenizerInfo
 from formtax.decoding.loop import Policy
-from formtax.decoding.plan import Phase
+from formtax.decoding.plan import Phase, RowOutput
 from formtax.decoding.policies import ConstrainedPolicy, FreePolicy, JsonCapPolicy
 from formtax.strategies.base import (
     DEFAULT_RESERVE,
@@ -185,7 +192,37 @@ class Json(SinglePass):
     def fill_answer(self, res: Result, request: Request, out: Any, phases: dict[str, str], constrained: bool) -> None:
         res.answer_text = phases.get("answer")
 
+    def assemble(self, backend: Backend, request: Request, out: RowOutput, batch_wall: float) -> Result:
+        """The row's Result, with the tokens of the reason's string value counted as reasoning tokens (issue 49:
+        the object is one answer phase to the policy, but its reason is the strategy's reasoning)."""
+        res = super().assemble(backend, request, out, batch_wall)
+        n = reason_tokens(backend.tokenizer, out.tokens)
+        if n:
+            by = res.tokens.by_phase
+            answer = Phase.ANSWER.value
+            by[answer] = by.get(answer, 0) - n
+            by[Phase.REASONING.value] = by.get(Phase.REASONING.value, 0) + n
+        return res
+
     def after_parse(self, res: Result) -> None:
         if res.parse_ok and isinstance(res.parsed, dict):
             res.reasoning = (res.reasoning or "") + str(res.parsed.get("reason", ""))
             res.parsed = res.parsed.get("answer")
+
+
+def reason_tokens(tok: TokenizerInfo, tokens: Sequence[int], key: str = "reason") -> int:
+    """How many of ``tokens`` (a json-strategy output) start inside the reason string's value: its reasoning
+    tokens. Token offsets are the engine tokenizer's exact bytes per token."""
+    ids = [t for t in tokens if t not in tok.eos_ids]
+    pieces = [bytes(tok.engine.ll.decode_bytes([t])) for t in ids]
+    text = b"".join(pieces).decode("utf-8", "replace")
+    span = string_value_span(text, key)
+    if span is None:
+        return 0
+    lo, hi = len(text[: span[0] + 1].encode()), len(text[: span[1] - 1].encode())
+    count, at = 0, 0
+    for piece in pieces:
+        if lo <= at < hi:
+            count += 1
+        at += len(piece)
+    return count

@@ -289,8 +289,10 @@ def resolve_data_dir(explicit: Path | None) -> Path:
     for candidate in candidates:
         if candidate.is_dir():
             return candidate.resolve()
-    tried = ", ".join(str(c.resolve()) for c in candidates)
+    tried = ", ".join(dict.fromkeys(str(c.resolve()) for c in candidates))  # each path once
+    source = ("--data-dir" if explicit is not None else f"${DATA_ENV_VAR}" if os.environ.get(DATA_ENV_VAR)
+              else "the default places")
     raise DataError(
-        f"benchmark data folder not found; tried: {tried} "
-        f"(pass a data path or set {DATA_ENV_VAR} to the folder holding gsm8k/, svamp/, ...)"
+        f"benchmark data folder not found ({source}); tried: {tried}; pass --data-dir DIR or set {DATA_ENV_VAR}=DIR "
+        "to the folder holding gsm8k/, svamp/, ... (docs/getting-started.md, 'A first GSM8K run')"
     )
