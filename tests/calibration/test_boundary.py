@@ -76,14 +76,16 @@ def test_a_paired_difference_with_no_discordant_item_is_not_a_point():
 def test_paired_coverage_holds_near_the_boundary():
     """True difference 0.04 (a right on 4% of items, b never): most studies of 16 items see no discordant item,
     where the percentile bootstrap printed [0, 0] and missed the truth."""
-    from formtax.report.comparisons import paired_table
+    from formtax.report.comparisons import pair_difference, paired_table
 
     rng = np.random.default_rng(1)
     hits = 0
     studies = 200
     for k in range(studies):
-        row = paired_table(_paired_frame(rng, 0.04, 0.0), 200, k).iloc[0]
-        hits += row["diff_low"] - 1e-12 <= 0.04 <= row["diff_high"] + 1e-12
+        found = pair_difference(paired_table(_paired_frame(rng, 0.04, 0.0), 200, k), "a", "b")  # a - b
+        assert found is not None
+        _diff, low, high = found
+        hits += low - 1e-12 <= 0.04 <= high + 1e-12
     assert hits / studies >= 0.9, hits / studies
 
 

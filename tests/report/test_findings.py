@@ -98,13 +98,13 @@ def test_sentences_follow_the_intervals() -> None:
         for s, a, lo, hi, p, f in (("free", 0.2, 0.05, 0.4, 0.25, float("nan")), ("json", 0.7, 0.5, 0.9, 1.0, 1.0),
                                    ("short", 0.25, 0.1, 0.45, 0.75, float("nan")))])
     paired = pd.DataFrame([
-        {"task": "t", "strategy_a": "free", "strategy_b": "json", "diff": -0.5, "diff_low": -0.7,
-         "diff_high": -0.3, "paired_p": 0.001, "n_pairs": 20},
-        {"task": "t", "strategy_a": "free", "strategy_b": "short", "diff": -0.05, "diff_low": -0.2,
-         "diff_high": 0.1, "paired_p": 0.6, "n_pairs": 20}])
+        {"task": "t", "strategy": "json", "baseline": "free", "diff": 0.5, "diff_low": 0.3,
+         "diff_high": 0.7, "paired_p": 0.001, "n_pairs": 20},
+        {"task": "t", "strategy": "free", "baseline": "short", "diff": -0.05, "diff_low": -0.2,
+         "diff_high": 0.1, "paired_p": 0.6, "n_pairs": 20}])  # the second oriented against free: read flipped
     f = findings_table(acc, paired, "free").set_index("finding")["sentence"]
     assert f["baseline"] == ("Accuracy against the baseline free: json +0.50 [0.30, 0.70] (paired p = 0.001); the "
-                             "other 1 are not distinguishable from 0 (largest |diff| 0.05 for short, [-0.10, 0.20], "
+                             "other 1 are not distinguishable from 0 (largest difference +0.05 for short, [-0.10, 0.20], "
                              "paired p = 0.6).")
     assert f["parse"].startswith("Strict parse rate (20 items x 1 run, 95% intervals): json 100% [90, 100], short 75%")
 
@@ -117,7 +117,7 @@ def test_an_interval_that_excludes_0_beside_a_paired_p_of_1_is_not_called_a_diff
          "acc_strict_high": 0.6, "parse_rate_strict": 1.0, "parse_rate_strict_low": 0.4,
          "parse_rate_strict_high": 1.0, "parse_rate_format": 1.0, "parse_rate_format_low": 0.4,
          "parse_rate_format_high": 1.0} for s, a in (("free", 0.0), ("inwriting", 1 / 6))])
-    paired = pd.DataFrame([{"task": "gsm8k", "strategy_a": "free", "strategy_b": "inwriting", "diff": -1 / 6,
+    paired = pd.DataFrame([{"task": "gsm8k", "strategy": "free", "baseline": "inwriting", "diff": -1 / 6,
                             "diff_low": -0.577, "diff_high": -0.030, "paired_p": 1.0, "n_pairs": 6}])
     sentence = findings_table(acc, paired, "free").set_index("finding")["sentence"]["baseline"]
     assert "distinguishable" in sentence and "is not called distinguishable" in sentence
@@ -201,7 +201,39 @@ def test_when_every_strategy_ties_the_findings_say_so() -> None:
          "acc_strict_high": 0.43, "parse_rate_strict": 1.0, "parse_rate_strict_low": 0.57,
          "parse_rate_strict_high": 1.0, "parse_rate_format": 1.0, "parse_rate_format_low": 0.57,
          "parse_rate_format_high": 1.0} for s in ("inwriting@vc", "inwriting@fc")])
-    f = findings_table(acc, pd.DataFrame(columns=["task", "strategy_a", "strategy_b", "diff", "diff_low",
+    f = findings_table(acc, pd.DataFrame(columns=["task", "strategy", "baseline", "diff", "diff_low",
                                                   "diff_high", "paired_p", "n_pairs"]), None)
     sentence = f.set_index("finding")["sentence"]["accuracy"]
     assert sentence == "Strict accuracy is the same for every strategy: 0% (inwriting@fc, inwriting@vc)."
+
+
+def test_one_sign_across_the_csv_the_findings_and_the_figure(run_dir: Path, tmp_path: Path) -> None:
+    """Issue 49: every difference is ``strategy - baseline`` in paired.csv (named columns), the findings and the
+    paired figure's plotted points and labels; a named baseline turns every pair that holds it."""
+    import shutil
+
+    from formtax.report.figures import paired_figure
+
+    for baseline in ("free", "constrained"):
+        other = tmp_path / baseline
+        shutil.copytree(run_dir, other)
+        assert main(["report", str(other), "--baseline", baseline, "--replicates", "300"]) == 0
+        paired = pd.read_csv(other / "tables" / "paired.csv")
+        acc = pd.read_csv(other / "tables" / "accuracy.csv").set_index("strategy")["acc_strict"]
+        held = paired[(paired["strategy"] == baseline) | (paired["baseline"] == baseline)]
+        assert (held["baseline"] == baseline).all() and len(held) == 2
+        for r in paired.itertuples():  # every row, the baseline's or not: strategy - baseline
+            assert r.diff == pytest.approx(acc[r.strategy] - acc[r.baseline], abs=1e-6)
+            assert r.diff == pytest.approx(r.acc_strategy - r.acc_baseline, abs=1e-6)
+        sentence = (pd.read_csv(other / "tables" / "findings.csv").set_index("finding").loc["baseline", "sentence"])
+        mentioned = 0
+        for r in held.itertuples():  # each difference the sentence names carries the CSV's sign
+            shown = "+0.00" if round(r.diff, 2) == 0 else f"{r.diff:+.2f}"
+            mentioned += f"{r.strategy} {shown} [" in sentence or f"difference {shown} for {r.strategy}," in sentence
+        assert mentioned >= 1
+        ax = paired_figure(paired, baseline).axes[0]
+        plotted = sorted(float(x) for x in ax.lines[0].get_xdata())
+        assert plotted == pytest.approx(sorted(held["diff"]), abs=1e-9)
+        labels = {t.get_text() for t in ax.get_yticklabels()}
+        assert labels == {f"arith: {r.strategy} - {baseline}" for r in held.itertuples()}
+        assert "-0.00" not in sentence

@@ -231,18 +231,29 @@ def test_decomposition_gains(records: list[Record], tables: dict[str, pd.DataFra
         assert r["format_gain_low"] <= r["format_gain"] <= r["format_gain_high"]
 
 
+def pair(table: pd.DataFrame, task: str, a: str, b: str) -> pd.Series:
+    """The paired row of strategies ``a`` and ``b``, whichever way the table oriented it."""
+    mask = (table["task"] == task) & table["strategy"].isin([a, b]) & table["baseline"].isin([a, b])
+    assert mask.sum() == 1, (task, a, b)
+    return table[mask].iloc[0]
+
+
 def test_paired_differences(records: list[Record], tables: dict[str, pd.DataFrame]) -> None:
     paired = tables["paired"]
-    assert len(paired) == len(TASKS) * 6  # C(4, 2) sorted pairs per task
-    assert (paired["strategy_a"] < paired["strategy_b"]).all()
-    r = row(paired, task="csqa", strategy_a="json@none", strategy_b="json@vc")
-    a = numpy_matrix(records, "csqa", "json@none", "strict")
-    b = numpy_matrix(records, "csqa", "json@vc", "strict")
-    assert r["diff"] == pytest.approx(round(a.mean() - b.mean(), 6), abs=1e-12)
-    assert r["diff"] < 0 and r["diff_high"] < 0  # json@vc is much better
-    assert r["b01"] == int(((a == 0) & (b == 1)).sum()) and r["b10"] == int(((a == 1) & (b == 0)).sum())
-    assert r["b01"] > r["b10"] and r["paired_p"] < 0.05 and r["n_pairs"] == N_ITEMS * 4
-    errored = row(paired, task="arith", strategy_a="json@fc", strategy_b="json@vc")
+    assert len(paired) == len(TASKS) * 6  # C(4, 2) pairs per task
+    r = pair(paired, "csqa", "json@none", "json@vc")
+    a = numpy_matrix(records, "csqa", r["strategy"], "strict")
+    b = numpy_matrix(records, "csqa", r["baseline"], "strict")
+    assert r["diff"] == pytest.approx(round(a.mean() - b.mean(), 6), abs=1e-12)  # strategy - baseline
+    assert r["acc_strategy"] - r["acc_baseline"] == pytest.approx(r["diff"], abs=1e-6)
+    if r["strategy"] == "json@vc":  # json@vc is much better, whichever side it is on
+        assert r["diff"] > 0 and r["diff_low"] > 0
+    else:
+        assert r["diff"] < 0 and r["diff_high"] < 0
+    assert r["n_only_baseline"] == int(((a == 0) & (b == 1)).sum())
+    assert r["n_only_strategy"] == int(((a == 1) & (b == 0)).sum())
+    assert r["paired_p"] < 0.05 and r["n_pairs"] == N_ITEMS * 4
+    errored = pair(paired, "arith", "json@fc", "json@vc")
     assert errored["n_items"] == N_ITEMS - 1 and errored["n_unscored"] == 1
 
 
@@ -371,8 +382,8 @@ def test_sparse_run_reports_nan_and_verifies(tmp_path: Path) -> None:
     crashed = row(tables["accuracy"], task="gappy", strategy="json@fc")
     assert crashed["n_unscored"] == 5 and crashed["n_items_used"] == 0 and np.isnan(crashed["acc_strict"])
     assert set(tables["paired"]["task"]) == {"gappy"}
-    pair = row(tables["paired"], task="gappy", strategy_a="json@none", strategy_b="json@vc")
-    assert pair["n_runs"] == 1 and pair["n_items"] == 5  # only the run both strategies have
+    both = pair(tables["paired"], "gappy", "json@none", "json@vc")
+    assert both["n_runs"] == 1 and both["n_items"] == 5  # only the run both strategies have
     decomposition = row(tables["decomposition"], task="gappy", base_strategy="json")
     assert np.isnan(decomposition["format_gain"]) and decomposition["n_items"] == 0
     assert "none (no manifest.json" in (run_dir / "report.md").read_text(encoding="utf-8")
@@ -406,7 +417,7 @@ def test_every_table_says_why_it_dropped_an_item(tables: dict[str, pd.DataFrame]
         assert acc.loc[(task, strategy), "drop_reasons"] == "json@fc: 1 unscored (CUDA out of memory 1)"
     dec = row(tables["decomposition"], task=task, base_strategy="json")
     assert dec["drop_reasons"] == "json@fc: 1 unscored (CUDA out of memory 1)"
-    pair = row(tables["paired"], task=task, strategy_a="json@fc", strategy_b="json@vc")
-    assert pair["drop_reasons"] == "json@fc: 1 unscored (CUDA out of memory 1)"
+    both = pair(tables["paired"], task, "json@fc", "json@vc")
+    assert both["drop_reasons"] == "json@fc: 1 unscored (CUDA out of memory 1)"
     clean = tables["accuracy"][tables["accuracy"]["task"] != task]
     assert (clean["drop_reasons"].fillna("") == "").all()

@@ -32,6 +32,7 @@ from formtax.planted.task import planted_task
 from formtax.planted.truth import UNRESOLVED_LIMIT, GridTruth, RequestTruth, grid_truth, population_truths
 from formtax.planted.world import World, load_world, write_world
 from formtax.planted.worlds import BUILTIN
+from formtax.report.comparisons import pair_difference
 from formtax.runner import RunConfig
 from formtax.stats import Resampling
 
@@ -111,7 +112,11 @@ def lookup(tables: dict[str, pd.DataFrame], key: Key) -> tuple[float, float, flo
     if kind == "accuracy":
         rows, col = t[t["strategy"] == key[1]], key[2]
     elif kind == "paired":
-        rows, col = t[(t["strategy_a"] == key[1]) & (t["strategy_b"] == key[2])], key[3]
+        if key[3] == "diff":  # the table orients each pair its own way: read it as key[1] - key[2]
+            found = pair_difference(t, key[1], key[2])
+            return nan if found is None else found
+        rows, col = t[((t["strategy"] == key[1]) & (t["baseline"] == key[2]))
+                      | ((t["strategy"] == key[2]) & (t["baseline"] == key[1]))], key[3]
     else:
         rows, col = t[t["base_strategy"] == key[1]], key[2]
     if rows.empty or col not in rows:
@@ -403,7 +408,8 @@ def coverage_study(g: GridTruth, n_studies: int = 400, n_items: int = 40, n_seed
                 widths.setdefault((rs.value, key), []).append(high - low)
         if null_of:
             p = tables["paired"]
-            row = p[((p["strategy_a"] == null_of) & (p["strategy_b"] == null_of + NULL_SUFFIX))]
+            pair = {null_of, null_of + NULL_SUFFIX}
+            row = p[p["strategy"].isin(pair) & p["baseline"].isin(pair)]
             if not row.empty and not math.isnan(float(row.iloc[0]["paired_p"])):
                 pvals.append(float(row.iloc[0]["paired_p"]))
                 randomized.append(_randomized_paired_p(df, null_of, rng))

@@ -15,13 +15,15 @@ replicate is the point itself, and the percentile interval ``[0, 0]`` covers not
 the interval is :func:`formtax.stats.paired_boundary_interval` (the Wilson bound on the share of items that could
 differ; 16 items give [-0.194, 0.194]), as the accuracy table uses Wilson at 0 and 1.
 
-``paired``: every sorted pair (strategy_a < strategy_b) within a task: ``diff = acc_a - acc_b`` (strict)
-with a paired percentile bootstrap interval (:func:`formtax.stats.paired_bootstrap_diff`), and the per-item
+``paired``: every pair of strategies within a task, oriented one way everywhere (issue 49): ``diff =
+acc_strategy - acc_baseline`` (strict), where ``baseline`` is the report's baseline when the pair holds it, else
+the strategy the run lists first (the records' order); the findings, the figures and the HTML read the same sign.
+With a paired percentile bootstrap interval (:func:`formtax.stats.paired_bootstrap_diff`), and the per-item
 paired test (:func:`formtax.stats.paired_test.paired_item_test`: a sign-flip permutation test on per-item mean
 differences over runs, McNemar's exact test when there is one run). The item is the unit: counting every
-(item, run) as a pair made 2 discordant items of 10 at 5 identical greedy runs look like p = 1.6e-7. ``b01`` /
-``b10`` still count item x run pairs (only b / only a correct); ``items_a_better`` / ``items_b_better`` count the
-discordant items the test uses.
+(item, run) as a pair made 2 discordant items of 10 at 5 identical greedy runs look like p = 1.6e-7.
+``n_only_strategy`` / ``n_only_baseline`` count item x run pairs only that side got right;
+``items_strategy_better`` / ``items_baseline_better`` count the discordant items the test uses.
 """
 
 from __future__ import annotations
@@ -77,11 +79,16 @@ DECOMPOSITION_COLUMNS = (
 )
 
 PAIRED_COLUMNS = [
-    "task", "strategy_a", "strategy_b", "n_items", "n_runs", "n_pairs", "n_items_dropped", "n_unscored",
-    "drop_reasons", "acc_a", "acc_b", "diff", "diff_low", "diff_high", "b01", "b10",
-    "items_a_better", "items_b_better", "paired_p", "paired_test",
+    "task", "strategy", "baseline", "n_items", "n_runs", "n_pairs", "n_items_dropped", "n_unscored",
+    "drop_reasons", "acc_strategy", "acc_baseline", "diff", "diff_low", "diff_high", "n_only_strategy",
+    "n_only_baseline", "items_strategy_better", "items_baseline_better", "paired_p", "paired_test",
     "confidence", "interval_method", "n_resamples",
 ]  # fmt: skip
+
+_ORIENTED = {"strategy_a": "strategy", "strategy_b": "baseline", "acc_a": "acc_strategy", "acc_b": "acc_baseline",
+             "b10": "n_only_strategy", "b01": "n_only_baseline", "items_a_better": "items_strategy_better",
+             "items_b_better": "items_baseline_better"}
+"""The paired table's names for :func:`_paired_row`'s ``a`` / ``b`` fields, ``a`` being the strategy."""
 
 PAIRED_TEST = TEST_NAME
 
@@ -234,11 +241,29 @@ def _paired_row(
 
 
 def paired_table(
-    df: pd.DataFrame, n_resamples: int, seed: int, resampling: Resampling = DEFAULT_RESAMPLING
+    df: pd.DataFrame, n_resamples: int, seed: int, resampling: Resampling = DEFAULT_RESAMPLING,
+    baseline: str | None = None,
 ) -> pd.DataFrame:
+    """Every pair of strategies per task, oriented ``strategy - baseline`` (module docstring)."""
     rows = []
     for task, group in df.groupby("task", sort=True):
-        strategies = sorted(str(s) for s in group["strategy"].unique())
-        for a, b in itertools.combinations(strategies, 2):
-            rows.append(_paired_row(str(task), a, b, group, n_resamples, seed, resampling))
+        order = [str(s) for s in dict.fromkeys(group["strategy"].astype(str))]  # the run's order
+        for first, second in itertools.combinations(order, 2):
+            base, strategy = (second, first) if second == baseline else (first, second)
+            row = _paired_row(str(task), strategy, base, group, n_resamples, seed, resampling)
+            rows.append({_ORIENTED.get(k, k): v for k, v in row.items()})
     return frame(rows, PAIRED_COLUMNS)
+
+
+def pair_difference(table: pd.DataFrame, a: str, b: str) -> tuple[float, float, float] | None:
+    """``acc_a - acc_b`` with its interval from the paired table, whichever way the table oriented the pair;
+    None when the table has no such pair."""
+    rows = table[(table["strategy"] == a) & (table["baseline"] == b)]
+    if not rows.empty:
+        r = rows.iloc[0]
+        return float(r["diff"]), float(r["diff_low"]), float(r["diff_high"])
+    rows = table[(table["strategy"] == b) & (table["baseline"] == a)]
+    if rows.empty:
+        return None
+    r = rows.iloc[0]
+    return -float(r["diff"]), -float(r["diff_high"]), -float(r["diff_low"])

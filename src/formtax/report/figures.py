@@ -89,7 +89,6 @@ def paired_figure(paired: pd.DataFrame, baseline: str | None = None) -> Figure:
     if baseline is not None:
         parts = [baseline_rows(paired, t, baseline) for t in sorted(paired["task"].astype(str).unique())]
         paired = pd.concat(parts, ignore_index=True) if parts else paired.iloc[0:0]
-        paired = paired.rename(columns={"strategy": "strategy_a", "baseline": "strategy_b"})
     height = max(2.5, 0.35 * len(paired) + 1.2)
     fig, ax = plt.subplots(figsize=(8.0, height))
     shown = paired[paired["diff"].notna()]
@@ -102,7 +101,7 @@ def paired_figure(paired: pd.DataFrame, baseline: str | None = None) -> Figure:
     ax.axvline(0.0, color="grey", linestyle="--", linewidth=1)
     labels = [
         f"{t}: {a} - {b}"
-        for t, a, b in zip(shown["task"], shown["strategy_a"], shown["strategy_b"], strict=True)
+        for t, a, b in zip(shown["task"], shown["strategy"], shown["baseline"], strict=True)
     ]
     ax.set_yticks(y, labels)
     ax.set_xlabel("difference in strict accuracy")

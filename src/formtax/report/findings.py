@@ -55,7 +55,7 @@ def baseline_rows(paired: pd.DataFrame, task: str, baseline: str) -> pd.DataFram
     baseline, diff, diff_low, diff_high, paired_p, n_pairs (sorted by strategy)."""
     rows: list[dict[str, Any]] = []
     for r in paired[paired["task"] == task].itertuples(index=False):
-        a, b = str(r.strategy_a), str(r.strategy_b)
+        a, b = str(r.strategy), str(r.baseline)
         if baseline not in (a, b) or a == b:
             continue
         flip = a == baseline
@@ -203,7 +203,7 @@ def _against(rows: pd.DataFrame, baseline: str) -> str:
     if same.empty:
         return f"{head}: {'; '.join(parts)}."
     top = same.loc[same["diff"].abs().idxmax()]
-    rest = (f"largest |diff| {_dec(abs(top['diff']))} for {top['strategy']}, [{_dec(top['diff_low'])}, "
+    rest = (f"largest difference {_num(top['diff'])} for {top['strategy']}, [{_dec(top['diff_low'])}, "
             f"{_dec(top['diff_high'])}], paired p = {_p(top['paired_p'])}")
     if not parts:
         return f"{head}: no difference is distinguishable from 0 ({rest})."

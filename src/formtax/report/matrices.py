@@ -26,7 +26,7 @@ TABLE_KEYS: dict[str, tuple[str, ...]] = {
     "accuracy": ("task", "strategy"),
     "runs": ("task", "strategy"),
     "decomposition": ("task", "base_strategy"),
-    "paired": ("task", "strategy_a", "strategy_b"),
+    "paired": ("task", "strategy", "baseline"),
     "tokens": ("task", "strategy"),
     "timing": ("task", "strategy"),
 }

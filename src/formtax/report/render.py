@@ -49,9 +49,11 @@ DESCRIPTIONS: dict[str, str] = {
     ),
     "paired": (
         "Comparisons with the baseline strategy (every pair: tables/paired.csv), on the items and runs both scored: "
-        "diff = acc_a - acc_b (strict); b01 / b10 = item x run pairs only b / only a got right; paired_p is a "
+        "diff = acc_strategy - acc_baseline (strict; every difference in this report has this sign); "
+        "n_only_strategy / n_only_baseline = item x run pairs only that side got right; paired_p is a "
         "per-item test (the item is the unit: a sign-flip permutation test on per-item mean differences over "
-        "runs, McNemar's exact test at one run); items_a_better / items_b_better are the discordant items."
+        "runs, McNemar's exact test at one run); items_strategy_better / items_baseline_better are the discordant "
+        "items. A pair without the report's baseline is oriented against the strategy the run lists first."
     ),
     "tokens": "Mean tokens per scored request: prompt, generated total, forced, and generated per phase; then "
               "closing mode's footprint: records decoded with it, those where it changed the model's own choice "
@@ -99,7 +101,7 @@ def _covered(name: str, table: pd.DataFrame) -> set[tuple[str, str]]:
     if name == "decomposition":
         cols = [c for c in table.columns if c.startswith("strategy_")]
     elif name == "paired":
-        cols = ["strategy_a", "strategy_b"]
+        cols = ["strategy", "baseline"]
     elif "strategy" in table.columns:
         cols = ["strategy"]
     else:  # an analysis over whole tasks: every record of its tasks (strategy "*")
@@ -236,7 +238,7 @@ def split_tables(tables: dict[str, pd.DataFrame], baseline: str | None = None
     rest = {n: t for n, t in tables.items() if n not in _FIRST}
     if baseline is not None and "paired" in rest:
         p = rest["paired"]
-        rest["paired"] = p[(p["strategy_a"].astype(str) == baseline) | (p["strategy_b"].astype(str) == baseline)]
+        rest["paired"] = p[p["baseline"].astype(str) == baseline]
     shown = {n: t for n, t in rest.items() if len(t)}
     empty = [n for n, t in rest.items() if not len(t)]
     return shown, empty

@@ -322,7 +322,7 @@ def compute_tables(
     from formtax.report.findings import findings_table
 
     accuracy, tokens, timing = accuracy_table(df, n_resamples, seed, resampling), tokens_table(df), timing_table(df)
-    paired = paired_table(df, n_resamples, seed, resampling)
+    paired = paired_table(df, n_resamples, seed, resampling, baseline)
     tables = {
         "findings": findings_table(accuracy, paired, baseline, extent),
         "summary": summary_table(df, accuracy, tokens, timing),
