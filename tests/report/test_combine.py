@@ -37,9 +37,8 @@ def test_same_model_runs_merge_into_one_task(two_runs: tuple[Path, Path], tmp_pa
                                              capsys: pytest.CaptureFixture[str]) -> None:
     a, b = two_runs
     out = tmp_path / "pooled"
-    assert main(["compare", str(a), str(b), "--out", str(out), "--replicates", "200"]) == 0
-    printed = capsys.readouterr().out
-    assert "constrained" in printed and "free" in printed
+    assert main(["report", str(a), str(b), "--out", str(out), "--replicates", "200"]) == 0
+    assert "report:" in capsys.readouterr().out
     paired = pd.read_csv(out / "tables" / "paired.csv")
     assert {frozenset((r.strategy, r.baseline)) for r in paired.itertuples()} == {frozenset(("constrained", "free"))}
     summary = pd.read_csv(out / "tables" / "summary.csv")

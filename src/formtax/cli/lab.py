@@ -264,14 +264,28 @@ def report_cmd(args: argparse.Namespace) -> int:
     return 0
 
 
-@command("compare", _report_args, "pool several runs into one report (--out) and print its summary table")
-def compare_cmd(args: argparse.Namespace) -> int:
-    import pandas as pd
+def _compare_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dirs", type=Path, nargs="+", metavar="RUN_DIR",
+                   help="two or more run directories; each after the first is compared with the first")
+    p.add_argument("--out", type=Path, default=None, help="also write ablation.csv and ablation.png here")
+    p.add_argument("--replicates", type=int, default=10_000, help="bootstrap replicates")
+    p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
 
-    path = _report(args)
-    summary = pd.read_csv(path.parent / "tables" / "summary.csv")
-    print(summary.to_string(index=False))
-    print(f"report: {path}")
+
+@command("compare", _compare_args, "runs side by side (an ablation: another budget, prompt variant or setting): "
+         "per task and strategy, each run's difference from the first, paired per item; no pooling")
+def compare_cmd(args: argparse.Namespace) -> int:
+    from formtax.errors import ConfigError
+    from formtax.report.ablation import ablation_table, load_side, render_table, write_ablation
+
+    if len(args.run_dirs) < 2:
+        raise ConfigError("compare needs at least two run directories (one report pools several: report A B --out C)")
+    if args.replicates < 1:
+        raise ConfigError(f"--replicates must be at least 1, got {args.replicates}")
+    table = ablation_table([load_side(p) for p in args.run_dirs], n_resamples=args.replicates, seed=args.seed)
+    print(render_table(table))
+    if args.out is not None:
+        print(f"ablation: {write_ablation(table, args.out)}")
     return 0
 
 

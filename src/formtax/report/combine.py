@@ -1,4 +1,5 @@
-"""One report over several run directories (``formtax report A B --out C``, ``formtax compare A B --out C``).
+"""One report over several run directories (``formtax report A B --out C``; ``formtax compare`` reads runs side by
+side instead, :mod:`formtax.report.ablation`).
 
 Pooling rules (why each refusal): runs are pooled only when their records can be read as one experiment.
 
