@@ -280,7 +280,7 @@ def test_compute_tables_deterministic(
 
 
 def test_write_report_files(report_dir: Path) -> None:
-    names = ("summary", "accuracy", "runs", "decomposition", "paired", "tokens", "timing")
+    names = ("summary", "accuracy", "runs", "decomposition", "paired", "tokens", "timing", "outcomes")
     for name in names:
         assert (report_dir / "tables" / f"{name}.csv").is_file()
     figures = sorted(p.name for p in (report_dir / "figures").glob("*.png"))
@@ -421,3 +421,19 @@ def test_every_table_says_why_it_dropped_an_item(tables: dict[str, pd.DataFrame]
     assert both["drop_reasons"] == "json@fc: 1 unscored (CUDA out of memory 1)"
     clean = tables["accuracy"][tables["accuracy"]["task"] != task]
     assert (clean["drop_reasons"].fillna("") == "").all()
+
+
+def test_the_outcomes_table_counts_finishes_and_switches() -> None:
+    """Issue 49: finish reasons and InWriting's switch reasons per strategy, counted from the records."""
+    from formtax.report.tables import outcomes_table
+
+    df = pd.DataFrame([{"task": "t", "strategy": s, "finish_reason": f, "switch_reason": w}
+                       for s, f, w in (("inwriting", "eos", "budget"), ("inwriting", "length", "budget"),
+                                       ("inwriting", "eos", "eos"), ("free", "length", None), ("free", "eos", None))])
+    t = outcomes_table(df)
+    got = {(r.strategy, r.kind, r.reason): (r.n, r.share) for r in t.itertuples()}
+    assert got == {("free", "finish", "eos"): (1, 0.5), ("free", "finish", "length"): (1, 0.5),
+                   ("inwriting", "finish", "eos"): (2, pytest.approx(2 / 3)),
+                   ("inwriting", "finish", "length"): (1, pytest.approx(1 / 3)),
+                   ("inwriting", "switch", "budget"): (2, pytest.approx(2 / 3)),
+                   ("inwriting", "switch", "eos"): (1, pytest.approx(1 / 3))}

@@ -144,8 +144,8 @@ class InWritingPolicy(Policy):
     the paper's Litelines implementation; under sampling a sampled EOS switches (``p(EOS) = 0.47`` switches
     about half the time at that step), and any other draw is kept, so the preamble is exactly the model's
     distribution conditioned on not stopping. (b) The previous token is a trigger (it stays in the preamble and
-    is not fed to the grammar). (c) The preamble budget is spent (recorded as ``eos`` when the unmasked argmax
-    is a stop token there, else ``budget``).
+    is not fed to the grammar). (c) The preamble budget is spent: recorded as ``budget`` whatever the model
+    wanted there (a switch the budget forced is never reported as the model's own ``eos``; issue 49).
     """
 
     def __init__(
@@ -170,9 +170,11 @@ class InWritingPolicy(Policy):
             if self.last is not None and self.last in self.triggers:
                 return self._switch(logits, step, "trigger")
             eos = Divert(self.stop_ids, lambda: self._switch(logits, step, "eos"))
-            if self.n_preamble >= self.preamble_budget:  # switch whatever is drawn; the draw names the reason
-                return Plan(divert=Divert(eos.tokens, eos.then, lambda: self._switch(logits, step, "budget"),
-                                          by_argmax=True))
+            if self.n_preamble >= self.preamble_budget:  # the budget forces the switch, whatever is drawn
+                def forced() -> Plan:
+                    return self._switch(logits, step, "budget")
+
+                return Plan(divert=Divert(eos.tokens, forced, forced, by_argmax=True))
             return Plan(divert=eos)
         return self.answer.plan(logits, step)
 

@@ -193,7 +193,7 @@ def distribution(model: RowModel, tok: TokenizerInfo, sem: Semantics, temperatur
             if last is not None and last in sem.triggers:
                 reason = "trigger"
             elif n_pre >= sem.preamble_budget:
-                reason = "eos" if _argmax(logits, None) in stop_ids else "budget"
+                reason = "budget"  # forced by the budget, whatever the model wanted there
             elif temperature > 0.0:
                 # the sampled rule (section 4): a draw from the unmasked distribution; a stop token switches
                 # (the answer is then drawn under the mask at this step), any other token is kept

@@ -29,6 +29,7 @@ TABLE_KEYS: dict[str, tuple[str, ...]] = {
     "paired": ("task", "strategy", "baseline"),
     "tokens": ("task", "strategy"),
     "timing": ("task", "strategy"),
+    "outcomes": ("task", "strategy", "kind", "reason"),
 }
 """The tables, in report order, with the columns that identify a row."""
 

@@ -58,6 +58,9 @@ DESCRIPTIONS: dict[str, str] = {
     "tokens": "Mean tokens per scored request: prompt, generated total, forced, and generated per phase; then "
               "closing mode's footprint: records decoded with it, those where it changed the model's own choice "
               "(the budget bound the answer), and the mean number of tokens it changed (0: invisible).",
+    "outcomes": "How requests ended, per strategy: each finish reason (length = the budget cut the output) and, for "
+                "InWriting, each switch reason (eos = the model wanted to stop, trigger, budget = the budget forced "
+                "the switch), with counts and shares over every record.",
     "timing": (
         "Seconds per scored request: wall clock (mean, median, total over the cell), its share of the batch's "
         "wall time (share_s), throughput (generated tokens per second of that share), its share of the batch's "
@@ -143,6 +146,7 @@ def footer(name: str, table: pd.DataFrame, ctx: ReportContext) -> str:
         "runs": "none (mean and sample std, ddof=1, over runs)",
         "tokens": "none (means over scored records)",
         "timing": "none (mean, median, total over scored records)",
+        "outcomes": "none (counts and shares over every record)",
     }[name]
     return (
         f"n = {n} records ({n - unscored} scored), unscored = {unscored}, replicates = {replicates}, "

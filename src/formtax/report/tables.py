@@ -307,6 +307,24 @@ def summary_table(df: pd.DataFrame, accuracy: pd.DataFrame, tokens: pd.DataFrame
     return frame(rows, SUMMARY_COLUMNS)
 
 
+OUTCOMES_COLUMNS = ["task", "strategy", "kind", "reason", "n", "share"]
+
+
+def outcomes_table(df: pd.DataFrame) -> pd.DataFrame:
+    """How each strategy's requests ended (issue 49): per task and strategy, the count and share of each finish
+    reason (``length`` where the budget cut the output) and, for InWriting, of each switch reason (``eos``: the
+    model wanted to stop; ``trigger``; ``budget``: the budget forced the switch, whatever the model wanted). Over
+    every record, errored ones included (their finish reason says why)."""
+    rows: list[dict[str, Any]] = []
+    for (task, strategy), g in df.groupby(["task", "strategy"], sort=True):
+        for kind, column in (("finish", "finish_reason"), ("switch", "switch_reason")):
+            values = g[column].dropna().astype(str) if column in g.columns else pd.Series(dtype=str)
+            for reason, n in sorted(values.value_counts().items()):
+                rows.append({"task": task, "strategy": strategy, "kind": kind, "reason": reason, "n": int(n),
+                             "share": round(int(n) / len(values), 6)})
+    return frame(rows, OUTCOMES_COLUMNS)
+
+
 def compute_tables(
     df: pd.DataFrame, n_resamples: int = 10_000, seed: int = 0, resampling: Resampling = DEFAULT_RESAMPLING,
     baseline: str | None = None, extent: RunExtent | None = None,
@@ -332,6 +350,7 @@ def compute_tables(
         "paired": paired,
         "tokens": tokens,
         "timing": timing,
+        "outcomes": outcomes_table(df),
     }
     assert list(tables) == list(TABLE_KEYS)
     from formtax.report.analyses import extra_tables

@@ -159,9 +159,9 @@ class InWriting(SinglePass):
         switches: list[tuple[list[int], str]] = []
         for (k, _, _, inner), call1 in zip(items, first, strict=True):
             toks, budget = call1.tokens, inner.preamble_budget
-            if toks and toks[-1] in inner.stop_ids and len(toks) <= budget + 1:
+            if toks and toks[-1] in inner.stop_ids and len(toks) <= budget:
                 switches.append((toks[:-1], "eos"))  # the model wanted to stop here: that EOS is never emitted
-            elif len(toks) > budget:
+            elif len(toks) > budget:  # the budget forced the switch, whatever the model drew there
                 switches.append((toks[:budget], "budget"))
             else:
                 raise RuntimeError(f"backend {engine.name!r}: the free call of request {k} ended with "
