@@ -229,9 +229,14 @@ class Template:
         return None
 
     def search_last(self, text: str) -> tuple[str, list[Any]] | None:
-        """The last occurrence of the template inside free text (used by lenient parsing of free strategies)."""
+        """The last occurrence of the template inside free text (used by lenient parsing of free strategies). An
+        occurrence whose last character is a digit and that the text continues with more of the number (``19`` of
+        ``19.99``, ``1`` of ``1,234``: :func:`continues_number`) is not one: a slot never ends inside a number
+        (issue 49: the same text gives the same answer to every reader)."""
         found: tuple[str, list[Any]] | None = None
         for m in re.finditer(self.py_regex(), text):
+            if continues_number(text, m.end()):
+                continue
             vals = []
             for slot, raw in zip(self.slots, m.groups(), strict=True):
                 if not slot.accepts(raw):
@@ -399,3 +404,12 @@ def parse_template(source: str) -> Template:
     if not any(isinstance(p, Slot) for p in parts):
         raise ConstraintError(f"template {source!r} has no slot; use regex:... or choice:... for fixed text")
     return Template(source=source, parts=tuple(parts))
+
+
+DIGIT_CONTINUATION = re.compile(r"[.,]?[0-9]")
+
+
+def continues_number(text: str, end: int) -> bool:
+    """Whether the match ending at ``end`` stops inside a number: its last character is a digit and the text goes
+    on with a digit, or with ``.`` / ``,`` and a digit (a decimal part, a thousands group)."""
+    return end > 0 and text[end - 1].isdigit() and DIGIT_CONTINUATION.match(text, end) is not None

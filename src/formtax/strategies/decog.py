@@ -300,6 +300,15 @@ def _answer_span(data: bytes, template: Template, s: FemSettings) -> tuple[int, 
     found = None
     for m in re.finditer(spec.py_regex(), data):
         found = (m.start(), m.end())
+    if found is not None and data[found[1] - 1 : found[1]].isdigit() and re.match(rb"[.,]?[0-9]", data[found[1]:]):
+        # the slot stopped inside a number (``19`` of ``19.99``): the answer is the whole run, as the strict
+        # parser reads a key phrase's answer (the non-space run, less one trailing period or comma), so the same
+        # text gives the same answer (issue 49)
+        run = re.match(rb"\S*", data[found[1]:])
+        end = found[1] + (len(run.group(0)) if run else 0)
+        if data[end - 1 : end] in (b".", b","):
+            end -= 1
+        found = (found[0], end)
     return found
 
 
