@@ -31,11 +31,14 @@ def from_json_answer(task: Task, answer: Any, strict: bool = False) -> ParseResu
     """Read a JSON ``answer`` value: strings as they are, numbers via their JSON text (``18.0`` -> 18 when
     lenient; not canonical, so ``invalid``, when ``strict``).
 
-    Booleans, null, arrays and objects are never answers: ``invalid``.
+    Booleans, null, arrays and objects are never answers, nor the shape the format asks for (its schema types the
+    answer as a string, or a number where the prompt shows one): ``no_answer`` for the strict parser (raw kept),
+    so paper 003's format-level parse rate (``report.load.format_ok``) does not count them (issue 49); the lenient
+    parser calls them ``invalid``.
     """
     if isinstance(answer, str):
         return from_raw(task, answer, strict)
     raw = json.dumps(answer, ensure_ascii=False)
     if isinstance(answer, bool) or not isinstance(answer, int | float):
-        return ParseResult("invalid", None, raw)
+        return ParseResult("no_answer" if strict else "invalid", None, raw)
     return from_raw(task, raw, strict)
