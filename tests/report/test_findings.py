@@ -237,3 +237,29 @@ def test_one_sign_across_the_csv_the_findings_and_the_figure(run_dir: Path, tmp_
         labels = {t.get_text() for t in ax.get_yticklabels()}
         assert labels == {f"arith: {r.strategy} - {baseline}" for r in held.itertuples()}
         assert "-0.00" not in sentence
+
+
+def test_paper_003s_gains_with_their_std_are_a_finding() -> None:
+    """Issue 49: a plan with levels states paper 003's gains in the findings, mean +- std over runs with the
+    paired interval, from the decomposition table's own numbers."""
+    from formtax.report.findings import gains_sentence
+
+    nan = float("nan")
+    dec = pd.DataFrame([{"task": "t", "base_strategy": "inwriting", "format_gain": 0.2, "format_gain_low": 0.05,
+                         "format_gain_high": 0.35, "format_gain_std": 0.04, "validity_gain": -0.001,
+                         "validity_gain_low": -0.1, "validity_gain_high": 0.1, "validity_gain_std": nan,
+                         "reasoning_gain": nan, "reasoning_gain_low": nan, "reasoning_gain_high": nan,
+                         "reasoning_gain_std": nan, "total_gain": 0.199, "total_gain_low": 0.02,
+                         "total_gain_high": 0.33, "total_gain_std": 0.05}])
+    assert gains_sentence(dec) == (
+        "Paper 003's gains (strict accuracy, mean +- std over runs, 95% paired intervals): inwriting: format +0.20 "
+        "+- 0.04 [0.05, 0.35], validity +0.00 [-0.10, 0.10], total +0.20 +- 0.05 [0.02, 0.33].")
+    assert gains_sentence(dec.iloc[0:0]) is None
+    acc = pd.DataFrame([{"task": "t", "strategy": "inwriting@vc", "n_items_used": 5, "n_runs": 1, "acc_strict": 0.4,
+                         "acc_strict_low": 0.1, "acc_strict_high": 0.8, "parse_rate_strict": 1.0,
+                         "parse_rate_strict_low": 0.5, "parse_rate_strict_high": 1.0, "parse_rate_format": 1.0,
+                         "parse_rate_format_low": 0.5, "parse_rate_format_high": 1.0}])
+    empty = pd.DataFrame(columns=["task", "strategy", "baseline", "diff", "diff_low", "diff_high", "paired_p",
+                                  "n_pairs"])
+    f = findings_table(acc, empty, None, None, dec).set_index("finding")["sentence"]
+    assert f["gains"] == gains_sentence(dec)

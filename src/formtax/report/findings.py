@@ -137,9 +137,34 @@ def incomplete_sentence(accuracy: pd.DataFrame, extent: RunExtent | None) -> str
             f"recorded{detail}. The findings below describe only what was recorded.")
 
 
+def gains_sentence(rows: pd.DataFrame) -> str | None:
+    """Paper 003's decomposition as it reports it (issue 49): per base strategy with levels, each gain the plan
+    measures as ``mean +- std`` over runs (seed x prompt variant; std n/a at one run) with its 95% paired interval;
+    None when the task's plan has no levels."""
+    parts = []
+    for r in rows.itertuples(index=False):
+        gains = []
+        for name, label in (("format_gain", "format"), ("validity_gain", "validity"), ("reasoning_gain", "reasoning"),
+                            ("total_gain", "total")):
+            value = getattr(r, name)
+            if value is None or (isinstance(value, float) and math.isnan(value)):
+                continue
+            std = getattr(r, f"{name}_std")
+            spread = "" if std is None or (isinstance(std, float) and math.isnan(std)) else f" +- {_dec(std)}"
+            gains.append(f"{label} {_num(value)}{spread} [{_dec(getattr(r, f'{name}_low'))}, "
+                         f"{_dec(getattr(r, f'{name}_high'))}]")
+        if gains:
+            parts.append(f"{r.base_strategy}: {', '.join(gains)}")
+    if not parts:
+        return None
+    return ("Paper 003's gains (strict accuracy, mean +- std over runs, 95% paired intervals): "
+            + "; ".join(parts) + ".")
+
+
 def findings_table(accuracy: pd.DataFrame, paired: pd.DataFrame, baseline: str | None,
-                   extent: RunExtent | None = None) -> pd.DataFrame:
-    """The findings of every task (module docstring); an incomplete run's open with :func:`incomplete_sentence`."""
+                   extent: RunExtent | None = None, decomposition: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The findings of every task (module docstring); an incomplete run's open with :func:`incomplete_sentence`;
+    a plan with constraint levels adds paper 003's gains (:func:`gains_sentence`)."""
     rows: list[dict[str, Any]] = []
     warning = incomplete_sentence(accuracy, extent)
     if warning is not None:
@@ -178,6 +203,10 @@ def findings_table(accuracy: pd.DataFrame, paired: pd.DataFrame, baseline: str |
         if baseline is not None and baseline in set(acc["strategy"].astype(str)):
             rows.append({"task": task, "finding": "baseline",
                          "sentence": _against(baseline_rows(paired, task, baseline), baseline)})
+        if decomposition is not None and len(decomposition):
+            gains = gains_sentence(decomposition[decomposition["task"].astype(str) == task])
+            if gains is not None:
+                rows.append({"task": task, "finding": "gains", "sentence": gains})
     return pd.DataFrame(rows, columns=FINDINGS_COLUMNS)
 
 

@@ -341,12 +341,13 @@ def compute_tables(
 
     accuracy, tokens, timing = accuracy_table(df, n_resamples, seed, resampling), tokens_table(df), timing_table(df)
     paired = paired_table(df, n_resamples, seed, resampling, baseline)
+    decomposition = decomposition_table(df, n_resamples, seed, resampling)
     tables = {
-        "findings": findings_table(accuracy, paired, baseline, extent),
+        "findings": findings_table(accuracy, paired, baseline, extent, decomposition),
         "summary": summary_table(df, accuracy, tokens, timing),
         "accuracy": accuracy,
         "runs": runs_table(df),
-        "decomposition": decomposition_table(df, n_resamples, seed, resampling),
+        "decomposition": decomposition,
         "paired": paired,
         "tokens": tokens,
         "timing": timing,
