@@ -153,3 +153,16 @@ def test_summeval_deco_g_places_the_rating_phrase_anywhere(tmp_path, data_dir) -
     mid.parses["strict"] = ParseRecord(status=parsed.status, value=parsed.value)
     assert strict_rating(mid) == 4
     assert strict_rating(_rec("A0-S0-fluency", 3, "The rating is 4, since it reads well.\nMore.")) is None
+
+
+def test_the_evaluated_set_is_stated_where_the_numbers_are_shown() -> None:
+    """Issue 49 (SummEval): formtax evaluates articles A0-A89 (A90-A99 feed the shots and the FEM's distillation),
+    1440 of paper 001's 1600 summaries; the task description and the judge table's description say so (the
+    description used to say 1600)."""
+    from formtax.report.analyses import analyses
+    from formtax.studies.summeval.task import SHOT_ARTICLES, SummEvalTask
+
+    assert frozenset(f"A{i}" for i in range(90, 100)) == SHOT_ARTICLES
+    assert "1440 of the 1600 summaries" in SummEvalTask.description and "A90-A99" in SummEvalTask.description
+    judge = analyses()["judge"].description
+    assert "1440 of paper 001's 1600 summaries" in judge and "A90-A99" in judge

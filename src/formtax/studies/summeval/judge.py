@@ -192,7 +192,9 @@ register_analysis(Analysis(
     name="judge",
     keys=("task", "strategy", "aspect"),
     description=(
-        "SummEval LLM-as-judge: correlation of the judge's 1-5 ratings with the expert means. Summary-level "
+        "SummEval LLM-as-judge: correlation of the judge's 1-5 ratings with the expert means, over articles A0-A89 "
+        "(1440 of paper 001's 1600 summaries: A90-A99 are held out for the few-shot examples and the FEM's "
+        "distillation, so no evaluated article is seen before; ours). Summary-level "
         "(G-Eval's convention, used by Deco-G): per article, Spearman / Kendall tau-b over its rated summaries, "
         "averaged over articles (n_articles with a defined value; an article the judge rated constant is skipped, "
         "as G-Eval does; the _const0 columns count it as 0 instead, ours). Pooled: over all "

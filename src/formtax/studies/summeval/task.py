@@ -114,7 +114,8 @@ class SummEvalTask(IntegerTask):
     name: ClassVar[str] = "summeval"
     description: ClassVar[str] = (
         "SummEval LLM-as-judge: rate a news summary 1-5 for coherence, consistency, fluency or relevance "
-        "(1600 summaries x 4 aspects; 'The rating is <score>'; Spearman/Kendall against expert means)"
+        "(1440 of the 1600 summaries, articles A0-A89, x 4 aspects: A90-A99 are held out for shots and FEM "
+        "distillation; 'The rating is <score>'; Spearman/Kendall against expert means)"
     )
     instructions: ClassVar[tuple[str, str, str]] = (
         "You will be given a news article and a summary of it. Rate the summary on one quality criterion, "
