@@ -25,25 +25,18 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field
 
 from formtax.errors import ConfigError
-from formtax.serve.schema import ChatRequest, FormtaxOptions
+from formtax.serve.schema import ChatRequest, FormtaxOptions, OpenAIBody
 
 
 def _id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
-class ResponsesRequest(BaseModel):
+class ResponsesRequest(OpenAIBody):
     """The request body of ``/v1/responses`` (module docstring); a field sent as null is unset."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _null_is_unset(cls, data: Any) -> Any:
-        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
 
     model: str | None = None
     input: str | list[dict[str, Any]]

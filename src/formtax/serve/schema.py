@@ -81,12 +81,9 @@ class FormtaxOptions(BaseModel):
     closing: bool | None = None  # closing mode (formtax.generate's default: on where formtax steps the model)
 
 
-class Sampled(BaseModel):
-    """What both endpoints share. A field formtax does not implement is a 400 (``extra="forbid"``), except
-    those that change nothing about the output (``user``, ``metadata``, ``store``, ``stream_options``,
-    ``service_tier``, ``prompt_cache_key``, ``modalities: ["text"]``): a silently ignored field is a wrong answer
-    the client cannot see. A field sent as ``null`` is unset, as OpenAI's API reads it (clients send unset fields
-    so)."""
+class OpenAIBody(BaseModel):
+    """A request body of OpenAI's API: unknown fields refused (``extra="forbid"``), and a field sent as ``null``
+    unset, as OpenAI's API reads it (clients send unset fields so). Chat, completions and responses share it."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -94,6 +91,14 @@ class Sampled(BaseModel):
     @classmethod
     def _null_is_unset(cls, data: Any) -> Any:
         return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
+
+
+class Sampled(OpenAIBody):
+    """What both endpoints share. A field formtax does not implement is a 400 (``extra="forbid"``), except
+    those that change nothing about the output (``user``, ``metadata``, ``store``, ``stream_options``,
+    ``service_tier``, ``prompt_cache_key``, ``modalities: ["text"]``): a silently ignored field is a wrong answer
+    the client cannot see. A field sent as ``null`` is unset, as OpenAI's API reads it (clients send unset fields
+    so)."""
 
     model: str | None = None
     max_tokens: int | None = Field(default=None, ge=1)
