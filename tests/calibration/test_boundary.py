@@ -1,4 +1,5 @@
-"""Intervals near 0 and 1: 0/16 correct no longer prints [0, 0], and coverage holds at 0.01, 0.5 and 0.99.
+"""Intervals near 0 and 1: 0/20 correct no longer prints [0, 0] (nor 0/16, which takes the small-study rule),
+and coverage holds at 0.01, 0.5 and 0.99.
 
 Synthetic studies of 40 items x 3 seeds, every (item, seed) correct with probability p, through the report's own
 accuracy table. Before the Wilson rule, p = 0.01 left 30% of studies at 0/120 with the interval [0, 0] (coverage
@@ -37,12 +38,18 @@ def coverage(p: float, rule: Resampling, studies: int, seed: int = 0) -> float:
     return hits / studies
 
 
-def test_zero_of_sixteen_is_not_a_point():
-    df = _frame(np.random.default_rng(0), 0.0, n_items=16, n_seeds=1)
+def test_zero_of_twenty_is_not_a_point():
+    df = _frame(np.random.default_rng(0), 0.0, n_items=20, n_seeds=1)
     row = accuracy_table(df, 200, 0).iloc[0]
     assert row["acc_strict"] == 0.0 and row["acc_strict_low"] == 0.0
-    assert row["acc_strict_high"] == pytest.approx(0.1936, abs=1e-3)  # Wilson, 16 items
+    assert row["acc_strict_high"] == pytest.approx(0.1611, abs=1e-3)  # Wilson, 20 items
     assert "Wilson" in row["interval_method"]
+
+
+def test_zero_of_sixteen_is_clopper_pearson():
+    """Below 20 items the small-study rule (formtax.stats.exact): 0/16 gives [0, 0.206]."""
+    row = accuracy_table(_frame(np.random.default_rng(0), 0.0, n_items=16, n_seeds=1), 200, 0).iloc[0]
+    assert row["acc_strict_low"] == 0.0 and row["acc_strict_high"] == pytest.approx(0.2059, abs=1e-3)
 
 
 @pytest.mark.parametrize("p", [0.01, 0.99])
@@ -67,9 +74,9 @@ def _paired_frame(rng: np.random.Generator, p_a: float, p_b: float, n_items: int
 def test_a_paired_difference_with_no_discordant_item_is_not_a_point():
     from formtax.report.comparisons import paired_table
 
-    row = paired_table(_paired_frame(np.random.default_rng(0), 0.0, 0.0), 200, 0).iloc[0]
+    row = paired_table(_paired_frame(np.random.default_rng(0), 0.0, 0.0, n_items=20), 200, 0).iloc[0]
     assert row["diff"] == 0.0
-    assert row["diff_low"] == pytest.approx(-0.1936, abs=1e-3) and row["diff_high"] == pytest.approx(0.1936, abs=1e-3)
+    assert row["diff_low"] == pytest.approx(-0.1611, abs=1e-3) and row["diff_high"] == pytest.approx(0.1611, abs=1e-3)
     assert "Wilson boundary" in row["interval_method"]
 
 
@@ -94,12 +101,12 @@ def test_decomposition_gains_at_the_boundary_are_not_points():
 
     rows = []
     for level in ("none", "fc", "vc"):
-        for i in range(16):
+        for i in range(20):
             rows.append({"task": "t", "strategy": f"inwriting@{level}", "base_strategy": "inwriting",
                          "level": level, "rc": False, "item_id": f"i{i}", "seed": 0, "prompt_variant": "t1f1",
                          "scored": True, "score_strict": 0.0, "score_lenient": 0.0, "parse_ok_strict": 1.0, "format_ok": 1.0})
     row = decomposition_table(pd.DataFrame(rows), 200, 0).iloc[0]
     for gain in ("format_gain", "validity_gain", "total_gain"):
         assert row[gain] == 0.0
-        assert row[f"{gain}_low"] == pytest.approx(-0.1936, abs=1e-3), gain
-        assert row[f"{gain}_high"] == pytest.approx(0.1936, abs=1e-3), gain
+        assert row[f"{gain}_low"] == pytest.approx(-0.1611, abs=1e-3), gain
+        assert row[f"{gain}_high"] == pytest.approx(0.1611, abs=1e-3), gain

@@ -58,9 +58,17 @@ def test_bad_specs_fail_clearly(bad, fragment):
 
 
 def test_search_finds_last_valid_occurrence():
-    c = parse_spec("The answer is: {int:0..100}")
-    assert c.search("The answer is: 5. No wait, The answer is: 500. Really The answer is: 7").value == 7
+    c = parse_spec("The final answer is {int:0..100}")
+    assert c.search("The final answer is 5. No wait, The final answer is 500. Really The final answer is 7").value == 7
     assert not c.search("nothing here").ok
+
+
+def test_an_answer_line_is_read_only_as_the_last_line():
+    """Issue 49 (one parser): paper 003's answer line is read as the runner's strict parser reads it."""
+    c = parse_spec("The answer is: {int:0..100}")
+    assert c.search("Work.\nThe answer is: 7.\n\n").value == 7
+    assert not c.search("The answer is: 5. No wait, The answer is: 7").ok
+    assert not c.search("The answer is: 5\nBecause 2+3=5.").ok
 
 
 def test_template_bound_counts_literal_bytes_and_slots():

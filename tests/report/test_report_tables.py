@@ -13,6 +13,7 @@ import pytest
 from formtax.errors import DataError
 from formtax.records.schema import ParseRecord, Record
 from formtax.report import compute_tables, load_records, verify_report, write_report
+from formtax.stats.rules import MEAN_RULE
 
 N_RESAMPLES = 500
 TASKS = ("arith", "csqa")
@@ -201,7 +202,7 @@ def test_accuracy_matches_numpy(records: list[Record], tables: dict[str, pd.Data
                 expected = float(numpy_matrix(records, task, strategy, field)[basis].mean())
                 assert r[column] == pytest.approx(round(expected, 6), abs=1e-12)
                 assert r[f"{column}_low"] <= r[column] <= r[f"{column}_high"]
-            assert r["n_resamples"] == N_RESAMPLES and r["interval_method"].startswith("percentile-bootstrap; Wilson")
+            assert r["n_resamples"] == N_RESAMPLES and r["interval_method"] == MEAN_RULE
 
 
 def test_runs_table_mean_std(records: list[Record], tables: dict[str, pd.DataFrame]) -> None:

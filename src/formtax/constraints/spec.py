@@ -119,6 +119,11 @@ class Constraint(ABC):
             raise ConstraintError(f"invalid {self.kind} constraint {self.source!r}: {err.strip()}")
 
 
+ANSWER_LINE = "The answer is:"
+"""The opening of paper 003's answer line, which the strict parser reads only as the output's last line
+(:data:`formtax.tasks.base.ANSWER_PREFIX` starts with it)."""
+
+
 class TemplateConstraint(Constraint):
     kind = "template"
 
@@ -137,6 +142,20 @@ class TemplateConstraint(Constraint):
         return Validation(True, vals[0] if len(vals) == 1 else vals)
 
     def search(self, text: str) -> Validation:
+        """The answer in free text, read as the runner's strict parser reads it (issue 49: one parser). A template
+        that opens with :data:`ANSWER_LINE` (``The answer is: {int}``, paper 003's answer line) names a line: the
+        last non-empty line, stripped, must be the template, with one optional trailing period, so ``The answer is:
+        5\nBecause 2+3=5.`` has no answer. Any other template (a key phrase such as ``The final answer is {int}``,
+        or a bare slot) is read at its last occurrence anywhere, as the strict key-phrase parser reads it."""
+        first = self.template.parts[0] if self.template.parts else None
+        if isinstance(first, str) and first.startswith(ANSWER_LINE):
+            lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+            last = lines[-1] if lines else ""
+            for candidate in (last, last[:-1]) if last.endswith(".") else (last,):
+                vals = self.template.match(candidate)
+                if vals is not None:
+                    return Validation(True, vals[0] if len(vals) == 1 else vals)
+            return Validation(False, error=f"the last line is not the template {self.source!r}")
         found = self.template.search_last(text)
         if found is None:
             return Validation(False, error=f"no occurrence of template {self.source!r}")

@@ -52,12 +52,23 @@ def _key_phrase(text: str, task: Task) -> ParseResult:
     return from_raw(task, raw, strict=True)
 
 
+class _Literal(str):
+    """A JSON number as the output wrote it (issue 49, one source of truth): ``-0`` and ``1e2`` are read as written,
+    not as the 0 and 100.0 that ``json.loads`` makes of them, so the strict parser calls them ``invalid`` as the VC
+    grammar refuses them."""
+
+
+def _load(text: str) -> object:
+    return json.loads(text, parse_int=_Literal, parse_float=_Literal)
+
+
 def _json_object(text: str, task: Task) -> ParseResult:
     try:
-        obj = json.loads(text)
+        obj = _load(text)
     except json.JSONDecodeError:
         return NO_ANSWER
-    if not isinstance(obj, dict) or set(obj) != {"reason", "answer"} or not isinstance(obj["reason"], str):
+    if (not isinstance(obj, dict) or set(obj) != {"reason", "answer"} or not isinstance(obj["reason"], str)
+            or isinstance(obj["reason"], _Literal)):  # a number is not a reason
         return NO_ANSWER
     return from_json_answer(task, obj["answer"], strict=True)
 
@@ -68,8 +79,8 @@ def _answer_object(text: str, task: Task, whole: bool) -> ParseResult:
     found = trailing_json_object(text)
     if found is None or (whole and found != text):
         return NO_ANSWER
-    obj = json.loads(found)
-    if set(obj) != {"answer"}:
+    obj = _load(found)
+    if not isinstance(obj, dict) or set(obj) != {"answer"}:
         return NO_ANSWER
     return from_json_answer(task, obj["answer"], strict=True)
 

@@ -353,6 +353,9 @@ class Coverage:
     paired_reject_05: float | None = None
     paired_randomized_ks: float | None = None
     paired_randomized_ks_p: float | None = None
+    null_false_findings: float | None = None
+    """On the null pair: the share of studies whose finding calls the difference distinguishable (the paired
+    interval of the first resampling rule excludes 0 and the paired test rejects at 0.05)."""
 
 
 def _randomized_paired_p(df: pd.DataFrame, null_of: str, rng: np.random.Generator) -> float:
@@ -392,8 +395,10 @@ def coverage_study(g: GridTruth, n_studies: int = 400, n_items: int = 40, n_seed
     widths: dict[tuple[str, Key], list[float]] = {}
     pvals: list[float] = []
     randomized: list[float] = []
+    false_findings: list[bool] = []
     for k in range(n_studies):
         df = synthetic_frame(g, rng, n_items, n_seeds, null_of)
+        first: pd.DataFrame | None = None
         for rs in resamplings:
             tables = {"accuracy": accuracy_table(df, n_resamples, k, rs),
                       "paired": paired_table(df, n_resamples, k, rs),
@@ -406,13 +411,15 @@ def coverage_study(g: GridTruth, n_studies: int = 400, n_items: int = 40, n_seed
                     at_truth.setdefault(key, []).append(True)
                 hits.setdefault((rs.value, key), []).append(float(low - 1e-9 <= exact <= high + 1e-9))
                 widths.setdefault((rs.value, key), []).append(high - low)
-        if null_of:
-            p = tables["paired"]
+            first = tables["paired"] if first is None else first
+        if null_of and first is not None:
             pair = {null_of, null_of + NULL_SUFFIX}
-            row = p[p["strategy"].isin(pair) & p["baseline"].isin(pair)]
+            row = first[first["strategy"].isin(pair) & first["baseline"].isin(pair)]
             if not row.empty and not math.isnan(float(row.iloc[0]["paired_p"])):
-                pvals.append(float(row.iloc[0]["paired_p"]))
+                r = row.iloc[0]
+                pvals.append(float(r["paired_p"]))
                 randomized.append(_randomized_paired_p(df, null_of, rng))
+                false_findings.append(bool((r["diff_low"] > 0 or r["diff_high"] < 0) and r["paired_p"] < 0.05))
         if progress:
             progress(k + 1)
     # deterministic truths: zero-width intervals, or a truth of 0 or 1 that every study estimates exactly
@@ -439,6 +446,7 @@ def coverage_study(g: GridTruth, n_studies: int = 400, n_items: int = 40, n_seed
         cov.paired_reject_05 = float(np.mean(np.array(pvals) < 0.05))
         ks = sstats.kstest(randomized, "uniform")
         cov.paired_randomized_ks, cov.paired_randomized_ks_p = float(ks.statistic), float(ks.pvalue)
+        cov.null_false_findings = float(np.mean(false_findings))
     return cov
 
 

@@ -5,9 +5,10 @@ the runs share gets its difference from the first run, paired per item where the
 
 Per task and strategy, each run's item score is the item's mean strict score over its scored records (its seeds
 and prompt variants); the items scored in both runs are paired. ``diff = acc_run - acc_first`` on those items, with
-the paired percentile bootstrap over items and the report's per-item paired test (McNemar's exact test where the
-scores are 0/1, a sign-flip test on the per-item differences otherwise), and the boundary interval where no item
-differs, as :mod:`formtax.report.comparisons` does. Each run's configuration is named by what sets it apart from
+the report's paired interval rule (:func:`formtax.stats.rules.paired_interval`: exact below 20 items, the Wilson
+boundary where no item differs, the paired percentile bootstrap elsewhere) and the report's per-item paired test
+(McNemar's exact test where the scores are 0/1, a sign-flip test on the per-item differences otherwise), as
+:mod:`formtax.report.comparisons` does. Each run's configuration is named by what sets it apart from
 the first (:func:`config_differences`).
 """
 
@@ -21,10 +22,9 @@ import numpy as np
 import pandas as pd
 
 from formtax.errors import ConfigError
-from formtax.report.comparisons import boundary
 from formtax.report.matrices import CONFIDENCE
-from formtax.stats import paired_bootstrap_diff
 from formtax.stats.paired_test import TEST_NAME, paired_item_test
+from formtax.stats.rules import paired_interval
 
 ABLATION_COLUMNS = ["task", "strategy", "run", "first_run", "differs_in", "n_items", "acc_first", "acc_run", "diff",
                     "diff_low", "diff_high", "paired_p", "paired_test"]
@@ -86,8 +86,7 @@ def ablation_table(sides: list[Side], n_resamples: int = 10_000, seed: int = 0) 
             if common:
                 ma = a.loc[common].to_numpy(dtype=float).reshape(-1, 1)
                 mb = b.loc[common].to_numpy(dtype=float).reshape(-1, 1)
-                interval = boundary(mb, ma) or paired_bootstrap_diff(mb, ma, n_resamples=n_resamples,
-                                                                     confidence=CONFIDENCE, seed=seed)
+                interval = paired_interval(mb, ma, n_resamples, seed, confidence=CONFIDENCE)
                 row.update(acc_first=float(ma.mean()), acc_run=float(mb.mean()), diff=interval.estimate,
                            diff_low=interval.low, diff_high=interval.high,
                            paired_p=paired_item_test(mb, ma, seed=seed).p_value)

@@ -7,18 +7,19 @@ items dropped for an unscored or absent entry are counted in ``n_items_dropped``
 ``decomposition`` (paper 003): per task and base strategy, the strategies at levels none (unconstrained),
 fc, vc (= fc+vc) and vc with rc (= fc+vc+rc) are mapped to the levels of :func:`formtax.stats.decomposition`;
 the columns ``strategy_<level>`` state the mapping. Gains come from :func:`formtax.stats.decomposition` on the
-strict accuracies over common cases, and their intervals from :func:`formtax.stats.paired_bootstrap_contrasts`
+strict accuracies over common cases, and their intervals from :func:`formtax.stats.rules.contrast_intervals`
 (one set of paired replicates for all gains). Rows need at least two levels.
 
-At the boundary (every item's difference alike: both strategies all wrong, all right, or identical) every
-replicate is the point itself, and the percentile interval ``[0, 0]`` covers nothing else; there, in both tables,
-the interval is :func:`formtax.stats.paired_boundary_interval` (the Wilson bound on the share of items that could
-differ; 16 items give [-0.194, 0.194]), as the accuracy table uses Wilson at 0 and 1.
+Both tables take the report's interval rule (:mod:`formtax.stats.rules`): below 20 items the exact
+Clopper-Pearson box on the discordant items (:mod:`formtax.stats.exact`; a percentile bootstrap of 3-16 items
+under-covers); at the boundary (every item's difference alike) the Wilson bound on the share of items that could
+differ (20 items give [-0.161, 0.161]), since every replicate is the point there; else the paired percentile
+bootstrap.
 
 ``paired``: every pair of strategies within a task, oriented one way everywhere (issue 49): ``diff =
 acc_strategy - acc_baseline`` (strict), where ``baseline`` is the report's baseline when the pair holds it, else
 the strategy the run lists first (the records' order); the findings, the figures and the HTML read the same sign.
-With a paired percentile bootstrap interval (:func:`formtax.stats.paired_bootstrap_diff`), and the per-item
+With the paired interval (:func:`formtax.stats.rules.paired_interval`), and the per-item
 paired test (:func:`formtax.stats.paired_test.paired_item_test`: a sign-flip permutation test on per-item mean
 differences over runs, McNemar's exact test when there is one run). The item is the unit: counting every
 (item, run) as a pair made 2 discordant items of 10 at 5 identical greedy runs look like p = 1.6e-7.
@@ -38,15 +39,12 @@ import pandas as pd
 from formtax.report.matrices import CONFIDENCE, Run, cell_items, cell_runs, drop_reasons, frame, score_matrix
 from formtax.stats import (
     DEFAULT_RESAMPLING,
-    Interval,
     Resampling,
     complete_cases,
     decomposition,
-    paired_bootstrap_contrasts,
-    paired_bootstrap_diff,
-    paired_boundary_interval,
 )
 from formtax.stats.paired_test import TEST_NAME, paired_item_test
+from formtax.stats.rules import contrast_intervals, paired_interval, paired_rule
 
 NAN = math.nan
 
@@ -120,14 +118,6 @@ def why_dropped(cells: list[pd.DataFrame]) -> str:
     return drop_reasons(named, items, runs, keep)
 
 
-BOUNDARY_NOTE = "Wilson boundary where every item differs alike"
-
-
-def boundary(a: np.ndarray, b: np.ndarray) -> Interval | None:
-    """The Wilson-boundary interval where every item differs alike (the bootstrap would print a point)."""
-    return paired_boundary_interval((a.mean(axis=1) - b.mean(axis=1)).tolist(), CONFIDENCE)
-
-
 def _decomposition_row(
     task: str, base: str, group: pd.DataFrame, n_resamples: int, seed: int, resampling: Resampling
 ) -> dict[str, Any] | None:
@@ -173,19 +163,15 @@ def _decomposition_row(
         top = [s for s in SUFFIXES[1:] if s in mats]
         if "none" in mats and top:
             contrasts["total_gain"] = (top[-1], "none")
-        intervals = paired_bootstrap_contrasts(
-            mats, contrasts, n_resamples=n_resamples, confidence=CONFIDENCE, seed=seed, resampling=resampling
-        )
+        intervals = contrast_intervals(mats, contrasts, n_resamples, seed, resampling, CONFIDENCE)
         for name, interval in intervals.items():
             row[name] = gains["total" if name == "total_gain" else name]
             upper, lower = contrasts[name]
-            interval = boundary(mats[upper], mats[lower]) or interval
             row[f"{name}_low"], row[f"{name}_high"] = interval.low, interval.high
             # paper 003's form: the gain per run (seed x prompt variant) on the common items, its sample std
             per_run = mats[upper].mean(axis=0) - mats[lower].mean(axis=0)
             row[f"{name}_std"] = float(np.std(per_run, ddof=1)) if len(per_run) > 1 else NAN
-    row.update(confidence=CONFIDENCE, interval_method=f"paired percentile-bootstrap ({Resampling(resampling).value}); "
-               f"{BOUNDARY_NOTE}", n_resamples=n_resamples)
+    row.update(confidence=CONFIDENCE, interval_method=paired_rule(resampling), n_resamples=n_resamples)
     row["notes"] = "; ".join(notes)
     return row
 
@@ -215,9 +201,7 @@ def _paired_row(
     }  # fmt: skip
     if n_items:
         mat_a, mat_b = matrices
-        interval = boundary(mat_a, mat_b) or paired_bootstrap_diff(
-            mat_a, mat_b, n_resamples=n_resamples, confidence=CONFIDENCE, seed=seed, resampling=resampling
-        )
+        interval = paired_interval(mat_a, mat_b, n_resamples, seed, resampling, CONFIDENCE)
         test = paired_item_test(mat_a, mat_b, seed=seed)
         b01 = int(((mat_a == 0) & (mat_b == 1)).sum())
         b10 = int(((mat_a == 1) & (mat_b == 0)).sum())
@@ -234,7 +218,7 @@ def _paired_row(
         )
     row.update(
         paired_test=PAIRED_TEST, confidence=CONFIDENCE,
-        interval_method=f"paired percentile-bootstrap ({Resampling(resampling).value}); {BOUNDARY_NOTE}",
+        interval_method=paired_rule(resampling),
         n_resamples=n_resamples,
     )  # fmt: skip
     return row

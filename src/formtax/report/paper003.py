@@ -71,7 +71,8 @@ register_analysis(Analysis(
         '({"answer": ...}, spec NAME@LEVEL:json) at the same constraint level and reasoning budget, strict '
         "accuracy on common items and runs, and the paired difference JSON - line."
     ),
-    method="paired percentile bootstrap of JSON - line (Wilson boundary where every item differs alike), "
+    method="the paired table's interval of JSON - line (exact below 20 items, Wilson boundary where every item "
+           "differs alike, paired percentile bootstrap elsewhere), "
            "per-item sign-flip test",
     bootstrap=True,
     compute=answer_form_table,
@@ -131,8 +132,8 @@ register_analysis(Analysis(
         "imdb-alt, scored by the class a word stands for); diff = alternative - label, paired on common items and "
         "runs (acc_unconstrained on its own common cases with the label column)."
     ),
-    method="paired percentile bootstrap of alternative - label (Wilson boundary where every item differs "
-           "alike), per-item sign-flip test",
+    method="the paired table's interval of alternative - label (exact below 20 items, Wilson boundary where "
+           "every item differs alike, paired percentile bootstrap elsewhere), per-item sign-flip test",
     bootstrap=True,
     compute=imdb_alternatives_table,
 ))

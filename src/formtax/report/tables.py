@@ -42,13 +42,11 @@ from formtax.report.matrices import (
 )
 from formtax.stats import (
     DEFAULT_RESAMPLING,
-    Interval,
     Resampling,
     complete_cases,
     mean_std_over_runs,
-    percentile_bootstrap_mean,
-    wilson_interval,
 )
+from formtax.stats.rules import MEAN_RULE, mean_interval
 
 NAN = math.nan
 
@@ -87,28 +85,14 @@ def _cells(df: pd.DataFrame) -> list[tuple[str, str, pd.DataFrame]]:
     ]
 
 
-BOUNDARY_METHOD = "Wilson score interval on items where every score is 0 or every score is 1"
-
-
 def _interval(
     matrix: np.ndarray, n_resamples: int, seed: int, resampling: Resampling
 ) -> tuple[float, float, float]:
-    """The mean's interval: the percentile bootstrap, except at 0 and 1.
-
-    Where every score is 0 (or every score 1) no resample can leave the point, so the bootstrap prints
-    ``[0, 0]`` for 0/16 correct, which cannot cover any true accuracy above 0. There the interval is the Wilson
-    score interval with the items as the trials (ours: the items are the independent unit, so runs of one item
-    add no trials; 0/16 gives [0, 0.194]). The calibration suite measures coverage near 0, 0.5 and 1.
-    """
+    """The mean's interval by the report's rule (:func:`formtax.stats.rules.mean_interval`: exact below 20 items,
+    Wilson at 0 and 1, the percentile bootstrap elsewhere)."""
     if matrix.shape[0] == 0:
         return NAN, NAN, NAN
-    if np.all(matrix == 0.0) or np.all(matrix == 1.0):
-        n = int(matrix.shape[0])
-        w = wilson_interval(int(round(float(matrix.mean()) * n)), n, confidence=CONFIDENCE)
-        return w.estimate, w.low, w.high
-    result: Interval = percentile_bootstrap_mean(
-        matrix, n_resamples=n_resamples, confidence=CONFIDENCE, seed=seed, resampling=resampling
-    )
+    result = mean_interval(matrix, n_resamples, seed, resampling, CONFIDENCE)
     return result.estimate, result.low, result.high
 
 
@@ -184,7 +168,7 @@ def accuracy_table(
             )
         row.update(
             confidence=CONFIDENCE,
-            interval_method=f"percentile-bootstrap; {BOUNDARY_METHOD}",
+            interval_method=MEAN_RULE,
             resampling=Resampling(resampling).value,
             n_resamples=n_resamples,
         )

@@ -52,8 +52,9 @@ register_analysis(
             "Every replicate draws one set of positions and seeds for all three cells, so delta_total = "
             "delta_mask + delta_length within each replicate (the interval ends need not add)."
         ),
-        method=_BOOT + ", paired across cells; where every position differs alike (e.g. no position differs) "
-        "the Wilson boundary interval (formtax.stats.paired_boundary_interval), as the paired table",
+        method=_BOOT + ", paired across cells; below 20 positions the exact Clopper-Pearson box on the discordant "
+        "positions (formtax.stats.exact), and where every position differs alike (e.g. no position differs) the "
+        "Wilson boundary interval (formtax.stats.paired_boundary_interval), as the paired table",
         bootstrap=True,
         compute=contrasts_table,
     )

@@ -22,6 +22,7 @@ from formtax.report.matrices import CONFIDENCE
 from formtax.stats import (
     bootstrap_replicates,
     complete_cases,
+    exact,
     linear_replicates,
     wilson_interval,
 )
@@ -184,6 +185,9 @@ def mean_interval(matrix: Matrix, n_resamples: int, seed: int) -> tuple[float, f
     (clean,), _ = complete_cases(matrix)
     if clean.shape[0] == 0 or clean.shape[1] == 0:
         return NAN, NAN, NAN
+    if exact.applies(clean):  # a small study: the report's exact rule (formtax.stats.exact)
+        e = exact.exact_mean_interval(clean, CONFIDENCE)
+        return e.estimate, e.low, e.high
     if np.all(clean == 0.0) or np.all(clean == 1.0):  # the bootstrap would print a point: Wilson on positions
         n = int(clean.shape[0])
         w = wilson_interval(int(round(float(clean.mean()) * n)), n, confidence=CONFIDENCE)

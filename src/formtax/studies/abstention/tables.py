@@ -25,10 +25,8 @@ import pandas as pd  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from formtax.report.matrices import CONFIDENCE, frame  # noqa: E402
-from formtax.stats import (  # noqa: E402
-    logistic_fit,
-    paired_boundary_interval,
-)
+from formtax.stats import logistic_fit  # noqa: E402
+from formtax.stats.rules import edge_interval  # noqa: E402
 from formtax.studies.abstention.frame import (
     CONDITIONS,
     CONTRASTS,
@@ -148,9 +146,8 @@ def contrasts_table(df: pd.DataFrame, n_resamples: int, seed: int) -> pd.DataFra
                     continue
                 est = float(cells[a].mean() - cells[b].mean()) if shape[0] else NAN
                 low, high = percentile_bounds(reps[name]) if name in reps else (NAN, NAN)
-                edge = paired_boundary_interval((cells[a].mean(axis=1) - cells[b].mean(axis=1)).tolist(),
-                                                CONFIDENCE) if name in reps else None
-                if edge is not None:  # every position differs alike: the bootstrap would print a point
+                edge = edge_interval(cells[a], cells[b], CONFIDENCE) if name in reps else None
+                if edge is not None:  # a small study, or every position alike: the report's rule
                     low, high = edge.low, edge.high
                 rows.append(
                     {
