@@ -114,9 +114,17 @@ class Constraint(ABC):
 
     def check(self) -> None:
         """Fail with a ConstraintError naming the problem if the engine rejects the grammar."""
-        err = llguidance.LLMatcher.validate_grammar(self.grammar)
+        err = grammar_error(self.grammar)
         if err:
             raise ConstraintError(f"invalid {self.kind} constraint {self.source!r}: {err.strip()}")
+
+
+@functools.lru_cache(maxsize=256)
+def grammar_error(grammar: str) -> str:
+    """llguidance's verdict on a grammar ("" when it compiles), cached by the grammar's text: vLLM's plugin checks
+    a request's answer in ``validate_params`` and again when it builds the row, about 5 ms each (issue 44's
+    profile), and a server sees the same few answers again and again."""
+    return str(llguidance.LLMatcher.validate_grammar(grammar) or "")
 
 
 ANSWER_LINE = "The answer is:"
