@@ -73,6 +73,10 @@ class _Ranks:
     vocab: int
     ids: dict[bytes, int]
     symbols: np.ndarray  # the single-byte tokens of ASCII punctuation, in byte order
+    top: LRU[tuple[bytes, int], tuple[int, ...]] = field(default_factory=lambda: LRU(512))
+    """A mask's ``k`` best-ranked allowed tokens, by the mask's bytes: a search meets the same state's mask again
+    and again (inside a string every state allows the same tokens), and ranking the whole vocabulary was most of
+    its cost (issue 44's profile: 166 us a call at 49k tokens)."""
 
 
 _RANKS: LRU[str, _Ranks] = LRU(8)
@@ -111,9 +115,27 @@ def _continuations(path: bytes, hints: tuple[bytes, ...]) -> frozenset[bytes]:
     return frozenset(out)
 
 
+def _allowed(mask: bytes, t: int) -> bool:
+    """Bit ``t`` of an llguidance bitmask (32-bit little-endian words: byte ``t // 8``, bit ``t % 8``)."""
+    return bool(mask[t >> 3] >> (t & 7) & 1)
+
+
+def _ranked(mask: bytes, ranks: _Ranks, k: int) -> tuple[int, ...]:
+    """The ``k`` best-ranked allowed tokens of ``mask``, best first (cached in ``ranks.top``)."""
+    key = (mask, k)
+    hit = ranks.top.get(key)
+    if hit is not None:
+        return hit
+    bits = np.unpackbits(np.frombuffer(mask, dtype=np.uint8), bitorder="little")[: ranks.vocab]
+    ids = np.flatnonzero(bits)
+    ids = ids[ranks.rank[ids] != _UNUSABLE]
+    if len(ids) > k:
+        ids = ids[np.argpartition(ranks.rank[ids], k)[:k]]
+    return ranks.top.put(key, tuple(int(i) for i in ids[np.argsort(ranks.rank[ids], kind="stable")]))
+
+
 def _candidates(mask: bytes, ranks: _Ranks, k: int, path: bytes, hints: tuple[bytes, ...],
                 symbols: bool = False) -> list[int]:
-    bits = np.unpackbits(np.frombuffer(mask, dtype=np.uint8), bitorder="little")[: ranks.vocab]
     hinted: list[int] = []
     # a literal the path has begun goes on first (shortest first); then fresh literals, those whose first byte
     # closes something first (the byte order of _PREFERRED: '"' before ' '), so a space literal of the answer
@@ -124,16 +146,12 @@ def _candidates(mask: bytes, ranks: _Ranks, k: int, path: bytes, hints: tuple[by
     for c in sorted(begun, key=lambda h: (len(h), h)) + fresh:
         for j in range(len(c), 0, -1):  # the longest token first: fewer tokens
             t = ranks.ids.get(c[:j])
-            if t is not None and bits[t] and t not in hinted:
+            if t is not None and t < ranks.vocab and _allowed(mask, t) and t not in hinted:
                 hinted.append(t)
-    ids = np.flatnonzero(bits)
-    ids = ids[ranks.rank[ids] != _UNUSABLE]
     # with ``symbols``, every allowed single-symbol token too: a structure often moves on only at a symbol the
     # ranking puts late (an email's "@", a URI's "/"), which a state allowing many letters would never try
-    marks = [int(t) for t in ranks.symbols if bits[t] and int(t) not in hinted] if symbols else []
-    if len(ids) > k:
-        ids = ids[np.argpartition(ranks.rank[ids], k)[:k]]
-    rest = [int(i) for i in ids[np.argsort(ranks.rank[ids], kind="stable")] if int(i) not in hinted]
+    marks = [int(t) for t in ranks.symbols if _allowed(mask, int(t)) and int(t) not in hinted] if symbols else []
+    rest = [i for i in _ranked(mask, ranks, k) if i not in hinted]
     best = (hinted + rest)[: max(k, len(hinted[:k]) + k // 2)]
     return best + [t for t in marks if t not in best]
 
