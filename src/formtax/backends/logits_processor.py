@@ -132,6 +132,12 @@ class LiveRow:
         self.pending = (forced, masked, None)
         if not masked:
             return None
+        if plan.allowed is None and row.device.type == "cpu":
+            # bans alone (InWriting's reasoning phase bans EOS) on the host: set those few scores here. Same edit as
+            # the batched application, which would unpack a whole-vocabulary mask for this row (issue 44's
+            # profile: most of InWriting's plugin time at 64 rows)
+            row[torch.tensor(sorted(plan.banned), dtype=torch.long)] = float("-inf")
+            return None
         n_words = (self.n_logits + 31) // 32
         words = None
         if plan.allowed is not None:
