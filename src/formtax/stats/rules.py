@@ -43,13 +43,20 @@ def mean_interval(matrix: npt.ArrayLike, n_resamples: int, seed: int,
                   exact_below: int = exact.SMALL_ITEMS) -> Interval:
     """The interval of a mean score over items and runs (module docstring; ``exact_below=0``: no exact rule)."""
     m = np.asarray(matrix, dtype=float)
+    return mean_edge_interval(m, confidence, exact_below) or percentile_bootstrap_mean(
+        m, n_resamples=n_resamples, confidence=confidence, seed=seed, resampling=resampling)
+
+
+def mean_edge_interval(m: np.ndarray, confidence: float = 0.95,
+                       exact_below: int = exact.SMALL_ITEMS) -> Interval | None:
+    """The mean's interval where the bootstrap does not serve (a small study; every score 0 or every score 1),
+    else None: the part of the rule that a table with its own bootstrap (paper 002's) shares."""
     if exact.applies(m, below=exact_below):
         return exact.exact_mean_interval(m, confidence)
     if np.all(m == 0.0) or np.all(m == 1.0):
         n = int(m.shape[0])
         return wilson_interval(int(round(float(m.mean()) * n)), n, confidence=confidence)
-    return percentile_bootstrap_mean(m, n_resamples=n_resamples, confidence=confidence, seed=seed,
-                                     resampling=resampling)
+    return None
 
 
 def edge_interval(a: np.ndarray, b: np.ndarray, confidence: float = 0.95,

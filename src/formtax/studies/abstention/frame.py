@@ -22,10 +22,9 @@ from formtax.report.matrices import CONFIDENCE
 from formtax.stats import (
     bootstrap_replicates,
     complete_cases,
-    exact,
     linear_replicates,
-    wilson_interval,
 )
+from formtax.stats.rules import mean_edge_interval
 from formtax.strategies.firstmass import EVENT as FIRST_MASS
 from formtax.studies.abstention.data import BASE_LANGUAGE, parse_item_id
 from formtax.studies.abstention.scoring import ABSTAIN, Category, score_output
@@ -185,13 +184,9 @@ def mean_interval(matrix: Matrix, n_resamples: int, seed: int) -> tuple[float, f
     (clean,), _ = complete_cases(matrix)
     if clean.shape[0] == 0 or clean.shape[1] == 0:
         return NAN, NAN, NAN
-    if exact.applies(clean):  # a small study: the report's exact rule (formtax.stats.exact)
-        e = exact.exact_mean_interval(clean, CONFIDENCE)
-        return e.estimate, e.low, e.high
-    if np.all(clean == 0.0) or np.all(clean == 1.0):  # the bootstrap would print a point: Wilson on positions
-        n = int(clean.shape[0])
-        w = wilson_interval(int(round(float(clean.mean()) * n)), n, confidence=CONFIDENCE)
-        return w.estimate, w.low, w.high
+    edge = mean_edge_interval(clean, CONFIDENCE)  # the report's rule: exact when small, Wilson at 0 and 1
+    if edge is not None:
+        return edge.estimate, edge.low, edge.high
     reps = bootstrap_replicates({"m": clean}, n_resamples, seed)
     low, high = percentile_bounds(linear_replicates(reps, {"m": clean}, {"m": 1.0}))
     return float(clean.mean()), low, high
