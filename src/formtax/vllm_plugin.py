@@ -23,6 +23,13 @@ are found by vLLM's batch index, which the processor tracks through every add, r
 reordered every step). Compiled grammars are cached per engine (llguidance's compile cache, keyed by grammar);
 matchers are per request.
 
+formtax's own vLLM backend sends its rows through this same processor, with other arguments: ``formtax_recipe``
+(the row's policy recipe, pickled and signed with a secret only that backend and its engine know), ``formtax_row``
+(the row's key) and ``formtax_report`` (where the finished row's output goes); such a row chooses its own tokens
+(backends/logits_processor.py) and reports its RowOutput (backends/row_reports.py). So the backend runs with
+vLLM's engine in another process, with tensor parallelism and with Ray. A recipe that does not verify is refused
+in :meth:`validate_params`.
+
 What the plugin cannot return: vLLM's response has the whole text (reasoning and answer together), not formtax's
 parse, masked mass or switch statistics; parse the answer from the text (``formtax.parse``), or use
 ``formtax serve`` / the in-process backend for those. A row whose policy cannot be built in the engine (a grammar
@@ -44,6 +51,47 @@ log = logging.getLogger(__name__)
 
 PREFIX = "formtax_"
 KEYS = ("strategy", "answer", "closing", "triggers", "reasoning")
+RECIPE_KEYS = ("recipe", "row", "report")  # formtax's own backend (module docstring)
+
+
+def _recipe_of(extra_args: dict[str, Any] | None) -> tuple[Any, str, str] | None:
+    """(recipe, row key, report address) of a request from formtax's own backend; None for other requests.
+    ValueError (one line) for a recipe that does not verify or incomplete arguments."""
+    from formtax.backends.row_reports import unseal
+
+    args = extra_args or {}
+    if PREFIX + "recipe" not in args:
+        return None
+    extra = sorted(k for k in args if k.startswith(PREFIX) and k.removeprefix(PREFIX) not in RECIPE_KEYS)
+    if extra:
+        raise ValueError(f"vllm_xargs: formtax_recipe comes alone; also got {', '.join(extra)}")
+    key, address = args.get(PREFIX + "row"), args.get(PREFIX + "report")
+    if not isinstance(key, str) or not key or not isinstance(address, str) or not address:
+        raise ValueError("vllm_xargs: formtax_recipe needs formtax_row and formtax_report")
+    return unseal(args[PREFIX + "recipe"]), key, address
+
+
+def build_row(engine: EngineSide, extra_args: dict[str, Any] | None, prompt_ids: Sequence[int], sampling: Any,
+              max_tokens: int, seed: int) -> Any:
+    """The LiveRow of a request from formtax's own backend (None for any other request): its policy built from
+    its recipe with the engine's tokenizer; it chooses its tokens and reports its output when it finishes."""
+    from formtax.backends.logits_processor import LiveRow
+    from formtax.backends.row_reports import encode, send
+    from formtax.decoding.plan import RowRequest
+
+    got = _recipe_of(extra_args)
+    if got is None:
+        return None
+    recipe, key, address = got
+
+    def report(row: LiveRow) -> None:
+        send(address, encode(key, row.out, row.error))
+
+    tok = engine.tokenizer
+    row = RowRequest(list(prompt_ids), recipe(engine), max_tokens, seed, sampling)
+    live = LiveRow(row, min(tok.eos_ids), tok.n_logits, sampling, chooses=True, on_done=report)
+    live.key = key
+    return live
 
 
 class EngineSide(Backend):
@@ -87,7 +135,7 @@ class RowSpec:
         from formtax.strategies.base import SinglePass
 
         args = {k.removeprefix(PREFIX): v for k, v in (extra_args or {}).items() if k.startswith(PREFIX)}
-        if not args:
+        if not args or "recipe" in args:
             return None
         unknown = sorted(set(args) - set(KEYS))
         if unknown:
@@ -125,12 +173,10 @@ class RowSpec:
         from formtax.backends.logits_processor import LiveRow
         from formtax.constraints.native import as_constraint
         from formtax.decoding.plan import RowRequest
-        from formtax.decoding.sampling import Sampling
         from formtax.strategies import get_strategy
         from formtax.strategies.base import Request, SinglePass
 
-        sampling = Sampling(float(params.temperature or 0.0), float(params.top_p or 1.0),
-                            max(0, int(params.top_k or 0)), float(params.min_p or 0.0))
+        sampling = params_sampling(params)
         strat = get_strategy(self.strategy)
         assert isinstance(strat, SinglePass)  # RowSpec.of refused the others
         req = Request("", as_constraint(self.answer) if self.answer is not None else None,
@@ -143,6 +189,14 @@ class RowSpec:
         row = RowRequest(list(prompt_ids), policy, req.max_tokens, req.seed, sampling)
         tok = engine.tokenizer
         return LiveRow(row, min(tok.eos_ids), tok.n_logits, sampling)
+
+
+def params_sampling(params: Any) -> Any:
+    """formtax's Sampling of a request's SamplingParams."""
+    from formtax.decoding.sampling import Sampling
+
+    return Sampling(float(params.temperature or 0.0), float(params.top_p or 1.0), max(0, int(params.top_k or 0)),
+                    float(params.min_p or 0.0))
 
 
 def plugin_class() -> type:
@@ -162,14 +216,29 @@ def plugin_class() -> type:
             super().__init__(vllm_config, device, is_pin_memory)
             model = vllm_config.model_config
             self.engine = EngineSide(tokenizer_info(model.tokenizer), str(model.model))
+            self.rows: dict[str, Any] = {}  # formtax's own rows by key: a preempted row comes back to its state
 
         @classmethod
         def validate_params(cls, sampling_params: Any) -> None:
-            spec = RowSpec.of(sampling_params.extra_args)
-            if spec is not None and sampling_params.max_tokens is None:
+            mine = _recipe_of(sampling_params.extra_args) is not None
+            spec = None if mine else RowSpec.of(sampling_params.extra_args)
+            if (mine or spec is not None) and sampling_params.max_tokens is None:
                 raise ValueError("formtax's strategies need max_tokens (the row's budget is the engine's)")
 
         def row_for(self, params: Any, prompt_ids: Sequence[int] | None) -> Any:
+            key = (params.extra_args or {}).get(PREFIX + "row")
+            if isinstance(key, str) and key in self.rows:
+                return self.rows[key]
+            try:
+                row = build_row(self.engine, params.extra_args, prompt_ids or [], params_sampling(params),
+                                int(params.max_tokens), int(params.seed or 0))
+            except Exception as e:  # never the engine: the row ends at once, and formtax refuses it for that
+                log.warning("formtax: a row could not be built from its recipe (%s); it ends with no text", e)
+                _report_failure(params.extra_args, f"the row could not be built in the engine: {e}")
+                return _ended(self.engine)
+            if row is not None:
+                self.rows[row.key] = row
+                return row
             spec = RowSpec.of(params.extra_args)
             if spec is None:
                 return None
@@ -179,8 +248,23 @@ def plugin_class() -> type:
                 log.warning("formtax: the row could not be built (%s); it ends with no text", e)
                 return _ended(self.engine)
 
+        def row_removed(self, row: Any) -> None:
+            if row.done and getattr(row, "key", None) is not None:
+                self.rows.pop(row.key, None)
+
     _CLASS = FormtaxLogitsProcessor
     return _CLASS
+
+
+def _report_failure(extra_args: dict[str, Any] | None, error: str) -> None:
+    """Tell formtax's backend that its row could not be built (so it says why instead of waiting for a report)."""
+    from formtax.backends.row_reports import encode, send
+    from formtax.decoding.plan import Finish, RowOutput
+
+    args = extra_args or {}
+    key, address = args.get(PREFIX + "row"), args.get(PREFIX + "report")
+    if isinstance(key, str) and isinstance(address, str):
+        send(address, encode(key, RowOutput(prompt_ids=[], finish_reason=Finish.BACKEND_ERROR), error))
 
 
 def _ended(engine: EngineSide) -> Any:

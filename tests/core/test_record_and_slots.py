@@ -15,7 +15,7 @@ from formtax.constraints.jsonreason import JSON_SCAFFOLD, JsonLayout, JsonReason
 from formtax.constraints.parse import parse_spec, record_spec
 from formtax.constraints.record import RecordConstraint
 from formtax.constraints.template import Slot, choice_slot, parse_template
-from formtax.decoding.rowplan import lark_grammar
+from formtax.decoding.rowengine import lark_grammar
 from formtax.errors import ConstraintError
 from formtax.fem.dfa import FormatSpec, slot_node
 from formtax.strategies import get_strategy

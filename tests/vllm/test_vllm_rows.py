@@ -15,15 +15,16 @@ import torch
 
 import formtax
 from formtax.backends.fake import FakeBackend, random_logits, scripted
-from formtax.backends.logits_processor import LiveRow, lookup
+from formtax.backends.logits_processor import LiveRow
 from formtax.backends.vllm_backend import VLLMBackend
 from formtax.constraints.compile import compile_grammar
 from formtax.constraints.parse import parse_spec
 from formtax.decoding.engine import Capability
 from formtax.decoding.loop import RowRequest, decode
 from formtax.decoding.policies import ConstrainedPolicy, ForcedPrefix, FreePolicy
-from formtax.decoding.rowplan import lark_grammar, plan_row, replay
+from formtax.decoding.rowengine import lark_grammar, lower_row, replay
 from formtax.errors import CapabilityError
+from formtax.vllm_plugin import EngineSide, build_row
 
 Q = [[{"role": "user", "content": "What is 2+3?"}], [{"role": "user", "content": "Name a color."}],
      [{"role": "user", "content": "Count to three."}]]
@@ -31,24 +32,28 @@ SCRIPT = "Let me think. 2+3=5.\nThe answer is: 5"
 
 
 class SimVLLM(VLLMBackend):
-    """VLLMBackend over a simulated engine (see the module docstring). ``lie``: ignore every grammar."""
+    """VLLMBackend over a simulated engine (see the module docstring). ``lie``: ignore every grammar, and with
+    ``"processor"`` also every edit of formtax's processor."""
 
-    def __init__(self, fn, lie: bool = False) -> None:
+    def __init__(self, fn, lie: bool | str = False) -> None:
         fake = FakeBackend(fn)
         super().__init__(llm=None, tok=fake.tokenizer, model_id="sim-vllm")
         self.fn = fn
         self.lie = lie
         self.calls: list[int] = []
 
-    def _params(self, temperature, seed, max_tokens, stop_ids, grammar=None, row_key=None):
-        return {"max_tokens": max_tokens, "stop_ids": stop_ids, "grammar": grammar, "row_key": row_key}
+    def _params(self, sampling, seed, max_tokens, stop_ids, grammar=None, extra_args=None):
+        return {"max_tokens": max_tokens, "stop_ids": stop_ids, "grammar": grammar, "extra_args": extra_args,
+                "sampling": sampling, "seed": seed}
 
     def _generate(self, prompts, params):
         self.calls.append(len(prompts))
         outs = []
         for prompt, p in zip(prompts, params, strict=True):
             seq, out, finish = list(prompt), [], "length"
-            live = lookup(p["row_key"]) if p["row_key"] else None
+            # formtax's plugin builds the row from its recipe, as inside vLLM's engine
+            live = build_row(EngineSide(self.tokenizer, "sim"), p["extra_args"], prompt, p["sampling"],
+                             p["max_tokens"], p["seed"]) if p["extra_args"] else None
             matcher = None
             if p["grammar"] and not self.lie:
                 grammar = llguidance.grammar_from("grammar", p["grammar"])  # what vLLM's guidance backend does
@@ -59,7 +64,10 @@ class SimVLLM(VLLMBackend):
                     logits[~matcher.allowed_mask()] = float("-inf")
                 if live is not None:
                     live.catch_up(out)
-                    live.apply(logits)
+                    edited = logits.clone()
+                    live.apply(edited)
+                    if self.lie != "processor":
+                        logits = edited
                 token = int(torch.argmax(logits))
                 out.append(token)
                 seq.append(token)
@@ -142,11 +150,11 @@ def test_rows_are_classified_by_their_policy():
     c = parse_spec("The answer is: {int}")
     m = compile_grammar(c.grammar, tok.engine).matcher(tok.n_logits)
     free = FreePolicy(tok.eos_ids, tok.newline_ids)
-    assert plan_row(RowRequest([1], free, 10), None).kind == "free"
-    assert plan_row(RowRequest([1], ForcedPrefix([65, 66], free), 10), None).prefix == [65, 66]
-    assert plan_row(RowRequest([1], ConstrainedPolicy(m, tok.eos_ids), 10), c).kind == "grammar"
-    assert plan_row(RowRequest([1], ConstrainedPolicy(m, tok.eos_ids), 10), None).kind == "live"
-    assert plan_row(RowRequest([1], ForcedPrefix([65] * 10, free), 10), None).kind == "live"  # prefix >= budget
+    assert lower_row(RowRequest([1], free, 10), None).kind == "free"
+    assert lower_row(RowRequest([1], ForcedPrefix([65, 66], free), 10), None).prefix == [65, 66]
+    assert lower_row(RowRequest([1], ConstrainedPolicy(m, tok.eos_ids), 10), c).kind == "grammar"
+    assert lower_row(RowRequest([1], ConstrainedPolicy(m, tok.eos_ids), 10), None).kind == "live"
+    assert lower_row(RowRequest([1], ForcedPrefix([65] * 10, free), 10), None).kind == "live"  # prefix >= budget
 
 
 def test_a_json_schema_grammar_becomes_lark_text():
@@ -159,17 +167,27 @@ def test_a_json_schema_grammar_becomes_lark_text():
 
 def test_an_engine_that_ignores_the_constraint_is_caught():
     fn = random_logits(seed=1)
-    for strategy, spec in [("constrained", "The answer is: {int}"), ("nl2format", "The answer is: {int}")]:
-        for r in formtax.generate_batch(SimVLLM(fn, lie=True), Q, strategy, spec, max_tokens=80):
-            assert r.finish_reason == "constraint-error"
-            assert not r.parse_ok and r.parsed is None
-            assert r.stats["constraint_ignored"] is True
-            assert r.error
-    # the json strategy's string caps are kept by formtax's policy (constraints/jsonstrings.py), so its rows run
-    # live in formtax's logits processor: the engine's grammar is not relied on, and a lying engine changes nothing
-    for r in formtax.generate_batch(SimVLLM(fn, lie=True), Q, "json", "{int}", max_tokens=80):
-        assert "constraint_ignored" not in r.stats and r.finish_reason != "constraint-error"
-        assert r.parse_ok or r.finish_reason == "length-incomplete", r.answer_text
+    # measured grammar rows run live in formtax's processor, which forces its tokens: an engine that ignores the
+    # grammar parameter changes nothing there
+    for strategy, spec in [("constrained", "The answer is: {int}"), ("nl2format", "The answer is: {int}"),
+                           ("json", "{int}")]:
+        ref = formtax.generate_batch(FakeBackend(fn), Q, strategy, spec, max_tokens=80, closing=False)
+        got = formtax.generate_batch(SimVLLM(fn, lie=True), Q, strategy, spec, max_tokens=80, closing=False)
+        for a, b in zip(ref, got, strict=True):
+            same(a, b)
+    # an engine that emits other tokens than the processor forced: the row is refused, never handed over
+    with pytest.raises(RuntimeError, match="not the row's|was forced"):
+        formtax.generate_batch(SimVLLM(fn, lie="processor"), Q, "constrained", "The answer is: {int}", max_tokens=80)
+    # a grammar row the engine decodes by itself (no masked mass measured) is replayed: a token outside the grammar
+    # ends it with constraint-error, and the token is never accepted
+    tok = FakeBackend(fn).tokenizer
+    c = parse_spec("The answer is: {int}")
+    m = compile_grammar(c.grammar, tok.engine).matcher(tok.n_logits)
+    row = RowRequest([1], ConstrainedPolicy(m, tok.eos_ids, measure=False), 20)
+    bad = tok.encode("Nope")
+    out = replay(row, bad, "stop")
+    assert out.finish_reason == "constraint-error" and out.tokens == []
+    assert out.events[-1]["stats"] == {"constraint_ignored": True, "rejected_token": bad[0]}
 
 
 def test_replay_rebuilds_the_loops_row_output():
@@ -213,6 +231,51 @@ def test_the_backend_refuses_what_it_cannot_run():
         sim.new_batch([[1, 2]])
     from formtax.strategies import list_strategies
 
-    if "suffix-last" in list_strategies():  # the suffix strategies rewind rows: refused before any model call
-        with pytest.raises(CapabilityError, match="kv-crop"):
-            formtax.generate(sim, Q[0], "suffix-last", "The answer is: {int}", max_tokens=40)
+    assert "suffix-last" in list_strategies()
+
+
+@pytest.mark.parametrize(("strategy", "spec"), [("constrained", "The answer is: {int:0..999}"),
+                                                ("inwriting", "The answer is: {int}"), ("json", "{int}")])
+def test_sampled_live_rows_draw_what_the_loop_draws(strategy, spec):
+    # a row from formtax's backend chooses its own tokens inside the engine, from its own seeded generator, with
+    # the loop's rule: the same draws as the decode loop on the same logits, not merely the same distribution
+    fn = random_logits(seed=4)
+    kw = {"max_tokens": 50, "temperature": 0.9, "top_p": 0.95, "seed": 11, "closing": True}
+    ref = formtax.generate_batch(FakeBackend(fn), Q, strategy, spec, **kw)
+    got = formtax.generate_batch(SimVLLM(fn), Q, strategy, spec, **kw)
+    assert len({tuple(r.token_ids) for r in ref}) > 1  # the rows really drew differently
+    for a, b in zip(ref, got, strict=True):
+        same(a, b)
+
+
+def test_a_recipe_from_elsewhere_is_refused():
+    from formtax.backends.row_reports import seal
+    from formtax.vllm_plugin import _recipe_of
+
+    args = {"formtax_recipe": seal(print), "formtax_row": "k", "formtax_report": "mem://none"}
+    assert _recipe_of(args)[1:] == ("k", "mem://none")
+    tag, _, blob = args["formtax_recipe"].partition(":")
+    forged = dict(args, formtax_recipe=("0" * len(tag)) + ":" + blob)
+    with pytest.raises(ValueError, match="signature does not verify"):
+        _recipe_of(forged)
+    with pytest.raises(ValueError, match="needs formtax_row"):
+        _recipe_of({"formtax_recipe": args["formtax_recipe"]})
+    with pytest.raises(ValueError, match="comes alone"):
+        _recipe_of({**args, "formtax_strategy": "json"})
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize(("strategy", "opts"), [("suffix-pipeline", {}), ("suffix-last", {}), ("suffix-min", {}),
+                                                ("suffix-last", {"tau": 0.3}), ("suffix-beam", {}),
+                                                ("suffix-beam", {"rule": "min"})])
+def test_suffix_search_runs_as_two_requests_with_the_loops_outputs(strategy, opts, seed):
+    # no rewind in the engine: the free pass is one request, T is completed by a second on x + y<t*; the outputs,
+    # branch points and penalties are the one-row lazy form's (suffix-beam's output is the beam's, run lazily)
+    fn = random_logits(seed=seed)
+    kw = {"max_tokens": 60, "reasoning": "Let's see." if seed == 2 else None, **opts}
+    ref = formtax.generate_batch(FakeBackend(fn), Q, strategy, "The answer is: {int}", **kw)
+    got = formtax.generate_batch(SimVLLM(fn), Q, strategy, "The answer is: {int}", **kw)
+    for a, b in zip(ref, got, strict=True):
+        same(a, b)
+        for k in ("t_star", "deltas", "free_end", "free_end_reason", "n_candidates", "answer_lead"):
+            assert a.stats[k] == b.stats[k], k

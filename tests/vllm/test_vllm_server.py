@@ -16,6 +16,7 @@ from formtax.constraints.parse import parse_spec
 from formtax.errors import CapabilityError
 from formtax.records import read_records
 from formtax.runner import RunConfig, run
+from formtax.strategies.base import Request
 from formtax.strategies.basic import Json
 
 pytest.importorskip("vllm.sampling_params")  # not bare "vllm": under pytest that can be this test folder
@@ -38,12 +39,13 @@ SUPPORTED = [
 
 
 @pytest.mark.parametrize(("strategy", "spec", "kw"), SUPPORTED)
-def test_every_supported_strategy_through_the_server(server_backend, vllm_backend, strategy, spec, kw,
-                                                     monkeypatch):
+def test_every_supported_strategy_through_the_server(server_backend, vllm_backend, strategy, spec, kw):
     got = formtax.generate_batch(server_backend, PROMPTS, strategy, spec, max_tokens=56, **kw)
-    if strategy == "json":  # a server takes the escape-free whole-output JSON grammar: compare with that form
-        monkeypatch.setattr(Json, "string_escapes", staticmethod(lambda backend: False))
-    ref = formtax.generate_batch(vllm_backend, PROMPTS, strategy, spec, max_tokens=56, **kw)
+    if strategy == "json":  # a server takes the escape-free whole-output JSON grammar: decode that grammar in-process
+        whole = Json().effective_constraint(Request("", parse_spec(spec), max_tokens=56), escapes=False)
+        ref = formtax.generate_batch(vllm_backend, PROMPTS, "constrained", whole, max_tokens=56, **kw)
+    else:
+        ref = formtax.generate_batch(vllm_backend, PROMPTS, strategy, spec, max_tokens=56, **kw)
     for g, r in zip(got, ref, strict=True):
         assert g.error is None, g
         assert g.stats["server"] == server_backend.client.base and g.model == server_backend.model_id

@@ -2,28 +2,30 @@
 
 The decode loop (``formtax.decoding``) asks a row's :class:`~formtax.decoding.loop.Policy` for a plan at every step
 and tells it the emitted token afterwards. vLLM owns its loop, but its v1 logits-processor interface sees every
-row's full logits before sampling, in the engine process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), and is told which
-request sits at which batch index. So the SAME policy objects run here unchanged:
+row's full logits before sampling, in the engine (whichever process that is), and is told which request sits at
+which batch index. So the SAME policy objects run here unchanged:
 
 * :class:`LiveRow` holds one row's :class:`~formtax.decoding.plan.RowCursor` (the loop's bookkeeping, shared
-  with the loop and the replay). At each engine step
-  it first *catches up*: the tokens the engine emitted since the last step are handed to ``policy.advance`` (with
-  the loop's own budget rule), then it *plans*: ``policy.plan(raw logits row, step)`` becomes an in-place edit of
-  that row (a forced token, the allowed set, banned tokens, replacement scores), the masked mass is measured on
-  the raw row, and events are recorded at the same step numbers as in the loop.
+  with the loop and the replay). At each engine step it first *catches up* with the tokens the engine emitted,
+  then it *plans*: ``policy.plan(raw logits row, step)`` becomes an edit of that row.
+* A row that **chooses** (formtax's own backend: ``chooses=True``) takes the step exactly as the loop takes it
+  (:func:`~formtax.decoding.loop.draw_divert`, :func:`~formtax.decoding.loop.decide`: the divert's draw, the
+  veto, greedy or seeded sampling from the row's own generator) and forces the chosen token, so it knows each
+  token before the engine emits it and is finished, with its whole RowOutput, when its last token is chosen
+  (``on_done`` then reports it: backends/row_reports.py). A row that does not choose (a client of a stock
+  ``vllm serve``) edits the logits (a forced token, the allowed set, bans, replacement scores) and lets vLLM's
+  sampler draw.
 * A row that must finish without a token (``Plan.stop``) or whose policy returned a finish reason gets EOS forced
   on the next step; that EOS is an engine artefact and is never recorded, exactly as the loop never emits it.
 * rows the engine decodes on its own (free text, a whole-output grammar) are rebuilt afterwards by
-  ``rowplan.replay``.
+  ``rowengine.replay``.
 
 vLLM is imported only inside :func:`processor_class`, so this module imports (and type-checks) without it.
 """
 
 from __future__ import annotations
 
-import threading
-import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -31,21 +33,31 @@ import torch
 
 from formtax.constraints.compile import fill_masks
 from formtax.decoding.devicestep import Entry, apply_entries, clear_bits, pack_bool
-from formtax.decoding.loop import Plan, RowOutput, RowRequest, choose_vetted, masked_mass, resolve_divert
+from formtax.decoding.loop import (
+    Plan,
+    RowOutput,
+    RowRequest,
+    choose_vetted,
+    decide,
+    draw_divert,
+    masked_mass,
+    resolve_divert,
+)
 from formtax.decoding.plan import Finish, RowCursor
 from formtax.decoding.sampling import Sampling, as_sampling
-
-ROW_KEY = "formtax_row"  # the SamplingParams.extra_args key naming a registered LiveRow
-
-_ROWS: dict[str, LiveRow] = {}
-_LOCK = threading.Lock()
+from formtax.tensorops import argmax
 
 
 class LiveRow:
     """One row of the decode loop, stepped from inside the engine (see the module docstring)."""
 
-    def __init__(self, req: RowRequest, eos_id: int, n_logits: int, sampling: Sampling | float = 0.0) -> None:
+    def __init__(self, req: RowRequest, eos_id: int, n_logits: int, sampling: Sampling | float = 0.0,
+                 chooses: bool = False, on_done: Callable[[LiveRow], None] | None = None) -> None:
         self.req = req
+        self.chooses = chooses  # the row picks every token itself (module docstring)
+        self.on_done = on_done  # told once, when the row finishes
+        self.chosen: list[int] = []  # the tokens a choosing row forced, in order
+        self.key: str | None = None  # the request's row key (formtax's own backend)
         self.sampling = as_sampling(sampling)
         # a diverting plan's coin (InWriting's sampled switch), seeded per row like the loop's generator
         self.gen = None if self.sampling.greedy else torch.Generator().manual_seed(int(req.seed))
@@ -67,12 +79,21 @@ class LiveRow:
             self.cursor.finish(reason)
             if error is not None:
                 self.error = error
+            if self.on_done is not None:
+                self.on_done(self)
 
     def catch_up(self, tokens: Sequence[int]) -> None:
         """Hand the engine's new tokens to the policy, the way the loop does after choosing each one."""
         while self.n_seen < len(tokens):
             token = int(tokens[self.n_seen])
             self.n_seen += 1
+            if self.chooses:  # the token was chosen and taken at its plan: check that the engine emitted it
+                k = self.n_seen - 1
+                if k < len(self.chosen) and token != self.chosen[k]:
+                    self.finish(Finish.BACKEND_ERROR, f"the engine emitted {token} where {self.chosen[k]} was forced")
+                elif k >= len(self.chosen) and not self.done:
+                    self.finish(Finish.BACKEND_ERROR, "the engine emitted a token no plan was made for")
+                continue
             if self.done:
                 continue  # the EOS forced after a finish: not part of the output
             if self.pending is None:
@@ -105,6 +126,8 @@ class LiveRow:
             return Entry(index, forced=self.eos_id)
         if view is None:  # policies compute on CPU, as in the loop
             view = row if row.device.type == "cpu" else row.detach().cpu()
+        if self.chooses:
+            return self._choose(view, index)
         plan: Plan = self.cursor.plan(view)
         if plan.divert is not None:  # the engine draws after this edit, so the divert is decided here
             plan = resolve_divert(plan, view, self.sampling, self.gen)
@@ -148,6 +171,26 @@ class LiveRow:
             words = clear_bits(words if words is not None else np.full(n_words, -1, dtype=np.int32), plan.banned)
         return Entry(index, words)
 
+    def _choose(self, view: torch.Tensor, index: int) -> Entry:
+        """A choosing row's step: the loop's own plan, draw and choice; the token is taken now and forced."""
+        cur = self.cursor
+        plan, drawn = draw_divert(cur.plan(view), view, self.sampling, self.gen, lambda: argmax(view))
+        cur.note(plan)
+        if plan.stop is not None:
+            self.finish(plan.stop)
+            return Entry(index, forced=self.eos_id)
+        if plan.rewind is not None:
+            self.finish(Finish.BACKEND_ERROR, "a row in vLLM's engine cannot rewind (no KV crop)")
+            return Entry(index, forced=self.eos_id)
+        cur.measure(plan, lambda: masked_mass(view, plan.allowed))  # type: ignore[arg-type]
+        token, masked, forced = decide(plan, drawn, view, self.sampling, self.gen)
+        self.n_planned += 1
+        self.chosen.append(int(token))
+        reason = cur.accept(int(token), forced, masked)
+        if reason is not None:
+            self.finish(reason)
+        return Entry(index, forced=int(token))
+
     def finalize(self, tokens: Sequence[int], engine_finish: str | None) -> RowOutput:
         """After the engine is done with the request: take its last tokens and name the finish."""
         self.catch_up(tokens)
@@ -170,27 +213,6 @@ def apply_rows(logits: torch.Tensor, rows: Sequence[tuple[LiveRow, int, torch.Te
     apply_entries(logits, entries, rows[0][0].n_logits if rows else 0)
 
 
-def register_rows(rows: Sequence[LiveRow]) -> list[str]:
-    """Make rows visible to the processor; returns their keys (pass them in ``extra_args``)."""
-    keys = [uuid.uuid4().hex for _ in rows]
-    with _LOCK:
-        _ROWS.update(zip(keys, rows, strict=True))
-    return keys
-
-
-def unregister_rows(keys: Sequence[str]) -> None:
-    with _LOCK:
-        for k in keys:
-            _ROWS.pop(k, None)
-
-
-def lookup(key: Any) -> LiveRow | None:
-    if not isinstance(key, str):
-        return None
-    with _LOCK:
-        return _ROWS.get(key)
-
-
 _PROCESSOR: type | None = None
 
 
@@ -202,7 +224,7 @@ def processor_class() -> type:
     from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
     class PolicyLogitsProcessor(LogitsProcessor):
-        """Steps formtax policies for the requests that carry ``extra_args[ROW_KEY]``; leaves all others alone."""
+        """Steps formtax policies for the requests :meth:`row_for` gives a row; leaves all others alone."""
 
         def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
             self.by_index: dict[int, tuple[LiveRow, list[int]]] = {}
@@ -211,15 +233,20 @@ def processor_class() -> type:
             return False  # it changes what greedy decoding picks: vLLM must call it for greedy rows too
 
         def row_for(self, params: Any, prompt_ids: Sequence[int] | None) -> LiveRow | None:
-            """The row a newly added request steps: the one registered under its ``extra_args[ROW_KEY]``
-            (formtax's in-process backend); formtax.vllm_plugin builds it from the request's arguments instead."""
-            return lookup((params.extra_args or {}).get(ROW_KEY))
+            """The row a newly added request steps (None: not formtax's); formtax.vllm_plugin builds it from the
+            request's arguments."""
+            return None
+
+        def row_removed(self, row: LiveRow) -> None:
+            """A row left the batch (finished, aborted, or preempted: it may be added again)."""
 
         def update_state(self, batch_update: BatchUpdate | None) -> None:
             if batch_update is None:
                 return
             for index in batch_update.removed:
-                self.by_index.pop(index, None)
+                entry = self.by_index.pop(index, None)
+                if entry is not None:
+                    self.row_removed(entry[0])
             for index, params, prompt, output in batch_update.added:
                 row = self.row_for(params, prompt)
                 if row is None:

@@ -13,10 +13,10 @@ the ``flavor`` option overrides) the requests use vLLM's extensions to be exact:
 Other servers get the prompt as text, ``stop: ["\\n"]`` for ``short``, and only unconstrained strategies: a
 constraint they cannot be told about is refused before the run.
 
-**Rows.** The server is a :class:`~formtax.decoding.rowplan.RowEngine`: it decodes rows whose policies lower to
+**Rows.** The server is a :class:`~formtax.decoding.rowengine.RowEngine`: it decodes rows whose policies lower to
 free text or a whole-output grammar (``free``, ``short``, ``constrained``, ``json``, NL-to-Format's two calls,
 InWriting's two-call EOS switch, which the strategy owns); each row's policy is then replayed over the returned
-tokens (``rowplan.replay``), which rebuilds the result exactly as the decode loop would and checks every token
+tokens (``rowengine.replay``), which rebuilds the result exactly as the decode loop would and checks every token
 against the constraint. Policies that must see the logits at every step (triggers, Deco-G, statistics wrappers,
 the suffix strategies) are refused before the run, by the strategies' own checks.
 
@@ -54,7 +54,7 @@ from formtax.decoding.engine import Backend, Batch, Capability, TokenizerInfo
 from formtax.decoding.loop import RowOutput, RowRequest, decode
 from formtax.decoding.lowering import Lowering
 from formtax.decoding.plan import Finish
-from formtax.decoding.rowplan import RowEngine, RowPlan, lark_grammar, plan_row, replay
+from formtax.decoding.rowengine import LoweredRow, RowEngine, lark_grammar, lower_row, replay
 from formtax.decoding.sampling import GREEDY, Sampling
 from formtax.errors import CapabilityError, ConfigError, FormtaxError
 
@@ -374,22 +374,22 @@ class OpenAIBackend(RowEngine):
         if backend is not self:  # e.g. NL-to-Format's extractor on another engine
             return decode(backend, rows, temperature=sampling)
         t0 = time.perf_counter()
-        plans: list[RowPlan] = [plan_row(r, w) for r, w in zip(rows, whole, strict=True)]
-        for plan in plans:
-            if plan.kind == "live":
-                raise CapabilityError(f"the openai backend cannot step a {type(plan.inner).__name__} policy")
-        measured = [k for k, p in enumerate(plans) if p.kind == "grammar" and getattr(p.inner, "_measure", True)]
+        lowered: list[LoweredRow] = [lower_row(r, w) for r, w in zip(rows, whole, strict=True)]
+        for low in lowered:
+            if low.kind == "live":
+                raise CapabilityError(f"the openai backend cannot step a {type(low.inner).__name__} policy")
+        measured = [k for k, p in enumerate(lowered) if p.kind == "grammar" and getattr(p.inner, "_measure", True)]
         bodies = [self._body(list(r.prompt_ids) + p.prefix, r.max_tokens - len(p.prefix), sampling, r.seed,
-                             p.stop_ids, p.constraint) for r, p in zip(rows, plans, strict=True)]
-        found, data = self._probes([(list(rows[k].prompt_ids) + plans[k].prefix, plans[k].inner) for k in measured],
+                             p.stop_ids, p.constraint) for r, p in zip(rows, lowered, strict=True)]
+        found, data = self._probes([(list(rows[k].prompt_ids) + lowered[k].prefix, lowered[k].inner) for k in measured],
                                    *bodies)
         masses = dict(zip(measured, found, strict=True))
         replies = [self._reply(d) for d in data]
         wall = time.perf_counter() - t0
         outs = []
-        for k, (row, plan, reply) in enumerate(zip(rows, plans, replies, strict=True)):
+        for k, (row, low, reply) in enumerate(zip(rows, lowered, replies, strict=True)):
             mass, stats = masses.get(k, (None, {}))
-            out = replay(row, plan.prefix + reply.tokens, reply.finish, mass)
+            out = replay(row, low.prefix + reply.tokens, reply.finish, mass)
             self._settle(out, reply, stats)
             out.wall_s = wall
             outs.append(out)

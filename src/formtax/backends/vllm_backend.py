@@ -1,35 +1,38 @@
 """The vLLM backend (optional extra ``formtax[vllm]``): every strategy, with the same meaning as on transformers.
 
 vLLM owns its decode loop, so this backend has no steppable :class:`~formtax.decoding.engine.Batch`. It is a
-:class:`~formtax.decoding.rowplan.RowEngine` and decodes whole rows (:meth:`VLLMBackend.decode_rows`, a
+:class:`~formtax.decoding.rowengine.RowEngine` and decodes whole rows (:meth:`VLLMBackend.decode_rows`, a
 ``RowDecoder``), choosing per row the cheapest exact path:
 
 * **free rows** (a FreePolicy behind an optional forced prefix: ``free``, ``short``, NL-to-Format's first call)
   are plain engine requests: the forced prefix (RC) is appended to the prompt (forcing tokens is the same as
   prompting with them), EOS and the newline tokens become ``stop_token_ids``;
-* **whole-output grammar rows** (``constrained``, ``json``, NL-to-Format's extraction call) go through vLLM's
-  structured outputs with the llguidance backend, fed the very grammar formtax compiles (as Lark text). vLLM
-  applies the grammar bitmask *before* any logits processor sees the row, so the masked mass of such a row is
-  measured by a one-token probe request that runs first (its prompt then sits in the prefix cache);
-* **everything else** (InWriting's switch, statistics wrappers, any future per-step policy such as Deco-G's
-  reweighting) runs *live*: the row's own Policy object is stepped inside formtax's v1 logits processor
-  (``backends/logits_processor.py``), which sees the raw logits of the row at every step.
+* **whole-output grammar rows** whose masked mass is not measured go through vLLM's structured outputs with the
+  llguidance backend, fed the very grammar formtax compiles (as Lark text);
+* **everything else** (InWriting's switch, closing, statistics wrappers, Deco-G's reweighting, and every grammar
+  row whose first-step masked mass is measured: vLLM masks a grammar row before any logits processor sees it)
+  runs *live*: the row carries its recipe (``RowRequest.recipe``, sealed: backends/row_reports.py) to formtax's
+  plugin (``formtax.vllm_plugin:FormtaxLogitsProcessor``, the very processor a stock ``vllm serve`` loads),
+  which builds the row's policy inside the engine, chooses each token there with the loop's own rule, and
+  reports the finished RowOutput back. Nothing crosses processes but the arguments and the report, so the engine
+  may run in its own process (vLLM's default), with tensor parallelism or with Ray.
 
 Free and grammar rows are then *replayed*: the row's policy is stepped over the engine's tokens, which rebuilds
 exactly the RowOutput the decode loop would have produced and rejects any token outside the policy's allowed set.
-Strategies assemble their results from RowOutputs as usual, so a vLLM result differs from a transformers one
-only where the numbers differ: in float32 (the default, as for transformers) greedy outputs matched the
+A live row's report is checked against the engine's tokens. Strategies assemble their results from RowOutputs as
+usual, so a vLLM result differs from a transformers one only where the numbers differ: in float32 (the default, as for transformers) greedy outputs matched the
 transformers backend token for token in our measurements; bfloat16 drifts (see the tests and the report).
 
 What this backend cannot do: crop a row's cache (no KV_CROP), so the suffix strategies' rewinds are refused
-before a run. Sampled outputs (temperature > 0) use vLLM's seeded sampler: the same distribution as the loop's,
-not the same draws.
+before a run. Sampled live rows draw from their own seeded generators, as the loop does (the same draws on the
+same logits); sampled free and grammar rows use vLLM's seeded sampler: the same distribution, not the same draws.
 
-Engine settings that formtax needs are fixed: the engine runs in this process (the logits processor must reach
-the policies), chunked prefill is off (a discarded partial-prefill sample would advance a policy), the llguidance
-structured-output backend, prefix caching on. ``tensor_parallel_size`` and any other ``vllm.LLM`` keyword pass
-through (``--tensor-parallel-size``, ``--engine-opt KEY=VALUE``). On CPU the KV cache is capped at 1 GiB unless
-``VLLM_CPU_KVCACHE_SPACE`` or ``kv_cache_memory_bytes`` says otherwise.
+Engine settings that formtax needs are fixed: chunked prefill is off (a discarded partial-prefill sample would
+advance a policy), no asynchronous scheduling, the llguidance structured-output backend, prefix caching on.
+``tensor_parallel_size``, ``distributed_executor_backend`` and any other ``vllm.LLM`` keyword pass through
+(``--tensor-parallel-size``, ``--engine-opt KEY=VALUE``). On CPU the KV cache is capped at 1 GiB unless
+``VLLM_CPU_KVCACHE_SPACE`` or ``kv_cache_memory_bytes`` says otherwise. Live rows report over a local socket
+(127.0.0.1): a Ray cluster across machines is not supported yet.
 """
 
 from __future__ import annotations
@@ -39,23 +42,17 @@ import json
 import logging
 import os
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from formtax.backends.logits_processor import (
-    ROW_KEY,
-    LiveRow,
-    processor_class,
-    register_rows,
-    unregister_rows,
-)
 from formtax.backends.model_files import DEFAULT_MODEL, ModelSource, resolve_model
+from formtax.backends.row_reports import Inbox, MemoryInbox, ZmqInbox, decode_report, ensure_secret, row_args
 from formtax.constraints.spec import Constraint
 from formtax.decoding.engine import Backend, Batch, Capability, TokenizerInfo
 from formtax.decoding.loop import RowOutput, RowRequest, decode
 from formtax.decoding.lowering import Lowering
-from formtax.decoding.policies import ConstrainedPolicy
-from formtax.decoding.rowplan import RowEngine, RowPlan, lark_grammar, plan_row, replay
+from formtax.decoding.rowengine import LoweredRow, RowEngine, lark_grammar, lower_row, replay
 from formtax.decoding.sampling import Sampling
 from formtax.errors import CapabilityError, ConfigError
 
@@ -64,6 +61,7 @@ log = logging.getLogger(__name__)
 # Engine settings formtax's exactness depends on (a user option cannot override them).
 FIXED_ENGINE: dict[str, Any] = {"enable_chunked_prefill": False, "async_scheduling": False}
 DEFAULT_ENGINE: dict[str, Any] = {"enable_prefix_caching": True, "max_model_len": 4096, "seed": 0}
+PLUGIN = "formtax.vllm_plugin:FormtaxLogitsProcessor"  # the processor a stock vllm serve loads, and this backend
 CPU_KVCACHE_GIB = "1"  # VLLM_CPU_KVCACHE_SPACE unless set: the in-process engine's and serve()'s alike
 
 
@@ -100,11 +98,11 @@ def _on_cpu() -> bool:
 
 
 def _prepare_environment() -> None:
-    """Process-level settings read when vLLM starts an engine (set before it is imported)."""
-    if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0") != "0":
-        log.warning("VLLM_ENABLE_V1_MULTIPROCESSING=0 is forced: formtax's logits processor must run in-process")
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    """Process-level settings read when vLLM starts an engine (set before it is imported): the recipes' secret,
+    which vLLM's engine processes inherit (backends/row_reports.py)."""
+    ensure_secret()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KVCACHE_GIB)
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout is the answer's (``--json``)
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 
@@ -124,6 +122,7 @@ class VLLMBackend(RowEngine):
         self.engine = dict(engine or {})
         self.dtype = dtype
         self.eos_id = min(tok.eos_ids)
+        self._reports: Inbox | None = None
 
     @classmethod
     def load(cls, name: str | None = None, device: str = "cpu", dtype: str = "float32",
@@ -145,7 +144,7 @@ class VLLMBackend(RowEngine):
             ) from e
         src = resolve_model(name)
         engine = {**DEFAULT_ENGINE, **_platform_defaults(), **options, **FIXED_ENGINE}
-        engine.update(model=src.path, tokenizer=src.path, dtype=dtype, logits_processors=[processor_class()],
+        engine.update(model=src.path, tokenizer=src.path, dtype=dtype, logits_processors=[PLUGIN],
                       structured_outputs_config={"backend": "guidance"})
         log.info("starting vLLM %s on %s (%s)", vllm_version, src.path, dtype)
         llm = vllm.LLM(**engine)
@@ -165,7 +164,7 @@ class VLLMBackend(RowEngine):
     def new_batch(self, prompts: Sequence[Sequence[int]]) -> Batch:
         raise CapabilityError(
             "the vllm backend has no steppable batch: it decodes whole rows inside the engine (strategies reach it "
-            "through decode_rows; see decoding/rowplan.py)"
+            "through decode_rows; see decoding/rowengine.py)"
         )
 
     def describe(self) -> dict[str, Any]:
@@ -195,8 +194,9 @@ class VLLMBackend(RowEngine):
                         top_k=max(0, top_k), min_p=float(getattr(p, "min_p", 0.0) or 0.0))
 
     def _params(self, sampling: Sampling, seed: int, max_tokens: int, stop_ids: frozenset[int],
-                grammar: str | None = None, row_key: str | None = None) -> Any:
-        """One request's SamplingParams: a grammar goes to structured outputs, a live row names its LiveRow."""
+                grammar: str | None = None, extra_args: dict[str, str] | None = None) -> Any:
+        """One request's SamplingParams: a grammar goes to structured outputs, a live row's arguments to
+        formtax's plugin."""
         from vllm import SamplingParams
         from vllm.sampling_params import StructuredOutputsParams
 
@@ -213,84 +213,94 @@ class VLLMBackend(RowEngine):
                               max_tokens=max_tokens, detokenize=False, skip_special_tokens=False,
                               stop_token_ids=sorted(stop_ids),
                               structured_outputs=StructuredOutputsParams(grammar=grammar) if grammar else None,
-                              extra_args={ROW_KEY: row_key} if row_key else None)
+                              extra_args=extra_args)
 
     def _generate(self, prompts: Sequence[list[int]], params: Sequence[Any]) -> list[tuple[list[int], str | None]]:
         """Decode every request to completion; (token ids, finish reason) per request, in order."""
         outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], list(params), use_tqdm=False)
         return [(list(o.outputs[0].token_ids), o.outputs[0].finish_reason) for o in outs]
 
-    def _live_params(self, live: LiveRow, key: str, sampling: Sampling) -> Any:
-        return self._params(sampling, live.req.seed, live.req.max_tokens, self._tok.eos_ids, row_key=key)
+    def _inbox(self) -> Inbox:
+        """Where this backend's live rows report (backends/row_reports.py): in memory when the engine steps them in
+        this process, else a socket that vLLM's engine processes reach."""
+        if self._reports is None:
+            self._reports = MemoryInbox() if self._engine_in_process() else ZmqInbox()
+        return self._reports
 
-    def _probe_masses(self, rows: Sequence[RowRequest], plans: Sequence[RowPlan],
-                      sampling: Sampling) -> dict[int, float | None]:
-        """The masked mass at the first constrained step of each grammar row, from its raw logits: a one-token
-        live row on prompt + forced prefix with a fresh copy of the row's constrained policy."""
-        probes: dict[int, LiveRow] = {}
-        for k, (row, plan) in enumerate(zip(rows, plans, strict=True)):
-            inner = plan.inner
-            if plan.kind != "grammar" or not getattr(inner, "_measure", True):
-                continue
-            policy = ConstrainedPolicy(inner.matcher.copy(), inner.eos_ids, phase=inner.phase, measure=True)
-            req = RowRequest(list(row.prompt_ids) + plan.prefix, policy, 1, row.seed)
-            probes[k] = LiveRow(req, self.eos_id, self._tok.n_logits)
-        if not probes:
-            return {}
-        keys = register_rows(list(probes.values()))
-        try:
-            params = [self._live_params(p, key, sampling) for p, key in zip(probes.values(), keys, strict=True)]
-            self._generate([p.req.prompt_ids for p in probes.values()], params)
-        finally:
-            unregister_rows(keys)
-        return {k: p.out.masked_mass for k, p in probes.items()}
+    def _engine_in_process(self) -> bool:
+        if self.llm is None:  # a test double's engine
+            return True
+        single = all(int(self.engine.get(k) or 1) == 1 for k in ("tensor_parallel_size", "pipeline_parallel_size"))
+        executor = self.engine.get("distributed_executor_backend")
+        return os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") == "0" and single and executor in (None, "uni")
 
     def decode_rows(self, backend: Backend, rows: Sequence[RowRequest], sampling: Sampling,
                     whole: Sequence[Constraint | None]) -> list[RowOutput]:
-        """A ``RowDecoder``: every row to completion in one engine call (plus the masked-mass probes)."""
+        """A ``RowDecoder``: every row to completion in one engine call.
+
+        A row whose policy must be stepped, or whose first constrained step's masked mass is measured, runs live:
+        it carries its recipe to formtax's plugin in the engine, which builds and steps it there and reports its
+        output (backends/row_reports.py). Free and unmeasured grammar rows are plain engine requests, replayed."""
         if backend is not self:  # e.g. NL-to-Format's extractor on another engine
             return decode(backend, rows, temperature=sampling)
         if not rows:
             return []
         t0 = time.perf_counter()
-        plans = [plan_row(r, w) for r, w in zip(rows, whole, strict=True)]
-        masses = self._probe_masses(rows, plans, sampling)
-        lives: dict[int, LiveRow] = {
-            k: LiveRow(r, self.eos_id, self._tok.n_logits, sampling)
-            for k, (r, p) in enumerate(zip(rows, plans, strict=True))
-            if p.kind == "live"
-        }
-        keys = register_rows(list(lives.values()))
-        key_of = dict(zip(lives, keys, strict=True))
+        lowered = [lower_row(r, w) for r, w in zip(rows, whole, strict=True)]
+        live = {k: uuid.uuid4().hex for k, p in enumerate(lowered) if _runs_live(p)}
         prompts: list[list[int]] = []
         params: list[Any] = []
-        for k, (row, plan) in enumerate(zip(rows, plans, strict=True)):
-            if plan.kind == "live":
+        for k, (row, low) in enumerate(zip(rows, lowered, strict=True)):
+            s = row.sampling or sampling
+            if k in live:
+                if row.recipe is None:
+                    raise CapabilityError(f"vllm backend: a {type(row.policy).__name__} row has no recipe, so it "
+                                          "cannot be built in vLLM's engine (RowRequest.recipe)")
                 prompts.append(list(row.prompt_ids))
-                params.append(self._live_params(lives[k], key_of[k], sampling))
+                params.append(self._params(s, row.seed, row.max_tokens, self._tok.eos_ids,
+                                           extra_args=row_args(row.recipe, live[k], self._inbox().address)))
                 continue
-            grammar = lark_grammar(plan.constraint) if plan.constraint is not None else None
-            prompts.append(list(row.prompt_ids) + plan.prefix)
-            params.append(self._params(sampling, row.seed, row.max_tokens - len(plan.prefix), plan.stop_ids,
+            grammar = lark_grammar(low.constraint) if low.constraint is not None else None
+            prompts.append(list(row.prompt_ids) + low.prefix)
+            params.append(self._params(s, row.seed, row.max_tokens - len(low.prefix), low.stop_ids,
                                        grammar=grammar))
-        try:
-            produced = self._generate(prompts, params)
-        finally:
-            unregister_rows(keys)
+        produced = self._generate(prompts, params)
+        reports = self._inbox().collect(list(live.values())) if live else {}
         wall = time.perf_counter() - t0
         outs: list[RowOutput] = []
-        for k, (row, plan, (tokens, finish)) in enumerate(zip(rows, plans, produced, strict=True)):
-            if plan.kind == "live":
-                out = lives[k].finalize(tokens, finish)
-                problem = lives[k].error
+        for k, (row, low, (tokens, finish)) in enumerate(zip(rows, lowered, produced, strict=True)):
+            if k in live:
+                out, problem = self._reported(row, reports.get(live[k]), tokens)
             else:
-                out = replay(row, plan.prefix + tokens, finish, masses.get(k))
+                out = replay(row, low.prefix + tokens, finish)
                 problem = f"the engine ended the row with {finish!r}" if out.finish_reason.startswith("engine-") else None
             if problem is not None:  # never hand a strategy a row the engine did not decode as planned
                 raise RuntimeError(f"vllm backend: row {k}: {problem}")
             out.wall_s = wall
             outs.append(out)
         return outs
+
+    def _reported(self, row: RowRequest, report: dict[str, Any] | None, tokens: list[int]
+                  ) -> tuple[RowOutput, str | None]:
+        """A live row's output as its report says, checked against the tokens the engine returned: the row's
+        tokens, then at most the EOS forced after the row finished (never part of the output)."""
+        if report is None:
+            return RowOutput(prompt_ids=list(row.prompt_ids)), (
+                "no report from formtax's processor in the engine (is formtax.vllm_plugin:FormtaxLogitsProcessor "
+                "loaded, and can the engine reach this process?)")
+        out, error = decode_report(report, row.prompt_ids)
+        n = len(out.tokens)
+        rest = tokens[n:]
+        if error is None and (tokens[:n] != out.tokens or len(rest) > 1 or (rest and rest[0] not in self._tok.eos_ids)):
+            error = f"the engine returned {len(tokens)} tokens that are not the row's {n} (+ an ending EOS)"
+        out.forward_passes = len(tokens)
+        return out, error
+
+
+def _runs_live(plan: LoweredRow) -> bool:
+    """Whether a row is stepped in the engine: a live policy, or a grammar row whose masked mass is measured (the
+    engine's grammar masks the logits before any processor sees them)."""
+    return plan.kind is Lowering.LIVE or (plan.kind is Lowering.GRAMMAR and getattr(plan.inner, "_measure", True))
 
 
 def _jsonable(v: Any) -> bool:

@@ -5,7 +5,8 @@
   and ``RowCursor``, one row's step bookkeeping shared by the three drivers of a policy.
 - ``policies``: free text, constrained, JSON caps, InWriting, a forced prefix; each says how it lowers.
 - ``loop``: the one batched decode loop (:func:`decode`).
-- ``lowering``, ``rowplan``: engines that own their loop (``RowEngine``): row plans and the replay check.
+- ``lowering``, ``rowengine``: engines that own their loop (``RowEngine``): how a row is lowered onto one, and the
+  replay check.
 - ``sampling``: temperature, top-k, top-p, min-p.
 """
 

@@ -9,7 +9,7 @@ Capabilities are declared, so a strategy that needs what a backend lacks fails b
 (:func:`require`), never half-way through a batch.
 
 Engines that cannot hand the loop a steppable :class:`Batch` (vLLM, OpenAI-compatible servers) are
-instances of :class:`~formtax.decoding.rowplan.RowEngine`: they decode whole rows, each row lowered by its own policy
+instances of :class:`~formtax.decoding.rowengine.RowEngine`: they decode whole rows, each row lowered by its own policy
 (:mod:`formtax.decoding.lowering`). The protocol names no strategy: strategies adapt to engines, never the reverse.
 """
 

@@ -30,7 +30,7 @@ from formtax.tensorops import argmax, argmax_rows, holds, masked_argmax, ranked_
 
 # the vocabulary lives in decoding/plan.py; re-exported here, where the strategies have always found it
 __all__ = ["Divert", "Plan", "Policy", "RowCursor", "RowOutput", "RowRequest", "Step", "Veto", "choose_vetted",
-           "decode", "masked_mass", "relay", "resolve_divert"]
+           "decide", "decode", "draw_divert", "masked_mass", "relay", "resolve_divert"]
 
 
 def resolve_divert(plan: Plan, logits: torch.Tensor, sampling: Sampling | float, gen: torch.Generator | None
@@ -101,6 +101,36 @@ def _vetted(logits: torch.Tensor, plan: Plan, sampling: Sampling, gen: torch.Gen
             return token, True, False
         refused.append(token)
     return veto.fallback, True, True
+
+
+def draw_divert(plan: Plan, logits: torch.Tensor, sampling: Sampling, gen: torch.Generator | None,
+                top: Callable[[], int]) -> tuple[Plan, tuple[int, bool] | None]:
+    """The plan that stands at a step, and the draw it keeps: a diverting plan draws first (``top()``: the row's
+    unmasked argmax, asked only when the draw is that), and a draw among its divert tokens is replaced by the next
+    plan's choice (:class:`Divert`). Every driver that chooses tokens itself (the loop, formtax's rows inside
+    vLLM) takes a step through this and :func:`decide`."""
+    if plan.divert is None:
+        return plan, None
+    base = plan.scores if plan.scores is not None else logits
+    unmasked = plan.scores is None and plan.allowed is None and not plan.banned
+    if (sampling.greedy or plan.divert.by_argmax) and unmasked:
+        drawn = (top(), False)
+    elif plan.divert.by_argmax:
+        drawn = _choose(base, plan, GREEDY, None)
+    else:
+        drawn = _choose(base, plan, sampling, gen)
+    replaced = plan.divert.resolve(drawn[0])
+    return (plan, drawn) if replaced is None else (replaced, None)
+
+
+def decide(plan: Plan, drawn: tuple[int, bool] | None, logits: torch.Tensor, sampling: Sampling,
+           gen: torch.Generator | None) -> tuple[int, bool, bool]:
+    """The token of a plan that stands (after :func:`draw_divert`): (token, masked, forced)."""
+    if plan.forced is not None:
+        return plan.forced, plan.allowed is not None, True
+    if drawn is not None:  # kept from the diverting plan: its divert tokens were in effect masked
+        return drawn[0], True, False
+    return choose_vetted(plan.scores if plan.scores is not None else logits, plan, sampling, gen)
 
 
 def _greedy_batch(logits: Sequence[torch.Tensor], chosen: list[tuple[int, Plan]], top: Callable[[], list[int]]
@@ -196,11 +226,11 @@ def masked_mass(logits: torch.Tensor, allowed: torch.Tensor) -> float:
     return float(1.0 - p[allowed].sum().item())
 
 
-class _Step:
-    """One step of :func:`decode` over the live rows: plan each row, choose, emit and advance each row.
+class _Stepper:
+    """The steps of one :func:`decode` over its live rows: at each step plan each row, choose, emit and advance.
 
-    Kept as an object so the loop in :func:`decode` reads top to bottom; the per-step fields are reset by
-    :meth:`begin`. Planning settles forced, drawn and sampled tokens per row; greedy choices wait for
+    One object for the whole decode (the rows' cursors, generators and samplings), so the loop in :func:`decode`
+    reads top to bottom; the per-step fields are reset by :meth:`begin`. Planning settles forced, drawn and sampled tokens per row; greedy choices wait for
     :meth:`choose_greedy` (all greedy rows at once) unless rows are coupled.
 
     ``on_device``: the logits live on an accelerator (or a test asks for that path). Then nothing reads a row of
@@ -242,19 +272,7 @@ class _Step:
     def plan_row(self, pos: int, i: int) -> None:
         cur, gen, sampling = self.cursors[i], self.gens[i], self.samplings[i]
         row_logits = self.rows[pos]
-        plan = cur.plan(row_logits)
-        drawn: tuple[int, bool] | None = None
-        if plan.divert is not None:  # draw first; a diverted token is replaced by the next plan's choice
-            unmasked = plan.scores is None and plan.allowed is None and not plan.banned
-            if (sampling.greedy or plan.divert.by_argmax) and unmasked:
-                drawn = (self.top()[pos], False)  # the unmasked greedy draw: the step's shared argmax
-            elif plan.divert.by_argmax:
-                drawn = _choose(plan.scores if plan.scores is not None else row_logits, plan, GREEDY, None)
-            else:
-                drawn = _choose(plan.scores if plan.scores is not None else row_logits, plan, sampling, gen)
-            replaced = plan.divert.resolve(drawn[0])
-            if replaced is not None:
-                plan, drawn = replaced, None
+        plan, drawn = draw_divert(cur.plan(row_logits), row_logits, sampling, gen, lambda: self.top()[pos])
         cur.note(plan)
         self.plans[pos] = plan
         if plan.stop is not None or plan.rewind is not None:
@@ -264,15 +282,10 @@ class _Step:
                 self.mass_rows.append(pos)
         else:
             cur.measure(plan, lambda: masked_mass(row_logits, plan.allowed))  # type: ignore[arg-type]
-        if plan.forced is not None:
-            self.decided[pos] = (plan.forced, plan.allowed is not None, True)
-        elif drawn is not None:  # kept from the diverting plan: its divert tokens were in effect masked
-            self.decided[pos] = (drawn[0], True, False)
-        elif sampling.greedy and self.together:
+        if sampling.greedy and self.together and plan.forced is None and drawn is None:
             self.greedy.append((pos, plan))
-        else:  # sampled (each row from its own generator, under its own settings), or a coupled row
-            base = plan.scores if plan.scores is not None else row_logits
-            self.decided[pos] = choose_vetted(base, plan, sampling, gen)
+        else:  # forced, kept from a divert, sampled (from the row's own generator), or a coupled row
+            self.decided[pos] = decide(plan, drawn, row_logits, sampling, gen)
 
     def choose_greedy(self) -> None:
         """The greedy rows choose together; a row whose veto refuses its choice goes on alone."""
@@ -421,7 +434,7 @@ def decode(
     (0 = greedy) or a full :class:`~formtax.decoding.sampling.Sampling` (top-k, top-p, min-p), for the rows that
     carry none of their own (``RowRequest.sampling``: rows of one batch may sample differently, each from its own
     generator on the logits' device).
-    ``device_step``: choose on the logits' device (:class:`_Step`); None = wherever the logits are not on the
+    ``device_step``: choose on the logits' device (:class:`_Stepper`); None = wherever the logits are not on the
     host (the tests force it on CPU to count its transfers and check its tokens against the host path).
 
     Continuous batching (the server): ``admit(n_live)`` is asked after every step for rows to join the running
@@ -453,7 +466,7 @@ def decode(
         batch.keep(live)  # positions equal row indices before the first step
     device_step = DEVICE_STEP if device_step is None else device_step
     on_device = logits.device.type != "cpu" if device_step is None else device_step
-    step = _Step(cursors, gens, samplings, batch, t0, together=not any(_coupled(r.policy) for r in rows),
+    step = _Stepper(cursors, gens, samplings, batch, t0, together=not any(_coupled(r.policy) for r in rows),
                  on_device=on_device)
     fill = MaskFill(background=on_device and logits.device.type != "cpu")
     fill.start([m for i in live if (m := rows[i].policy.mask_matcher()) is not None])

@@ -10,7 +10,7 @@ policy says what it becomes there (:meth:`~formtax.decoding.loop.Policy.lowered`
 * ``live``: anything else; the policy must see the logits at every step (vLLM's logits processor can, a server
   cannot).
 
-The policy is then replayed over the engine's tokens (:func:`formtax.decoding.rowplan.replay`) as a check.
+The policy is then replayed over the engine's tokens (:func:`formtax.decoding.rowengine.replay`) as a check.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ class Lowering(StrEnum):
 
 
 @dataclass
-class RowPlan:
+class LoweredRow:
     """How one row is decoded by an engine that owns its loop (see the module docstring)."""
 
     kind: Lowering

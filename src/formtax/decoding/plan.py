@@ -2,7 +2,7 @@
 
 A :class:`Policy` plans each step of one row (a :class:`Plan`) and is told the emitted token. Three drivers step
 policies: the decode loop (:func:`formtax.decoding.loop.decode`), the replay of an engine's own tokens
-(:func:`formtax.decoding.rowplan.replay`) and vLLM's logits processor (``backends/logits_processor.py``). They
+(:func:`formtax.decoding.rowengine.replay`) and vLLM's logits processor (``backends/logits_processor.py``). They
 differ only in where a token comes from; what happens around it is :class:`RowCursor`'s, written once: the
 plan's event recorded at its step, the masked mass at the first measured step, a token emitted with its flags
 and the policy advanced under the budget rule, the finish reason named.
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from formtax.decoding.lowering import Lowering, RowPlan
+from formtax.decoding.lowering import LoweredRow, Lowering
 from formtax.decoding.sampling import Sampling
 from formtax.tensorops import count_true
 
@@ -158,11 +158,11 @@ class Policy(ABC):
         matcher itself; either way the plan sees the same set."""
         return None
 
-    def lowered(self, whole: Constraint | None) -> RowPlan:
+    def lowered(self, whole: Constraint | None) -> LoweredRow:
         """What this policy becomes on an engine that owns its loop (:mod:`formtax.decoding.lowering`).
         ``whole``: the constraint that alone governs the row's output, when the strategy names one. The default
         is ``live`` (the policy is stepped); a policy that is exactly free text or exactly a grammar says so."""
-        return RowPlan(Lowering.LIVE, inner=self)
+        return LoweredRow(Lowering.LIVE, inner=self)
 
 
 @dataclass
@@ -181,6 +181,9 @@ class RowRequest:
     seed: int = 0
     # the row's own sampling (temperature, top-p/k, min-p); None: the decode()'s. Rows of one batch may differ.
     sampling: Sampling | None = None
+    # how to build this row's policy again in another process (vLLM's engine, which steps it there): a picklable
+    # callable taking that process's Backend (its tokenizer); None: the row runs only where it was built
+    recipe: Callable[[Any], Policy] | None = None
 
 
 @dataclass

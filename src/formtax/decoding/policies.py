@@ -12,7 +12,7 @@ from formtax.constraints.closing import Closer
 from formtax.constraints.compile import Matcher
 from formtax.constraints.jsonstrings import StringCaps
 from formtax.decoding.loop import Divert, Plan, Policy, Veto, relay
-from formtax.decoding.lowering import Lowering, RowPlan
+from formtax.decoding.lowering import LoweredRow, Lowering
 from formtax.decoding.plan import Finish, Phase
 from formtax.tensorops import any_true
 
@@ -38,10 +38,10 @@ class FreePolicy(Policy):
             return Finish.NEWLINE
         return None
 
-    def lowered(self, whole: Constraint | None) -> RowPlan:
+    def lowered(self, whole: Constraint | None) -> LoweredRow:
         if type(self) is not FreePolicy:  # a subclass may change what the plan means: stepped
             return super().lowered(whole)
-        return RowPlan(Lowering.FREE, stop_ids=self.eos_ids | self.stop_ids, inner=self)
+        return LoweredRow(Lowering.FREE, stop_ids=self.eos_ids | self.stop_ids, inner=self)
 
 
 class ConstrainedPolicy(Policy):
@@ -100,10 +100,10 @@ class ConstrainedPolicy(Policy):
     def mask_matcher(self) -> Matcher | None:
         return self.matcher
 
-    def lowered(self, whole: Constraint | None) -> RowPlan:
+    def lowered(self, whole: Constraint | None) -> LoweredRow:
         if whole is None or type(self) is not ConstrainedPolicy:
             return super().lowered(whole)
-        return RowPlan(Lowering.GRAMMAR, stop_ids=self.eos_ids, constraint=whole, inner=self)
+        return LoweredRow(Lowering.GRAMMAR, stop_ids=self.eos_ids, constraint=whole, inner=self)
 
 
 class JsonCapPolicy(ConstrainedPolicy):
@@ -222,7 +222,7 @@ class ForcedPrefix(Policy):
     def _sync(self) -> None:
         self.phase = self.inner.phase
 
-    def lowered(self, whole: Constraint | None) -> RowPlan:
+    def lowered(self, whole: Constraint | None) -> LoweredRow:
         """The inner policy's lowering with the prefix joining the prompt (one level of prefix only)."""
         if type(self) is not ForcedPrefix or type(self.inner) is ForcedPrefix:
             return super().lowered(whole)

@@ -239,7 +239,7 @@ def same_key(first: Job) -> Callable[[Job], bool]:
 
 def continuous(backend: Backend, job: Job) -> bool:
     """Whether a job can join a running decode loop: a single-pass strategy on a backend whose loop formtax steps."""
-    from formtax.decoding.rowplan import RowEngine
+    from formtax.decoding.rowengine import RowEngine
 
     return (isinstance(get_strategy(job.kwargs.get("strategy", "free")), SinglePass)
             and Capability.STEP_LOGITS in backend.capabilities and not isinstance(backend, RowEngine))

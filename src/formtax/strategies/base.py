@@ -4,7 +4,7 @@ A strategy is small: it turns a request into per-row policies for the shared dec
 turns the loop's output into a :class:`Result`. The constraint's own Python oracle (``Constraint.validate``) reads
 every constrained answer, so an engine bug shows up as ``parse_ok = False``, never as a silently wrong value.
 
-Engines that own their decode loop (vLLM, servers: :class:`~formtax.decoding.rowplan.RowEngine`) decode whole
+Engines that own their decode loop (vLLM, servers: :class:`~formtax.decoding.rowengine.RowEngine`) decode whole
 rows. A strategy says itself how it runs there (:meth:`Strategy.check_on_engine`, ``run_on_engine``): single-pass
 strategies and NL-to-Format build the same rows and hand them to the engine's ``decode_rows`` in place of the
 decode loop (``run_rows(backend, requests, decoder)``; vLLM's runs the very same Policy objects inside its logits
@@ -14,6 +14,8 @@ strategy.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -29,7 +31,7 @@ from formtax.decoding.loop import Policy, RowOutput, RowRequest, decode
 from formtax.decoding.lowering import Lowering
 from formtax.decoding.plan import ERROR_FINISHES, Finish
 from formtax.decoding.policies import ConstrainedPolicy, ForcedPrefix
-from formtax.decoding.rowplan import RowEngine, plan_row
+from formtax.decoding.rowengine import RowEngine, lower_row
 from formtax.decoding.sampling import GREEDY, Sampling
 from formtax.errors import CapabilityError, ConfigError, ConstraintError
 from formtax.strategies.options import StrategyOptions, check_options
@@ -397,6 +399,17 @@ argument names, per row, a constraint that alone governs the row's output after 
 policy must be stepped); an engine with a grammar parameter may enforce it natively instead."""
 
 
+def policy_recipe(strategy: SinglePass, request: Request) -> Callable[[Backend], Policy]:
+    """A row's recipe (``RowRequest.recipe``): the strategy's own policy for the request, built again from another
+    process's backend (vLLM's engine builds the row it steps from this; backends/vllm_backend.py). What only the
+    caller's process needs (the second call's prompt builder, the caller's notes) stays behind."""
+    return functools.partial(_rebuilt_policy, strategy, dataclasses.replace(request, conversion=None, meta={}))
+
+
+def _rebuilt_policy(strategy: SinglePass, request: Request, backend: Backend) -> Policy:
+    return strategy.policy(backend, request)
+
+
 def loop_decoder(backend: Backend, rows: Sequence[RowRequest], sampling: Sampling,
                  whole: Sequence[Constraint | None]) -> list[RowOutput]:
     """The decode loop as a :data:`RowDecoder` (it steps every policy, so it needs no constraint hint)."""
@@ -442,7 +455,7 @@ class SinglePass(Strategy):
                 policy = self.policy(engine, r)
             except ConstraintError:
                 continue  # an error result for that request, as on every backend
-            plan = plan_row(RowRequest([0], policy, r.max_tokens), self.whole_output_constraint(r, policy))
+            plan = lower_row(RowRequest([0], policy, r.max_tokens), self.whole_output_constraint(r, policy))
             if plan.kind not in engine.lowerings:
                 raise CapabilityError(
                     f"strategy {self.name!r} cannot run on backend {engine.name!r}: its policy "
@@ -467,7 +480,8 @@ class SinglePass(Strategy):
             except ConstraintError as e:  # unsatisfiable for this tokenizer: an error result, the batch goes on
                 results[k] = self.error_result(backend, e)
                 continue
-            rows.append(RowRequest(backend.tokenizer.prompt_ids(r.prompt), policy, r.max_tokens, r.seed))
+            rows.append(RowRequest(backend.tokenizer.prompt_ids(r.prompt), policy, r.max_tokens, r.seed,
+                                   recipe=policy_recipe(self, r)))
             index.append(k)
             whole.append(self.whole_output_constraint(r, policy))
         t0 = time.perf_counter()

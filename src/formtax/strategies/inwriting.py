@@ -20,7 +20,7 @@ from formtax.decoding.loop import Policy, RowOutput, RowRequest, Step
 from formtax.decoding.lowering import Lowering
 from formtax.decoding.plan import Phase
 from formtax.decoding.policies import ForcedPrefix, FreePolicy, InWritingPolicy
-from formtax.decoding.rowplan import RowEngine
+from formtax.decoding.rowengine import RowEngine
 from formtax.errors import CapabilityError, ConfigError, ConstraintError
 from formtax.strategies.base import (
     Request,

@@ -7,6 +7,7 @@ or a leading newline is parsed as a JSON parser would (paper 003, Table 11's par
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Sequence
 
@@ -15,8 +16,8 @@ from formtax.decoding.engine import Backend
 from formtax.decoding.loop import RowRequest
 from formtax.decoding.lowering import Lowering
 from formtax.decoding.plan import ERROR_FINISHES, Phase
-from formtax.decoding.policies import FreePolicy
-from formtax.decoding.rowplan import RowEngine
+from formtax.decoding.policies import ConstrainedPolicy, FreePolicy
+from formtax.decoding.rowengine import RowEngine
 from formtax.strategies.base import (
     Prompt,
     Request,
@@ -36,6 +37,12 @@ from formtax.strategies.base import (
     with_prefix,
 )
 from formtax.strategies.basic import constrained_policy
+
+
+def _answer_policy(constraint: Constraint, closing: int | None, backend: Backend) -> ConstrainedPolicy:
+    """The second call's row recipe (``RowRequest.recipe``): its constrained policy, built by another process's
+    backend (vLLM's engine)."""
+    return constrained_policy(backend, constraint, closing_limit=closing)
 
 
 def default_conversion(request: Request, reasoning: str) -> Prompt:
@@ -114,7 +121,10 @@ class NL2Format(Strategy):
                 if r.constrain
                 else FreePolicy(ext.tokenizer.eos_ids, phase=Phase.ANSWER)  # only prompted: runs to EOS
             )
-            second_rows.append(RowRequest(ext.tokenizer.prompt_ids(prompt), policy, request_reserve(ext, r), r.seed))
+            recipe = (functools.partial(_answer_policy, r.constraint, request_reserve(ext, r) if r.closing else None)
+                      if r.constrain else None)
+            second_rows.append(RowRequest(ext.tokenizer.prompt_ids(prompt), policy, request_reserve(ext, r), r.seed,
+                                          recipe=recipe))
         second = decoder(ext, second_rows, batch_sampling(requests),
                          [r.constraint if r.constrain and not r.closing else None for r in requests])
         wall = time.perf_counter() - t0

@@ -16,6 +16,12 @@ completes T once. The end of the free run is always a candidate branch point; th
 of the EOS, which is never emitted. Its budget is ``max_tokens`` minus the answer's reserve, so the completion
 always fits.
 
+On an engine that owns its loop (vLLM) a row cannot rewind, so the lazy form runs as two requests: the free pass
+(:class:`~formtax.strategies.suffix_policies.FreeRun`, stepped live in the engine, which reports its penalties),
+then t* is chosen here and T is completed by a request on ``x + y<t*``, whose prefix the engine's prefix cache
+already holds. Greedy outputs equal the one-row form's (the logits are those of the same prefixes). ``suffix-beam``
+runs there as this lazy form too: its output is the beam's (see below); what a beam costs is not measured there.
+
 ``suffix-beam`` runs two rows per request in the same batch, both advancing one token per step: the free
 hypothesis, which also decides (from its own deltas) when a new branch replaces the constrained hypothesis, and
 the constrained hypothesis. The backend protocol has no way to copy one row's cache into another, so a replaced
@@ -39,6 +45,8 @@ JSON, choice, Lark) are used as they are, without whitespace variants.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -47,10 +55,12 @@ from typing import ClassVar
 import numpy as np
 
 from formtax.constraints.spec import Constraint, TemplateConstraint
-from formtax.decoding.engine import Backend, Capability
-from formtax.decoding.loop import RowOutput, RowRequest, decode
+from formtax.decoding.engine import Backend, Capability, require
+from formtax.decoding.loop import Policy, RowOutput, RowRequest, decode
+from formtax.decoding.lowering import Lowering
 from formtax.decoding.plan import ERROR_FINISHES
-from formtax.errors import ConstraintError
+from formtax.decoding.rowengine import RowEngine
+from formtax.errors import CapabilityError, ConstraintError
 from formtax.strategies.base import (
     Request,
     Result,
@@ -59,11 +69,13 @@ from formtax.strategies.base import (
     answer_reserve,
     batch_sampling,
     call_info,
+    engine_results,
     finish_error,
     phase_texts,
     prefix_ids,
     read_answer,
     register,
+    request_sampling,
 )
 from formtax.strategies.basic import Free
 from formtax.strategies.options import SuffixBeamOptions, SuffixOptions
@@ -72,9 +84,12 @@ from formtax.strategies.suffix_policies import (
     BeamConstrainedPolicy,
     BeamFreePolicy,
     BeamState,
+    Completion,
     FreePass,
+    FreeRun,
     LazySuffixPolicy,
     SuffixAnswer,
+    choose_branch,
     suffix_answer,
 )
 
@@ -90,6 +105,7 @@ class _Row:
     answer: SuffixAnswer
     beam: BeamState | None = None
     lazy: LazySuffixPolicy | None = None
+    branch: int | None = None  # t*, where the caller chose it (the two-request form on an engine)
 
 
 class SuffixStrategy(Strategy):
@@ -118,8 +134,18 @@ class SuffixStrategy(Strategy):
         assert request.constraint is not None
         return self.reserve(request.constraint)
 
+    def check_on_engine(self, engine: RowEngine, requests: Sequence[Request]) -> None:
+        """On an engine that owns its loop: the two-request lazy form, whose rows are stepped live."""
+        require(engine, self.needs - {Capability.STEP_LOGITS, Capability.KV_CROP}, self.name)
+        if Lowering.LIVE not in engine.lowerings:
+            raise CapabilityError(f"strategy {self.name!r} cannot run on backend {engine.name!r}: its free pass "
+                                  "reads the logits of every step, which this engine does not expose")
+        engine.check_rows(self.name, {Lowering.LIVE}, [request_sampling(r) for r in requests])
+
     def run(self, backend: Backend, requests: Sequence[Request]) -> list[Result]:
         self.check(backend, requests)
+        if isinstance(backend, RowEngine):
+            return engine_results(backend, self.run_on_engine(backend, requests))
         results: list[Result | None] = [None] * len(requests)
         free_idx = [k for k, r in enumerate(requests) if not r.constrain]
         if free_idx:  # the unconstrained level: the same prompt and budget, free decoding
@@ -144,6 +170,52 @@ class SuffixStrategy(Strategy):
             results[k] = self.assemble(backend, requests[k], p, mine, wall)
         return [r for r in results if r is not None]
 
+    def run_on_engine(self, engine: RowEngine, requests: Sequence[Request]) -> list[Result]:
+        """The lazy form as two requests per request (module docstring): the free pass, then T from t*."""
+        results: list[Result | None] = [None] * len(requests)
+        free_idx = [k for k, r in enumerate(requests) if not r.constrain]
+        if free_idx:
+            for k, res in zip(free_idx, Free().run(engine, [requests[k] for k in free_idx]), strict=True):
+                res.strategy = self.name
+                results[k] = res
+        todo: list[tuple[int, FreeRun, SuffixAnswer, str, float]] = []
+        for k, r in enumerate(requests):
+            if not r.constrain:
+                continue
+            try:
+                free, answer, rule, tau = self.start(engine, r)
+            except ConstraintError as e:
+                results[k] = self.error_result(engine, e)
+                continue
+            todo.append((k, FreeRun(free), answer, rule, tau))
+        sampling = batch_sampling(requests)
+        tok = engine.tokenizer
+        t0 = time.perf_counter()
+        prompts = [tok.prompt_ids(requests[k].prompt) for k, *_ in todo]
+        first = engine.decode_rows(engine, [
+            RowRequest(p, run, run.free.budget + 1, requests[k].seed,
+                       recipe=functools.partial(_free_run, self, _portable(requests[k])))
+            for p, (k, run, *_) in zip(prompts, todo, strict=True)], sampling, [None] * len(todo))
+        branches = []
+        for (_k, run, _answer, rule, tau), out in zip(todo, first, strict=True):
+            stats = next(e["stats"]["suffix_free"] for e in out.events if "suffix_free" in e.get("stats", {}))
+            run.restore(stats, out.tokens)
+            assert run.free.end is not None
+            branches.append(choose_branch(run.free.deltas, run.free.end, rule, tau))
+        second = engine.decode_rows(engine, [
+            RowRequest(p + out.tokens[:t], Completion(answer, tok), requests[k].max_tokens - t, requests[k].seed,
+                       recipe=functools.partial(_completion, requests[k].constraint))
+            for p, (k, _run, answer, _rule, _tau), out, t in zip(prompts, todo, first, branches, strict=True)],
+            sampling, [None] * len(todo))
+        wall = time.perf_counter() - t0
+        for p, (k, run, answer, rule, tau), o1, o2, t in zip(prompts, todo, first, second, branches, strict=True):
+            out = RowOutput(prompt_ids=p, tokens=o1.tokens[:t] + o2.tokens, steps=o1.steps[:t] + o2.steps,
+                            finish_reason=o2.finish_reason, wall_s=wall,
+                            forward_passes=o1.forward_passes + o2.forward_passes)
+            row = _Row([], run.free, rule, tau, answer, branch=t)
+            results[k] = self.assemble(engine, requests[k], row, [out], wall)
+        return [r for r in results if r is not None]
+
     def start(self, backend: Backend, request: Request) -> tuple[FreePass, SuffixAnswer, str, float]:
         assert request.constraint is not None
         tok = backend.tokenizer
@@ -161,8 +233,9 @@ class SuffixStrategy(Strategy):
     def t_star(self, p: _Row) -> int | None:
         if p.lazy is not None:
             return p.lazy.t_star
-        assert p.beam is not None
-        return p.beam.branch
+        if p.beam is not None:
+            return p.beam.branch
+        return p.branch
 
     def assemble(self, backend: Backend, request: Request, p: _Row, outs: list[RowOutput], wall: float) -> Result:
         tok = backend.tokenizer
@@ -223,6 +296,22 @@ class SuffixStrategy(Strategy):
         if out.finish_reason in ERROR_FINISHES:
             res.error = finish_error(out.finish_reason)
         return res
+
+
+def _portable(request: Request) -> Request:
+    """What a recipe carries of a request (the second call's prompt builder and the caller's notes stay)."""
+    return dataclasses.replace(request, conversion=None, meta={})
+
+
+def _free_run(strategy: SuffixStrategy, request: Request, backend: Backend) -> Policy:
+    """The free pass's row recipe (``RowRequest.recipe``), built by the engine's backend."""
+    return FreeRun(strategy.start(backend, request)[0])
+
+
+def _completion(constraint: Constraint | None, backend: Backend) -> Policy:
+    """complete_T's row recipe, built by the engine's backend."""
+    assert constraint is not None
+    return Completion(suffix_answer(constraint, backend.tokenizer), backend.tokenizer)
 
 
 @register

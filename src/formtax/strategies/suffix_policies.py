@@ -311,3 +311,35 @@ class BeamConstrainedPolicy(Policy):
 
     def budget_exhausted(self) -> str:
         return self.answer.budget_exhausted() if self.answer is not None else Finish.LENGTH_INCOMPLETE
+
+
+class FreeRun(Policy):
+    """The free pass alone, as a row of an engine that owns its loop (vLLM): it ends where the free run ends, and
+    reports the run's penalties (:meth:`row_stats`) so the caller picks t* and completes T in a second request
+    on ``prompt + y<t*`` (whose prefix the engine's cache already holds)."""
+
+    def __init__(self, free: FreePass) -> None:
+        self.free = free
+        self.phase = free.phase_at(0)
+
+    def plan(self, logits: torch.Tensor, step: int) -> Plan:
+        plan = self.free.observe(logits, step)
+        if plan is None:
+            return Plan(stop=self.free.end_reason)
+        self.phase = self.free.phase_at(step)
+        return plan
+
+    def advance(self, token: int) -> str | None:
+        self.free.advance(token)
+        return self.free.end_reason if self.free.end is not None else None  # a sampled EOS ends the run
+
+    def row_stats(self) -> dict[str, object]:
+        f = self.free
+        return {"suffix_free": {"deltas": f.deltas, "mass": f.mass, "end": f.end, "end_reason": f.end_reason}}
+
+    def restore(self, stats: dict[str, object], tokens: Sequence[int]) -> None:
+        """Take the free run's record from a row that ran elsewhere (its :meth:`row_stats` and tokens)."""
+        f = self.free
+        f.deltas, f.mass = list(stats["deltas"]), list(stats["mass"])  # type: ignore[call-overload]
+        f.end, f.end_reason = stats["end"], str(stats["end_reason"])  # type: ignore[assignment]
+        f.tokens = [t for t in tokens if t not in f.eos_ids]

@@ -25,14 +25,14 @@ import torch
 from formtax.constraints.spec import Constraint
 from formtax.decoding.engine import Backend
 from formtax.decoding.loop import RowOutput, RowRequest
-from formtax.decoding.lowering import Lowering, RowPlan
+from formtax.decoding.lowering import LoweredRow, Lowering
 from formtax.decoding.plan import Finish, RowCursor
 from formtax.decoding.sampling import Sampling
 from formtax.errors import ConfigError
 
 _EMPTY = torch.empty(0)
 
-__all__ = ["Lowering", "RowEngine", "RowPlan", "lark_grammar", "plan_row", "replay"]
+__all__ = ["Lowering", "RowEngine", "LoweredRow", "lark_grammar", "lower_row", "replay"]
 
 
 class RowEngine(Backend):
@@ -59,11 +59,12 @@ class RowEngine(Backend):
         return {"backend": self.name}
 
 
-def plan_row(row: RowRequest, whole: Constraint | None) -> RowPlan:
-    """The row's plan: its policy's lowering, stepped live when a forced prefix alone fills the budget."""
+def lower_row(row: RowRequest, whole: Constraint | None) -> LoweredRow:
+    """How the row is decoded by an engine that owns its loop: its policy's lowering, stepped live when a forced
+    prefix alone fills the budget."""
     plan = row.policy.lowered(whole)
     if plan.kind is not Lowering.LIVE and len(plan.prefix) >= row.max_tokens:
-        return RowPlan(Lowering.LIVE, inner=row.policy)
+        return LoweredRow(Lowering.LIVE, inner=row.policy)
     return plan
 
 
