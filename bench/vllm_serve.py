@@ -20,6 +20,7 @@ bench/vllm_plugin_profile.py). A ratio is reported per client count, and its ``r
 (the highest for hf_mixed). One JSON line per comparison.
 
     .venv-vllm/bin/python bench/vllm_serve.py            # about 15 minutes on 2 cores
+    .venv-vllm/bin/python bench/vllm_serve.py --only formtax_vllm_free   # that comparison alone, about 4 minutes
 """
 
 from __future__ import annotations
@@ -145,6 +146,12 @@ def report(bench: str, num: dict[int, float], den: dict[int, float], target: flo
 def main() -> None:
     from formtax.backends.vllm_backend import serve
 
+    if sys.argv[1:] == ["--only", "formtax_vllm_free"]:
+        with serve(extra_args=["--enforce-eager"]) as url:
+            stock_free = measure(url, {"free": free}, "stock_")["free"]
+        report("vllm_serve/formtax_vllm_free", formtax_vllm(free), stock_free, 0.9,
+               what="formtax serve --backend vllm vs vllm serve, free text")
+        return
     with serve(extra_args=["--enforce-eager"]) as url:
         stock = measure(url, {"free": free, "json": guidance_json}, "stock_")
     with serve(extra_args=["--enforce-eager", *PLUGIN[2:]]) as url:  # the plugin's settings, no plugin: a profile
@@ -176,16 +183,19 @@ def main() -> None:
 
 
 def formtax_vllm(body: Body) -> dict[int, float]:
-    """``formtax serve --backend vllm``'s app over the in-process engine (eager, as the servers above)."""
+    """``formtax serve --backend vllm``'s app over vLLM's async engine (eager, as the servers above)."""
     from formtax.backends import load_backend
     from formtax.serve.app import ServeConfig, ServerThread, create_app
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        backend = load_backend("vllm", None, dtype="float32", enforce_eager=True)
+        backend = load_backend("vllm", None, dtype="float32", enforce_eager=True, async_engine=True)
     app = create_app(backend, ServeConfig(max_batch=64, temperature=0.0))
-    with ServerThread(app) as srv:
-        return measure(srv.url, {"free": body})["free"]
+    try:
+        with ServerThread(app) as srv:
+            return measure(srv.url, {"free": body})["free"]
+    finally:
+        backend.llm.shutdown()
 
 
 if __name__ == "__main__":

@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 
 PREFIX = "formtax_"
 KEYS = ("strategy", "answer", "closing", "triggers", "reasoning")
-RECIPE_KEYS = ("recipe", "row", "report")  # formtax's own backend (module docstring)
+RECIPE_KEYS = ("recipe", "row", "report", "stream")  # formtax's own backend (module docstring)
 
 
 def _recipe_of(extra_args: dict[str, Any] | None) -> tuple[Any, str, str] | None:
@@ -76,7 +76,7 @@ def build_row(engine: EngineSide, extra_args: dict[str, Any] | None, prompt_ids:
     """The LiveRow of a request from formtax's own backend (None for any other request): its policy built from
     its recipe with the engine's tokenizer; it chooses its tokens and reports its output when it finishes."""
     from formtax.backends.logits_processor import LiveRow
-    from formtax.backends.row_reports import encode, send
+    from formtax.backends.row_reports import encode, encode_step, send
     from formtax.decoding.plan import RowRequest
 
     got = _recipe_of(extra_args)
@@ -87,10 +87,15 @@ def build_row(engine: EngineSide, extra_args: dict[str, Any] | None, prompt_ids:
     def report(row: LiveRow) -> None:
         send(address, encode(key, row.out, row.error))
 
+    def step(token: int, phase: str) -> None:
+        send(address, encode_step(key, token, phase))
+
     tok = engine.tokenizer
     row = RowRequest(list(prompt_ids), recipe(engine), max_tokens, seed, sampling)
     live = LiveRow(row, min(tok.eos_ids), tok.n_logits, sampling, chooses=True, on_done=report)
     live.key = key
+    if str((extra_args or {}).get(PREFIX + "stream", "0")) == "1":
+        live.on_token = step
     return live
 
 

@@ -114,3 +114,56 @@ def test_a_row_joining_a_running_batch_gets_the_logits_it_would_get_alone(tiny) 
         for step, (a, w) in enumerate(zip(rows[k], want, strict=True)):
             assert torch.allclose(a, w, atol=1e-4), (k, step, float((a - w).abs().max()))
             assert int(a.argmax()) == int(w.argmax())
+
+
+def _continuous(model: LlamaForCausalLM) -> tuple[dict[str, list[torch.Tensor]], list[int]]:
+    """Rows leave, join and crop mid-decode; each row's logits by name, and the cache buffer's address per step."""
+    g = torch.Generator().manual_seed(3)
+    prompt = {name: torch.randint(1, 97, (n,), generator=g).tolist()
+              for name, n in zip("abcdefg", (7, 3, 12, 5, 9, 4, 14), strict=True)}
+    live = list("abcd")
+    b = HFBatch(model, [prompt[r] for r in live], pad_id=0, device=torch.device("cpu"))
+    logits = b.prefill()
+    rows: dict[str, list[torch.Tensor]] = {r: [logits[k]] for k, r in enumerate(live)}
+    addresses = []
+    for s in range(24):
+        if s == 5:  # b and d finish
+            keep = [k for k, r in enumerate(live) if r not in "bd"]
+            b.keep(keep)
+            logits, live = logits[keep], [live[k] for k in keep]
+        if s in (8, 16):  # two rows join at 8 (into b's and d's slots), one at 16 (into c's)
+            new = list("ef") if s == 8 else ["g"]
+            other = HFBatch(model, [prompt[r] for r in new], pad_id=0, device=torch.device("cpu"))
+            fresh = other.prefill()
+            b.join(other)
+            logits, live = torch.cat([logits, fresh]), live + new
+            for k, r in enumerate(new):
+                rows[r] = [fresh[k]]
+        if s == 12:  # a goes back to its first 4 generated tokens; c finishes
+            b.crop(live.index("a"), 4)
+            keep = [k for k, r in enumerate(live) if r != "c"]
+            b.keep(keep)
+            logits, live = logits[keep], [live[k] for k in keep]
+        logits = b.step(logits.argmax(-1).tolist())
+        for k, r in enumerate(live):
+            rows[r].append(logits[k])
+        addresses.append(b.cache.layers[0]._kbuf.data_ptr())
+    return rows, addresses
+
+
+def test_rows_leave_and_join_through_slots_with_the_logits_of_compacting_at_once(tiny, monkeypatch) -> None:
+    """Finished rows stay as dead slots until compaction (``COMPACT_AT``), and joining rows take dead slots: every
+    live row's logits equal those of compacting at every leave (the copy-per-leave behaviour, ``COMPACT_AT = 0``),
+    to float noise (the dead rows change the batch's shape, not a live row's arithmetic), with the same argmax."""
+    monkeypatch.setattr(hf, "COMPACT_AT", 0.0)
+    ref, ref_addresses = _continuous(tiny)
+    monkeypatch.setattr(hf, "COMPACT_AT", 1.0)  # never before every row is dead: leaves and joins copy nothing
+    got, addresses = _continuous(tiny)
+    assert ref.keys() == got.keys()
+    for r in ref:
+        assert len(ref[r]) == len(got[r])
+        for step, (a, w) in enumerate(zip(got[r], ref[r], strict=True)):
+            assert torch.allclose(a, w, atol=1e-5), (r, step, float((a - w).abs().max()))
+            assert int(a.argmax()) == int(w.argmax())
+    assert len(set(ref_addresses)) > 1  # compacting copies the cache at each leave and join
+    assert len(set(addresses)) == 1  # lazily, the leaves and the joins into dead slots copy nothing

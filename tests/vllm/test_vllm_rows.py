@@ -46,7 +46,7 @@ class SimVLLM(VLLMBackend):
         return {"max_tokens": max_tokens, "stop_ids": stop_ids, "grammar": grammar, "extra_args": extra_args,
                 "sampling": sampling, "seed": seed}
 
-    def _generate(self, prompts, params):
+    def _generate(self, prompts, params, sinks=None):
         self.calls.append(len(prompts))
         outs = []
         for prompt, p in zip(prompts, params, strict=True):

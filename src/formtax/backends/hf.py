@@ -100,6 +100,15 @@ class GrowingLayer(DynamicLayer):
         self._n = width
         self._views()
 
+    def place(self, other: GrowingLayer, row: int, slot: int, width: int) -> None:
+        """Write ``other``'s row ``row`` into this layer's row ``slot`` (a finished row's), right-aligned in the
+        first ``width`` columns, the columns before it zeroed: one row's columns are copied, nothing else."""
+        assert self._kbuf is not None and self._vbuf is not None and other._kbuf is not None
+        assert other._vbuf is not None and other._n <= width <= self._n
+        for mine, theirs in ((self._kbuf, other._kbuf), (self._vbuf, other._vbuf)):
+            mine[slot, ..., : width - other._n, :].zero_()
+            mine[slot, ..., width - other._n : width, :].copy_(theirs[row, ..., : other._n, :])
+
     def crop(self, tokens_to_remove: int) -> None:
         if tokens_to_remove > 0:
             raise ValueError("crop takes a negative count of tokens to remove")
@@ -160,7 +169,19 @@ def _option(key: str, value: Any) -> Any:
     return value
 
 
+COMPACT_AT = 0.5
+"""Finished rows leave an :class:`HFBatch` lazily: their cache rows stay as dead slots (fed the pad token, their
+logits dropped) until dead slots make up this share of the batch; then one copy compacts it. A joining row takes
+a dead slot where its prompt fits the batch's columns, so only its own columns are written. 0 compacts at every
+leave (every finished row copies the whole cache once more, as before). Ours, and why: a copy per leave and per
+join costs the whole cache each time (issue 44); a dead slot costs one row of the forward pass until compaction.
+Measured in bench/cache_slots.py."""
+
+
 class HFBatch(Batch):
+    """Rows of one decode on a transformers model (module docstring). The loop's live rows map to cache rows
+    (``slots``): a finished row's slot stays until compaction (:data:`COMPACT_AT`), and a joining row may take it."""
+
     def __init__(self, model: Any, prompts: Sequence[Sequence[int]], pad_id: int, device: torch.device) -> None:
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")
@@ -178,9 +199,13 @@ class HFBatch(Batch):
         self.next_pos = torch.tensor([len(p) for p in prompts], dtype=torch.long, device=device)
         # cache column of every token of the row's sequence (prompt, then generated), per live row: crop masks the
         # columns it forgets, and a token fed again after a crop simply gets a new column
-        self.prompt_len = [len(p) for p in prompts]
+        self.prompt_len = [len(p) for p in prompts]  # per cache row (slot), as are cols, attn and next_pos
         self.cols: list[list[int]] = [list(range(width - len(p), width)) for p in prompts]
         self.cache: Any = None
+        self.pad_id = pad_id
+        self.slots: list[int] = list(range(len(prompts)))  # the cache row of each live row, in the loop's order
+        self.dead: list[int] = []  # cache rows of finished rows, not yet compacted away
+        self._slot_index: torch.Tensor | None = None  # self.slots on the device (None: every row live, in order)
 
     @torch.inference_mode()
     def prefill(self) -> torch.Tensor:
@@ -202,15 +227,19 @@ class HFBatch(Batch):
 
     @torch.inference_mode()
     def step(self, tokens: Sequence[int] | torch.Tensor) -> torch.Tensor:
-        n = self.attn.shape[0]
+        n = len(self.slots)
         if len(tokens) != n:
             raise ValueError(f"step got {len(tokens)} tokens for {n} live rows")
+        rows = self.attn.shape[0]  # cache rows: the live ones and the dead slots
         col = self.attn.shape[1]
-        self.attn = torch.cat([self.attn, torch.ones((n, 1), dtype=torch.long, device=self.device)], dim=1)
+        self.attn = torch.cat([self.attn, torch.ones((rows, 1), dtype=torch.long, device=self.device)], dim=1)
         if isinstance(tokens, torch.Tensor):  # chosen on the device: no copy
             ids = tokens.to(device=self.device, dtype=torch.long).view(n, 1)
         else:
             ids = torch.tensor(list(tokens), dtype=torch.long, device=self.device).unsqueeze(1)
+        index = self._slot_index
+        if index is not None:  # dead slots are fed the pad token; their logits are dropped below
+            ids = torch.full((rows, 1), self.pad_id, dtype=torch.long, device=self.device).index_copy_(0, index, ids)
         out = self.model(
             input_ids=ids,
             attention_mask=self.attn,
@@ -219,19 +248,40 @@ class HFBatch(Batch):
             **{self._cache_kw: self.cache},
         )
         self.next_pos = self.next_pos + 1
-        for cols in self.cols:
-            cols.append(col)
-        return out.logits[:, -1, :].float()
+        for slot in self.slots:
+            self.cols[slot].append(col)
+        logits = out.logits[:, -1, :]
+        return (logits if index is None else logits.index_select(0, index)).float()
 
     def keep(self, live_positions: Sequence[int]) -> None:
-        if list(live_positions) == list(range(self.attn.shape[0])):
+        """The loop's live rows after a step (positions among the previous ones): the others' slots die, and the
+        cache is compacted once dead slots reach :data:`COMPACT_AT` of it."""
+        if list(live_positions) == list(range(len(self.slots))):
             return
-        idx = torch.tensor(list(live_positions), dtype=torch.long, device=self.device)
+        kept = [self.slots[p] for p in live_positions]
+        self.dead += sorted(set(self.slots) - set(kept))
+        self.slots = kept
+        if len(self.dead) >= COMPACT_AT * self.attn.shape[0]:
+            self._compact()
+        else:
+            self._index_slots()
+
+    def _index_slots(self) -> None:
+        dense = self.slots == list(range(self.attn.shape[0]))
+        self._slot_index = None if dense else torch.tensor(self.slots, dtype=torch.long, device=self.device)
+
+    def _compact(self) -> None:
+        """Drop the dead slots: one copy of the live rows' cache, in the loop's order."""
+        if not self.dead and self.slots == list(range(self.attn.shape[0])):
+            return
+        live = self.slots
+        idx = torch.tensor(live, dtype=torch.long, device=self.device)
         self.cache.batch_select_indices(idx)
         self.attn = self.attn[idx]
         self.next_pos = self.next_pos[idx]
-        self.prompt_len = [self.prompt_len[i] for i in live_positions]
-        self.cols = [self.cols[i] for i in live_positions]
+        self.prompt_len = [self.prompt_len[i] for i in live]
+        self.cols = [self.cols[i] for i in live]
+        self.slots, self.dead, self._slot_index = list(range(len(live))), [], None
 
     @property
     def joinable(self) -> bool:
@@ -240,10 +290,18 @@ class HFBatch(Batch):
 
     @torch.inference_mode()
     def join(self, other: Batch) -> None:
-        """Continuous batching: ``other``'s prefilled rows join this batch. Both are right-aligned to the wider
-        one's columns (left padding, masked), so each row keeps its own positions and cache columns."""
+        """Continuous batching: ``other``'s prefilled rows join this batch after its live rows. Into dead slots
+        where there are enough and the rows fit the batch's columns (only their own columns are written); else
+        the batch is compacted and both are right-aligned to the wider one's columns (left padding, masked), so
+        each row keeps its own positions and cache columns."""
         assert isinstance(other, HFBatch) and self.joinable and other.joinable
+        assert other.slots == list(range(other.attn.shape[0])) and not other.dead
         w1, w2 = self.attn.shape[1], other.attn.shape[1]
+        n_new = other.attn.shape[0]
+        if len(self.dead) >= n_new and w2 <= w1 and self.cache.layers[0].get_seq_length() == w1:
+            self._join_into_slots(other)
+            return
+        self._compact()
         width = max(w1, w2)
         for mine, theirs in zip(self.cache.layers, other.cache.layers, strict=True):
             mine.join(theirs, width)
@@ -256,20 +314,38 @@ class HFBatch(Batch):
         self.prompt_len += other.prompt_len
         self.cols = [[c + width - w1 for c in cols] for cols in self.cols] + \
             [[c + width - w2 for c in cols] for cols in other.cols]
+        self.slots = list(range(self.attn.shape[0]))
+        self._slot_index = None
+
+    def _join_into_slots(self, other: HFBatch) -> None:
+        """:meth:`join` into dead slots: each new row's cache, mask, position and columns go into one slot."""
+        w1, w2 = self.attn.shape[1], other.attn.shape[1]
+        taken, self.dead = self.dead[: other.attn.shape[0]], self.dead[other.attn.shape[0]:]
+        for j, slot in enumerate(taken):
+            for mine, theirs in zip(self.cache.layers, other.cache.layers, strict=True):
+                mine.place(theirs, j, slot, w1)
+            self.attn[slot].zero_()
+            self.attn[slot, w1 - w2 :] = other.attn[j]
+            self.next_pos[slot] = other.next_pos[j]
+            self.prompt_len[slot] = other.prompt_len[j]
+            self.cols[slot] = [c + w1 - w2 for c in other.cols[j]]
+        self.slots += taken
+        self._index_slots()
 
     @torch.inference_mode()
     def crop(self, live_position: int, n_generated: int) -> None:
         """Keep the prompt and the first ``n_generated`` generated tokens; ``-1`` also drops the prompt's last."""
-        cols = self.cols[live_position]
-        generated = len(cols) - self.prompt_len[live_position]
+        slot = self.slots[live_position]
+        cols = self.cols[slot]
+        generated = len(cols) - self.prompt_len[slot]
         if not -1 <= n_generated <= generated:
             raise ValueError(f"cannot crop row to {n_generated} generated tokens (it has {generated})")
-        length = self.prompt_len[live_position] + n_generated
+        length = self.prompt_len[slot] + n_generated
         dropped = cols[length:]
         if dropped:
-            self.attn[live_position, torch.tensor(dropped, device=self.device)] = 0
-            self.next_pos[live_position] = length  # a token's position = the number of real tokens before it
-        self.cols[live_position] = cols[:length]
+            self.attn[slot, torch.tensor(dropped, device=self.device)] = 0
+            self.next_pos[slot] = length  # a token's position = the number of real tokens before it
+        self.cols[slot] = cols[:length]
 
 
 class HFBackend(Backend):

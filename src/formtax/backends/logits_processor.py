@@ -58,6 +58,7 @@ class LiveRow:
         self.on_done = on_done  # told once, when the row finishes
         self.chosen: list[int] = []  # the tokens a choosing row forced, in order
         self.key: str | None = None  # the request's row key (formtax's own backend)
+        self.on_token: Callable[[int, str], None] | None = None  # a choosing row's tokens and phases, as taken
         self.sampling = as_sampling(sampling)
         # a diverting plan's coin (InWriting's sampled switch), seeded per row like the loop's generator
         self.gen = None if self.sampling.greedy else torch.Generator().manual_seed(int(req.seed))
@@ -187,6 +188,8 @@ class LiveRow:
         self.n_planned += 1
         self.chosen.append(int(token))
         reason = cur.accept(int(token), forced, masked)
+        if self.on_token is not None:
+            self.on_token(int(token), cur.out.steps[-1].phase)
         if reason is not None:
             self.finish(reason)
         return Entry(index, forced=int(token))

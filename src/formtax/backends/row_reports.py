@@ -92,13 +92,21 @@ def unseal(text: Any) -> Callable[[Any], Any]:
     return pickle.loads(blob)  # noqa: S301 - signed by formtax's backend with the secret it shares with its engine
 
 
-def row_args(recipe: Callable[[Any], Any], key: str, address: str) -> dict[str, str]:
+def row_args(recipe: Callable[[Any], Any], key: str, address: str, stream: bool = False) -> dict[str, str]:
     """The ``extra_args`` of a row that formtax's own backend sends to its plugin (formtax.vllm_plugin): the
-    sealed recipe, the row's key, the inbox its report goes to."""
-    return {"formtax_recipe": seal(recipe), "formtax_row": key, "formtax_report": address}
+    sealed recipe, the row's key, the inbox its report goes to, and whether it streams its tokens there."""
+    args = {"formtax_recipe": seal(recipe), "formtax_row": key, "formtax_report": address}
+    if stream:
+        args["formtax_stream"] = "1"
+    return args
 
 
 # -- outputs back -----------------------------------------------------------------------------------------------
+def encode_step(key: str, token: int, phase: str) -> bytes:
+    """One streamed token of a row (its worker's pid: under tensor parallelism every worker sends it)."""
+    return json.dumps({"key": key, "step": [int(token), str(phase)], "pid": os.getpid()}).encode()
+
+
 def encode(key: str, out: RowOutput, error: str | None) -> bytes:
     """A finished row's report (JSON)."""
     payload = {"key": key, "error": error, "tokens": out.tokens,
@@ -123,35 +131,49 @@ def decode_report(payload: dict[str, Any], prompt_ids: Sequence[int]) -> tuple[R
 
 
 class Inbox:
-    """Where a backend's rows report (:func:`send`); :meth:`collect` waits for the rows it names."""
+    """Where a backend's rows report (:func:`send`); :meth:`collect` waits for the rows it names, and a row that
+    streams hands each token to its listener (:meth:`listen`) as the engine's row chooses it."""
 
     address: str
 
     def __init__(self) -> None:
         self._got: dict[str, dict[str, Any]] = {}
+        self._listeners: dict[str, Callable[[int, str], None]] = {}
+        self._streamer: dict[str, Any] = {}  # the one worker whose steps a row streams (tensor parallel: several)
         self._cond = threading.Condition()
+
+    def listen(self, key: str, fn: Callable[[int, str], None]) -> None:
+        """Hand row ``key``'s tokens and phases to ``fn`` as they come (until :meth:`collect` takes the row)."""
+        with self._cond:
+            self._listeners[key] = fn
 
     def deliver(self, data: bytes) -> None:
         payload = json.loads(data)
+        key = str(payload["key"])
         with self._cond:
-            self._got.setdefault(str(payload["key"]), payload)  # the first of several workers' reports
-            self._cond.notify_all()
-
-    def _pump(self, timeout: float) -> None:
-        """Receive what has arrived (waiting up to ``timeout``)."""
-        with self._cond:
-            self._cond.wait(timeout)
+            if "step" in payload:
+                fn = self._listeners.get(key)
+                if fn is None or self._streamer.setdefault(key, payload.get("pid")) != payload.get("pid"):
+                    return
+            else:
+                self._got.setdefault(key, payload)  # the first of several workers' reports
+                self._cond.notify_all()
+                return
+        token, phase = payload["step"]
+        fn(int(token), str(phase))
 
     def collect(self, keys: Sequence[str], timeout: float = REPORT_WAIT_S) -> dict[str, dict[str, Any]]:
         """The reports of ``keys`` that arrived within ``timeout`` (taken out of the inbox)."""
         deadline = time.monotonic() + timeout
-        while True:
-            with self._cond:
-                missing = [k for k in keys if k not in self._got]
-            if not missing or time.monotonic() >= deadline:
-                break
-            self._pump(min(0.05, max(0.0, deadline - time.monotonic())))
         with self._cond:
+            while any(k not in self._got for k in keys):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            for k in keys:
+                self._listeners.pop(k, None)
+                self._streamer.pop(k, None)
             return {k: self._got.pop(k) for k in keys if k in self._got}
 
     def close(self) -> None:
@@ -175,31 +197,35 @@ class MemoryInbox(Inbox):
 
 class ZmqInbox(Inbox):
     """A ZeroMQ PULL socket bound on ``host`` (127.0.0.1: the engine's processes on this machine; a Ray cluster
-    across machines needs an address its workers reach)."""
+    across machines needs an address its workers reach), read by a thread of its own so that streamed tokens
+    reach their listeners while the engine runs."""
 
     def __init__(self, host: str = "127.0.0.1") -> None:
         super().__init__()
         import zmq
 
-        self._zmq = zmq
-        self._ctx = zmq.Context.instance()
-        self._sock = self._ctx.socket(zmq.PULL)
+        self._sock = zmq.Context.instance().socket(zmq.PULL)
         self._sock.setsockopt(zmq.RCVHWM, 0)
         self._sock.setsockopt(zmq.LINGER, 0)
         port = self._sock.bind_to_random_port(f"tcp://{host}")
         self.address = f"tcp://{host}:{port}"
-        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._reader = threading.Thread(target=self._read, name="formtax-row-reports", daemon=True)
+        self._reader.start()
 
-    def _pump(self, timeout: float) -> None:
-        with self._lock:
-            if self._sock.poll(int(timeout * 1000)):
-                while True:
-                    try:
-                        self.deliver(self._sock.recv(self._zmq.NOBLOCK))
-                    except self._zmq.Again:
-                        break
+    def _read(self) -> None:
+        while not self._closed.is_set():
+            try:
+                if self._sock.poll(100):
+                    self.deliver(self._sock.recv())
+            except Exception as e:  # noqa: BLE001 - a bad message never stops the inbox
+                if self._closed.is_set():
+                    return
+                log.warning("formtax: an unreadable row report was dropped (%s)", e)
 
     def close(self) -> None:
+        self._closed.set()
+        self._reader.join(timeout=1.0)
         self._sock.close(linger=0)
 
 

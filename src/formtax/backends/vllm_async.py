@@ -38,14 +38,19 @@ class AsyncEngine:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="formtax-vllm-loop", daemon=True)
         self._thread.start()
+        self.aborted = 0  # engine requests aborted because their caller cancelled
         self.engine = self._call(self._start(engine_kwargs))
 
     @staticmethod
     async def _start(engine_kwargs: dict[str, Any]) -> Any:
+        from vllm.config import StructuredOutputsConfig
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        return AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_kwargs))
+        kw = dict(engine_kwargs)
+        if isinstance(kw.get("structured_outputs_config"), dict):  # vllm.LLM converts it; the engine args do not
+            kw["structured_outputs_config"] = StructuredOutputsConfig(**kw["structured_outputs_config"])
+        return AsyncLLM.from_engine_args(AsyncEngineArgs(**kw))
 
     def _call(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
@@ -81,6 +86,7 @@ class AsyncEngine:
         while not controls.cancel.is_set():
             await asyncio.sleep(CANCEL_POLL_S)
         log.info("aborting %d engine request(s): the caller cancelled", len(ids))
+        self.aborted += len(ids)
         await self.engine.abort(ids)
 
     async def _one(self, prompt: list[int], params: Any, request_id: str,
@@ -95,8 +101,17 @@ class AsyncEngine:
         return tokens, finish
 
     def shutdown(self) -> None:
-        """Stop the engine and its loop."""
+        """Stop the engine, then its loop (after cancelling what still runs there)."""
         try:
             self.engine.shutdown()
         finally:
+            self._call(self._cancel_all())
             self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=5)
+
+    @staticmethod
+    async def _cancel_all() -> None:
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -76,7 +76,9 @@ def serve_cmd(args: argparse.Namespace) -> int:
                       served_model_names=tuple(args.served_model_name or ()),
                       api_key=args.api_key or os.environ.get("FORMTAX_API_KEY") or None,
                       strategy=args.strategy, answer=args.answer, max_body_bytes=args.max_body_bytes)
-    backend = load_model(args.model, backend=args.backend, device=args.device, dtype=args.dtype)
+    # vLLM: its serving engine, so that every request joins its running batch (backends/vllm_async.py)
+    engine = {"async_engine": True} if args.backend == "vllm" else {}
+    backend = load_model(args.model, backend=args.backend, device=args.device, dtype=args.dtype, **engine)
     app = create_app(backend, cfg)
     names = ", ".join(cfg.served_model_names or (backend.model_id,))
     print(f"formtax serve: http://{args.host}:{args.port}/v1 · model {backend.model_id} (served as {names}) · "

@@ -16,8 +16,11 @@ knows a strategy, and a strategy with a multi-call form on servers (InWriting's 
 from __future__ import annotations
 
 import json
+import threading
 from abc import abstractmethod
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
@@ -32,7 +35,25 @@ from formtax.errors import ConfigError
 
 _EMPTY = torch.empty(0)
 
-__all__ = ["Lowering", "RowEngine", "LoweredRow", "lark_grammar", "lower_row", "replay"]
+__all__ = ["ROW_CONTROLS", "Lowering", "LoweredRow", "RowControls", "RowEngine", "lark_grammar", "lower_row", "replay"]
+
+
+@dataclass
+class RowControls:
+    """What the caller of ``decode_rows`` can do while an engine that owns its loop decodes (formtax serve sets
+    them for the request a thread serves, :data:`ROW_CONTROLS`): cancel the call (its requests are aborted in the
+    engine), and receive a single-row call's tokens as they are emitted, with their phases."""
+
+    cancel: threading.Event = field(default_factory=threading.Event)
+    sink: Callable[[int, str], None] | None = None
+
+
+ROW_CONTROLS: ContextVar[RowControls | None] = ContextVar("formtax_row_controls", default=None)
+"""The controls of the calls made in this context (None: a caller that only waits for the result)."""
+
+
+class Cancelled(Exception):
+    """The caller cancelled the decode (:attr:`RowControls.cancel`); the engine aborted its requests."""
 
 
 class RowEngine(Backend):
@@ -42,6 +63,12 @@ class RowEngine(Backend):
     # the error a result gets when the replay caught the engine ignoring the constraint (None: the finish
     # reason's own error)
     ignored_constraint: ClassVar[str | None] = None
+
+    @property
+    def concurrent(self) -> bool:
+        """Whether decode_rows may be called from many threads at once, each call's rows joining the engine's
+        running batch (formtax serve then serves each request in its own thread: serve/batcher.py)."""
+        return False
 
     @abstractmethod
     def decode_rows(self, backend: Backend, rows: Sequence[RowRequest], sampling: Sampling,

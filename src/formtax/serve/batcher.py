@@ -7,9 +7,13 @@ used from one thread, as the decode loop expects) serves them:
   loop takes the oldest request and everything queued (any strategy, answer, budget or sampling settings: each
   row has its own policy, sampling and generator), then, after every step, admits newly queued ones
   (:meth:`Batch.join`) up to ``max_batch`` live rows, and answers each request as soon as its row finishes;
-* **equal-key batches** for the rest (suffix-*, nl2format, engines that decode whole rows): the oldest request and
-  what arrives within ``window_s`` with the same strategy, answer, budget and sampling, run as one
-  ``generate_batch``.
+* **one thread per request** on an engine that batches by itself (``RowEngine.concurrent``: vLLM's async engine):
+  every request is decoded as it arrives, its rows joining the engine's running batch with their own sampling;
+  the request's cancellation and token sink travel with it (:data:`~formtax.decoding.rowengine.ROW_CONTROLS`), so
+  a cancelled request is aborted in the engine and its tokens stream as the engine emits them;
+* **equal-key batches** for the rest (suffix-*, nl2format, engines that decode whole rows one call at a time):
+  the oldest request and what arrives within ``window_s`` with the same strategy, answer, budget and sampling,
+  run as one ``generate_batch``.
 
 Each row carries its own :class:`~formtax.serve.hooks.RequestHooks` (seed, cancellation, stop strings, logprobs,
 penalties, a live token sink): a request that times out or whose client goes away is cancelled, and its row leaves
@@ -28,7 +32,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +42,7 @@ from formtax.constraints.spec import Constraint
 from formtax.decoding.engine import Backend, Capability
 from formtax.decoding.loop import decode
 from formtax.decoding.plan import RowOutput, RowRequest
+from formtax.decoding.rowengine import ROW_CONTROLS, Cancelled, RowControls, RowEngine
 from formtax.decoding.sampling import Sampling
 from formtax.errors import ConstraintError, FormtaxError
 from formtax.serve.hooks import RequestHooks
@@ -73,6 +78,7 @@ class Batcher:
         self._thread.start()
         self.batches: list[int] = []  # rows per batch run (for tests and the benchmark)
         self.busy_since: float | None = None  # time.monotonic() when the running batch started
+        self._pool: ThreadPoolExecutor | None = None  # one thread per request (an engine that batches by itself)
 
     @property
     def waiting(self) -> int:
@@ -111,6 +117,8 @@ class Batcher:
     def close(self) -> None:
         self._q.put(None)
         self._thread.join(timeout=30)
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
 
     def _next(self) -> Job | None:
         return self._held.pop(0) if self._held else self._q.get()
@@ -141,6 +149,11 @@ class Batcher:
             first = self._next()
             if first is None:
                 return
+            if isinstance(self.backend, RowEngine) and self.backend.concurrent:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(self.max_queue, thread_name_prefix="formtax-request")
+                self._pool.submit(self._solo, first)
+                continue
             self.busy_since = time.monotonic()
             try:
                 if continuous(self.backend, first):
@@ -166,6 +179,33 @@ class Batcher:
             return
         for j, r in zip(live, results, strict=True):
             j.future.set_result(r)
+
+    def _solo(self, job: Job) -> None:
+        """One request on an engine that batches by itself, in its own thread, under its controls (module
+        docstring)."""
+        if not job.future.set_running_or_notify_cancel():
+            return
+        self.batches.append(1)
+        hooks = job.hooks
+
+        def sink(token: int, phase: str) -> None:
+            hooks.times.append(time.monotonic())
+            if hooks.sink is not None:
+                hooks.sink(token, phase)
+
+        reset = ROW_CONTROLS.set(RowControls(hooks.cancel, sink))
+        try:
+            (result,) = run_jobs(self.backend, [job])
+        except Exception as e:  # its own error, never the server's; a cancelled request has no one waiting
+            if not isinstance(e, Cancelled):
+                log.debug("request failed: %s", e)
+            if not job.future.done():
+                job.future.set_exception(e)
+            return
+        finally:
+            ROW_CONTROLS.reset(reset)
+        if not job.future.done():
+            job.future.set_result(result)
 
     def _session(self, first: Job) -> None:
         """Continuous batching: one run of the decode loop that takes in, after every step, the queued jobs it
@@ -239,8 +279,6 @@ def same_key(first: Job) -> Callable[[Job], bool]:
 
 def continuous(backend: Backend, job: Job) -> bool:
     """Whether a job can join a running decode loop: a single-pass strategy on a backend whose loop formtax steps."""
-    from formtax.decoding.rowengine import RowEngine
-
     return (isinstance(get_strategy(job.kwargs.get("strategy", "free")), SinglePass)
             and Capability.STEP_LOGITS in backend.capabilities and not isinstance(backend, RowEngine))
 

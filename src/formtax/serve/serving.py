@@ -102,18 +102,32 @@ class Serving:
                             presence=req.presence_penalty, frequency=req.frequency_penalty, bias=req.bias(),
                             repetition=req.repetition_penalty or 1.0, min_tokens=req.min_tokens or 0)
 
+    def in_loop(self, strategy: str) -> bool:
+        """Whether a request's rows run in formtax's own decode loop: a single-pass strategy on a step-wise backend
+        that is not an engine owning its loop (where the controls that act inside the loop reach the row)."""
+        from formtax.decoding.rowengine import RowEngine
+
+        return (isinstance(get_strategy(strategy), SinglePass) and Capability.STEP_LOGITS in self.backend.capabilities
+                and not isinstance(self.backend, RowEngine))
+
     def streams_live(self, strategy: str) -> bool:
-        """Whether a request can stream live: a single-pass strategy on a step-wise backend."""
-        return isinstance(get_strategy(strategy), SinglePass) and Capability.STEP_LOGITS in self.backend.capabilities
+        """Whether a request can stream live: in formtax's loop, or a single-pass strategy on an engine that
+        serves each request as it comes and streams its tokens (vLLM's async engine)."""
+        from formtax.decoding.rowengine import RowEngine
+
+        if self.in_loop(strategy):
+            return True
+        return (isinstance(self.backend, RowEngine) and self.backend.concurrent
+                and isinstance(get_strategy(strategy), SinglePass))
 
     def refuse_unhookable(self, strategy: str, hooks: RequestHooks) -> None:
-        """The controls that act inside the loop need a single-pass strategy on a step-wise backend."""
+        """The controls that act inside the loop need a single-pass strategy in formtax's loop."""
         wanted = [n for n, on in (("stop", bool(hooks.stops)), ("logprobs", hooks.logprobs),
                                   ("presence_penalty / frequency_penalty / logit_bias / repetition_penalty / "
                                    "min_tokens", hooks.edits_scores)) if on]
-        if wanted and not self.streams_live(strategy):
+        if wanted and not self.in_loop(strategy):
             raise ConfigError(f"{wanted[0]} is not supported with strategy {strategy!r} on backend "
-                              f"{self.backend.name!r} (single-pass strategies on step-wise backends only)")
+                              f"{self.backend.name!r} (single-pass strategies in formtax's own decode loop only)")
 
     def generation_request(self, prompt: Prompt, kwargs: dict[str, Any]) -> GenRequest:
         """The strategy request a job's arguments make (what the worker will build), for checks before queueing."""
