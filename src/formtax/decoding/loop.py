@@ -15,6 +15,7 @@ on a rewind step. The suffix strategies use it to branch back into an earlier po
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Callable, Sequence
 
@@ -24,11 +25,24 @@ import torch
 from formtax.constraints.compile import MaskFill
 from formtax.decoding.devicestep import Entry, clear_bits, device_round, pack_bool, to_host
 from formtax.decoding.engine import Backend, Batch
-from formtax.decoding.plan import Divert, Plan, Policy, RowCursor, RowOutput, RowRequest, Step, Veto, relay
+from formtax.decoding.plan import (
+    Divert,
+    Finish,
+    Plan,
+    Policy,
+    RowCursor,
+    RowOutput,
+    RowRequest,
+    Step,
+    Veto,
+    relay,
+)
 from formtax.decoding.sampling import GREEDY, Sampling, as_sampling
 from formtax.tensorops import argmax, argmax_rows, holds, masked_argmax, ranked_masked
 
 # the vocabulary lives in decoding/plan.py; re-exported here, where the strategies have always found it
+log = logging.getLogger(__name__)
+
 __all__ = ["Divert", "Plan", "Policy", "RowCursor", "RowOutput", "RowRequest", "Step", "Veto", "choose_vetted",
            "decide", "decode", "draw_divert", "masked_mass", "relay", "resolve_divert"]
 
@@ -270,6 +284,23 @@ class _Stepper:
         return self._top
 
     def plan_row(self, pos: int, i: int) -> None:
+        """Plan row ``i`` (at ``pos``); a row whose policy raises ends alone (:meth:`fault`)."""
+        try:
+            self._plan_row(pos, i)
+        except Exception as e:  # noqa: BLE001 - one row's fault ends that row, never its batch
+            self.fault(i, e)
+            self.plans[pos] = Plan(stop=Finish.ROW_FAULT)
+            self.decided.pop(pos, None)
+            self.greedy = [(p, plan) for p, plan in self.greedy if p != pos]
+            self.mass_rows = [p for p in self.mass_rows if p != pos]
+
+    def fault(self, i: int, e: BaseException) -> None:
+        """Row ``i`` ends with :attr:`Finish.ROW_FAULT` and its exception (``RowOutput.fault``): its request fails
+        alone, and the batch's other rows go on (a server must survive any one request)."""
+        log.warning("row %d faulted: %s: %s", i, type(e).__name__, e)
+        self.cursors[i].out.fault = e
+
+    def _plan_row(self, pos: int, i: int) -> None:
         cur, gen, sampling = self.cursors[i], self.gens[i], self.samplings[i]
         row_logits = self.rows[pos]
         plan, drawn = draw_divert(cur.plan(row_logits), row_logits, sampling, gen, lambda: self.top()[pos])
@@ -388,7 +419,11 @@ class _Stepper:
             self.next_tokens.append(_rewind(self.batch, pos, cur.req, cur.out, plan.rewind))
             return
         token, masked, forced = self.decided[pos]
-        reason = cur.accept(token, forced, masked)
+        try:
+            reason = cur.accept(token, forced, masked)
+        except Exception as e:  # noqa: BLE001 - the row's policy broke on its token: that row ends alone
+            self.fault(i, e)
+            reason = Finish.ROW_FAULT
         if reason is not None:
             self._finish(cur, reason)
             return
@@ -405,7 +440,11 @@ class _Stepper:
         return self.batch.step(self.next_tokens)
 
     def _finish(self, cur: RowCursor, reason: str) -> None:
-        cur.finish(reason)
+        try:
+            cur.finish(reason)
+        except Exception as e:  # noqa: BLE001 - row_stats raised: the row still ends, with its fault
+            cur.out.fault = e
+            cur.out.finish_reason = Finish.ROW_FAULT
         cur.out.wall_s = time.perf_counter() - self.t0
         cur.out.forward_passes = self.passes
 
@@ -451,14 +490,14 @@ def decode(
     batch = backend.new_batch([r.prompt_ids for r in rows])
     logits = batch.prefill()
     samplings = [r.sampling or sampling for r in rows]
-    gens = [row_generator(s, r.seed, logits.device) for s, r in zip(samplings, rows, strict=True)]
+    gens = [_generator(s, r, logits.device, o) for s, r, o in zip(samplings, rows, outs, strict=True)]
     passes = 1
     live = list(range(len(rows)))
     for i in live:
-        if rows[i].max_tokens <= 0:
+        if not outs[i].finish_reason and rows[i].max_tokens <= 0:
             outs[i].finish_reason = rows[i].policy.budget_exhausted()
-            if on_finish is not None:
-                on_finish(i, outs[i])
+        if outs[i].finish_reason and on_finish is not None:
+            on_finish(i, outs[i])
     live = [i for i in live if not outs[i].finish_reason]
     if len(live) != len(rows):
         if not live:
@@ -500,7 +539,20 @@ def decode(
                             sampling, on_finish)
         fill.start([m for i in live if (m := rows[i].policy.mask_matcher()) is not None])
         passes += 1
+    faults = [o.fault for o in outs if o.fault is not None]
+    if faults and on_finish is None:  # a caller that gets the outputs at the end gets the first fault raised
+        raise faults[0]
     return outs
+
+
+def _generator(sampling: Sampling, row: RowRequest, device: torch.device, out: RowOutput) -> torch.Generator | None:
+    """:func:`row_generator`, or None with the row ended as a fault (a seed the generator cannot take)."""
+    try:
+        return row_generator(sampling, row.seed, device)
+    except (ValueError, OverflowError, RuntimeError, TypeError) as e:
+        log.warning("row seed %r refused: %s", row.seed, e)
+        out.fault, out.finish_reason = e, Finish.ROW_FAULT
+        return None
 
 
 def _admit(backend: Backend, batch: Batch, logits: torch.Tensor, new: Sequence[RowRequest], rows: list[RowRequest],
@@ -519,9 +571,9 @@ def _admit(backend: Backend, batch: Batch, logits: torch.Tensor, new: Sequence[R
         cursors.append(RowCursor(r))
         outs.append(cursors[-1].out)
         samplings.append(r.sampling or sampling)
-        gens.append(row_generator(samplings[-1], r.seed, logits.device))
-        if r.max_tokens <= 0:
-            outs[i].finish_reason = r.policy.budget_exhausted()
+        gens.append(_generator(samplings[-1], r, logits.device, outs[i]))
+        if outs[i].finish_reason or r.max_tokens <= 0:
+            outs[i].finish_reason = outs[i].finish_reason or r.policy.budget_exhausted()
             if on_finish is not None:
                 on_finish(i, outs[i])
             continue

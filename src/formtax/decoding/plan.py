@@ -41,9 +41,10 @@ class Finish(StrEnum):
     BACKEND_ERROR = "backend-error"  # an engine that owns its loop broke the plan (vLLM's processor)
     STOP_SEQUENCE = "stop-sequence"  # a caller's stop string appeared (formtax serve's ``stop``)
     CANCELLED = "cancelled"  # the caller went away or timed out (formtax serve); the row left its batch
+    ROW_FAULT = "row-fault"  # the row's own policy or set-up raised: that row ends, its batch goes on (loop.py)
 
 
-ERROR_FINISHES = frozenset({Finish.CONSTRAINT_ERROR, Finish.LENGTH_INCOMPLETE})
+ERROR_FINISHES = frozenset({Finish.CONSTRAINT_ERROR, Finish.LENGTH_INCOMPLETE, Finish.ROW_FAULT})
 """Finishes that leave a constrained answer incomplete: never parsed as an answer."""
 
 
@@ -196,6 +197,7 @@ class RowOutput:
     events: list[dict[str, Any]] = field(default_factory=list)
     wall_s: float = 0.0
     forward_passes: int = 0
+    fault: BaseException | None = field(default=None, repr=False, compare=False)  # why a ROW_FAULT row ended
 
     def phase_tokens(self, phase: str) -> list[int]:
         return [s.token for s in self.steps if s.phase == phase]

@@ -246,9 +246,17 @@ class Batcher:
 
         def on_finish(i: int, out: RowOutput) -> None:
             p = order[i]
-            res = p.strat.assemble(self.backend, p.request, out, time.perf_counter() - t0)
-            if not p.job.future.done():
+            if p.job.future.done():
+                return
+            if out.fault is not None:  # this row's own fault: its request fails, the session goes on
+                p.job.future.set_exception(out.fault)
+                return
+            try:
+                res = p.strat.assemble(self.backend, p.request, out, time.perf_counter() - t0)
                 p.job.future.set_result(finish_results(self.backend, p.strat, [p.request], [res])[0])
+            except Exception as e:  # noqa: BLE001 - reading one row's answer failed: that request alone
+                log.exception("assembling a row's result failed")
+                p.job.future.set_exception(e)
 
         rows = prepare([first, *self._pull(fits, self.max_batch - 1, self.window_s)])
         if not rows:
