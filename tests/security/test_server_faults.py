@@ -179,3 +179,29 @@ def test_json_object_never_repeats_a_key_over_http():
     keys = [k for k, _ in pairs]
     assert len(keys) == len(set(keys)), keys
     assert choice["formtax"]["parse_ok"] and choice["finish_reason"] in ("stop", "length")
+
+
+def test_a_streamed_row_that_faults_ends_its_stream_alone(srv, monkeypatch):
+    from formtax.decoding import policies
+
+    real = policies.ConstrainedPolicy.advance
+    calls = {"n": 0}
+
+    def advance(self, token):
+        if getattr(self.matcher, "grammar", "").find("boom") >= 0:
+            calls["n"] += 1
+            if calls["n"] > 3:  # after a few tokens have streamed
+                raise RuntimeError("secret internal detail")
+        return real(self, token)
+
+    monkeypatch.setattr(policies.ConstrainedPolicy, "advance", advance)
+    bad = {"messages": M, "max_tokens": 30, "stream": True, "formtax": {"answer": "regex:boom[a-z]{10,20}"}}
+    good = {"messages": M, "max_tokens": 30, "formtax": {"answer": "regex:ok[a-z]+"}}
+    with ThreadPoolExecutor(2) as pool:
+        rb, rg = list(pool.map(lambda b: _post(srv, b), [bad, good]))
+    assert rg.status_code == 200 and rg.json()["choices"][0]["formtax"]["parse_ok"]
+    assert "secret" not in rb.text and "RuntimeError" not in rb.text
+    if rb.status_code == 200:  # the stream had started: an error chunk ends it
+        assert '"type": "server_error"' in rb.text or '"type":"server_error"' in rb.text
+    else:
+        assert rb.status_code == 500

@@ -11,6 +11,7 @@ OpenAI's chunks and the Responses route re-words the same chunks as its typed ev
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
 import time
 import uuid
@@ -25,7 +26,7 @@ from formtax.constraints.spec import Constraint
 from formtax.decoding.engine import Backend, Capability
 from formtax.decoding.plan import Phase
 from formtax.decoding.sampling import choice_seed, fresh_seed
-from formtax.errors import ConfigError
+from formtax.errors import ConfigError, FormtaxError
 from formtax.serve import shapes as out
 from formtax.serve.batcher import Batcher
 from formtax.serve.hooks import RequestHooks
@@ -36,6 +37,8 @@ from formtax.strategies import get_strategy
 from formtax.strategies.base import Prompt, Result, SinglePass
 from formtax.strategies.base import Request as GenRequest
 from formtax.streaming import END, Delta, deltas
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -204,17 +207,22 @@ class Serving:
         results: dict[int, Result] = {}
         try:
             ended = 0
+            sent = False
             while ended < len(rows):
                 item = await merged.get()
                 if item is END:
                     ended += 1
                 elif isinstance(item, Exception):
-                    raise item
+                    if not sent or isinstance(item, FormtaxError):
+                        raise item  # before the stream starts: the route answers with the error's status
+                    yield stream_fault(item)  # mid-stream: an error chunk ends the stream (no exception text)
+                    return
                 elif isinstance(item, Result):
                     continue
                 elif "_result" in item:
                     results[item["_index"]] = item["_result"]
                 else:
+                    sent = True
                     yield item
                     if "error" in item:
                         return
@@ -320,6 +328,15 @@ class Serving:
                     yield chunk
         finally:
             self.batcher.cancel(job)  # a no-op when it finished; otherwise its row leaves the batch
+
+
+def stream_fault(e: BaseException) -> dict[str, Any]:
+    """The error chunk of a stream whose row faulted after its first chunk: logged with a reference, its text
+    kept out of the response (as the 500 of a request that is not streamed)."""
+    ref = uuid.uuid4().hex[:12]
+    log.error("a streamed row failed (ref %s)", ref, exc_info=e)
+    return {"error": {"message": f"the server failed on this request (ref {ref} in the server's log)",
+                      "type": "server_error", "param": None, "code": None}}
 
 
 @dataclass
