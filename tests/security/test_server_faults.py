@@ -205,3 +205,28 @@ def test_a_streamed_row_that_faults_ends_its_stream_alone(srv, monkeypatch):
         assert '"type": "server_error"' in rb.text or '"type":"server_error"' in rb.text
     else:
         assert rb.status_code == 500
+
+
+def test_an_equal_key_batch_isolates_the_job_that_faults(monkeypatch):
+    """Strategies that batch by equal settings (suffix-*, nl2format): a batch that fails is run job by job, so
+    only the faulty job fails."""
+    from formtax.backends.fake import FakeBackend, random_logits
+    from formtax.serve import batcher as batcher_mod
+
+    real = batcher_mod.run_jobs
+
+    def run_jobs(backend, jobs):
+        if any("boom" in str(j.prompt) for j in jobs):
+            raise RuntimeError("boom")
+        return real(backend, jobs)
+
+    monkeypatch.setattr(batcher_mod, "run_jobs", run_jobs)
+    b = batcher_mod.Batcher(FakeBackend(random_logits(seed=0)), window_s=0.2)
+    try:
+        kw = {"strategy": "suffix-last", "answer": "The answer is: {int:0..9}", "max_tokens": 40, "temperature": 0.0}
+        jobs = [b.submit(p, ("k",), 0, None, **kw) for p in ("fine", "boom", "also fine")]
+        outcomes = [j.future.exception(timeout=120) for j in jobs]
+    finally:
+        b.close()
+    assert [o is None for o in outcomes] == [True, False, True]
+    assert b.batches[0] == 3  # they did share a batch first

@@ -173,9 +173,18 @@ class Batcher:
         self.batches.append(len(live))
         try:
             results = run_jobs(self.backend, live)
-        except Exception as e:  # a bad request fails its batch's futures, never the worker
+        except Exception as e:  # never the worker; and one job's fault must not fail its neighbours
+            if len(live) == 1:
+                live[0].future.set_exception(e)
+                return
+            log.warning("a batch of %d jobs failed (%s); running each alone", len(live), type(e).__name__)
             for j in live:
-                j.future.set_exception(e)
+                try:
+                    (alone,) = run_jobs(self.backend, [j])
+                except Exception as e1:  # noqa: BLE001 - this job's own fault
+                    j.future.set_exception(e1)
+                else:
+                    j.future.set_result(alone)
             return
         for j, r in zip(live, results, strict=True):
             j.future.set_result(r)
