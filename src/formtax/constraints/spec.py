@@ -391,7 +391,7 @@ class JsonConstraint(Constraint):
 
     @cached_property
     def may_repeat_keys(self) -> bool:
-        from formtax.constraints.jsonkeys import schema_may_repeat_keys
+        from formtax.constraints.openobjects import schema_may_repeat_keys
 
         return schema_may_repeat_keys(self.schema)
 

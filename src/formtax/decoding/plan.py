@@ -75,6 +75,11 @@ class Plan:
     known_count: tuple[torch.Tensor, int] | None = None  # (allowed, its size) when the policy knows it already
     packed: tuple[torch.Tensor, np.ndarray] | None = None  # (allowed, its packed int32 words) when already packed
 
+    def base(self, logits: torch.Tensor) -> torch.Tensor:
+        """What the row chooses from at this step: the policy's own scores (Deco-G's reweighting, a server's score
+        edits), else the raw logits."""
+        return self.scores if self.scores is not None else logits
+
     def packed_words(self) -> np.ndarray | None:
         """``allowed``'s packed words (llguidance's layout) when the policy handed them over for this very tensor
         (a device step then copies those; a policy that narrows ``allowed`` afterwards leaves them stale)."""
