@@ -15,7 +15,10 @@ instances of :class:`~formtax.decoding.rowengine.RowEngine`: they decode whole r
 
 from __future__ import annotations
 
+import json
+import threading
 from abc import ABC, abstractmethod
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -39,6 +42,19 @@ class RenderedChat(str):
     prompt that encodes as its messages would (the template wrote the special tokens), not as a raw string."""
 
 
+PROMPT_MEMO = 64
+"""How many prompts' ids a tokenizer keeps (:meth:`TokenizerInfo.prompt_ids`)."""
+
+_PROMPTS_LOCK = threading.Lock()
+
+
+def _prompt_key(prompt: Any, options: dict[str, Any]) -> str:
+    """A prompt's identity for the memo: its kind, its text or messages, and the chat template's options."""
+    kind = "rendered" if isinstance(prompt, RenderedChat) else ("text" if isinstance(prompt, str) else "chat")
+    body = prompt if isinstance(prompt, str) else json.dumps(prompt, ensure_ascii=False, default=str)
+    return f"{kind}\0{json.dumps(options, sort_keys=True, default=str)}\0{body}"
+
+
 @dataclass
 class TokenizerInfo:
     """What the loop and the strategies need to know of a tokenizer."""
@@ -53,6 +69,10 @@ class TokenizerInfo:
     _engine: EngineTokenizer | None = field(default=None, repr=False)
     _newline: frozenset[int] | None = field(default=None, repr=False)
     _max_bytes: int | None = field(default=None, repr=False)
+    # the last prompts' ids: one request is tokenized once, though its context check, its strategy's check and its
+    # row each ask (a server sees a request's prompt at each of those steps)
+    _prompts: OrderedDict[str, tuple[int, ...]] = field(default_factory=OrderedDict, init=False, repr=False,
+                                                         compare=False)
 
     @classmethod
     def from_hf(cls, hf_tokenizer: Any, generation_eos: Any, n_logits: int, model_id: str) -> TokenizerInfo:
@@ -141,7 +161,21 @@ class TokenizerInfo:
         encodes it by its own convention (special tokens included, as ``model.generate`` users would). Messages
         concatenated for a model without a chat template are plain text too, so they get the tokenizer's own
         special tokens (Gemma's BOS, without which the pre-trained model is far off its training distribution);
-        a chat template writes its own."""
+        a chat template writes its own. Memoised for the last :data:`PROMPT_MEMO` prompts."""
+        key = _prompt_key(prompt, {**self.chat_options, "\0template": self.has_chat_template})
+        with _PROMPTS_LOCK:
+            hit = self._prompts.get(key)
+            if hit is not None:
+                self._prompts.move_to_end(key)
+                return list(hit)
+        ids = self._prompt_ids(prompt)
+        with _PROMPTS_LOCK:
+            self._prompts[key] = tuple(ids)
+            while len(self._prompts) > PROMPT_MEMO:
+                self._prompts.popitem(last=False)
+        return ids
+
+    def _prompt_ids(self, prompt: str | list[dict[str, str]]) -> list[int]:
         if isinstance(prompt, RenderedChat):
             return list(self.hf.encode(prompt, add_special_tokens=not self.has_chat_template))
         if isinstance(prompt, str):

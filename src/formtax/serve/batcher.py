@@ -64,6 +64,7 @@ class Job:
     seed: int = 0
     hooks: RequestHooks = field(default_factory=RequestHooks)
     future: Future[Result] = field(default_factory=Future)
+    checked: bool = False  # checked before it was queued (the server's pre-queue check): not checked again
 
 
 class Batcher:
@@ -88,21 +89,21 @@ class Batcher:
     def alive(self) -> bool:
         return self._thread.is_alive()
 
-    def submit(self, prompt: Prompt, key: tuple[Any, ...], seed: int = 0, hooks: RequestHooks | None = None,
-               **kwargs: Any) -> Job:
+    def submit(self, prompt: Prompt, key: tuple[Any, ...], seed: int = 0, hooks: RequestHooks | None = None, *,
+               checked: bool = False, **kwargs: Any) -> Job:
         """Queue one generation; ``key``: a hashable description of ``kwargs`` (jobs with equal keys share a
         batch). Raises :class:`QueueFull` when ``max_queue`` jobs wait already."""
         if self.waiting >= self.max_queue:
             raise QueueFull(f"the server's queue is full ({self.max_queue} requests waiting); retry later")
-        job = Job(prompt, key, kwargs, seed, hooks or RequestHooks())
+        job = Job(prompt, key, kwargs, seed, hooks or RequestHooks(), checked=checked)
         self._q.put(job)
         return job
 
     async def run(self, prompt: Prompt, key: tuple[Any, ...], timeout_s: float | None = None, seed: int = 0,
-                  hooks: RequestHooks | None = None, **kwargs: Any) -> Result:
+                  hooks: RequestHooks | None = None, *, checked: bool = False, **kwargs: Any) -> Result:
         """One job's result; on a timeout (TimeoutError) or when the awaiting task is cancelled (the client went
         away) the job is cancelled: dropped if still queued, else its row leaves the batch."""
-        job = self.submit(prompt, key, seed, hooks, **kwargs)
+        job = self.submit(prompt, key, seed, hooks, checked=checked, **kwargs)
         try:
             return await asyncio.wait_for(asyncio.wrap_future(job.future), timeout_s)
         except BaseException:
@@ -312,8 +313,9 @@ def job_requests(backend: Backend, jobs: Sequence[Job]) -> tuple[Strategy, list[
                        kw.pop("reasoning", None), kw.pop("triggers", ()), 0, kw.pop("constrain", True), sampling,
                        kw.pop("model_defaults", False), kw.pop("raw", False), kw.pop("closing", None), kw)
     reqs = [dataclasses.replace(r, seed=j.seed) for r, j in zip(reqs, jobs, strict=True)]
-    check_context(backend, reqs)
-    strat.check(backend, reqs)
+    if not all(j.checked for j in jobs):  # the server checked its jobs before queueing them: once is enough
+        check_context(backend, reqs)
+        strat.check(backend, reqs)
     return strat, reqs
 
 

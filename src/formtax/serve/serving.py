@@ -163,7 +163,7 @@ class Serving:
         seed = fresh_seed() if req.seed is None else req.seed  # unseeded: fresh entropy, as OpenAI samples
         arrival = self.metrics.started()
         tasks = [asyncio.ensure_future(self.batcher.run(prompt, job_key(kwargs), self.cfg.timeout_s, choice_seed(seed, k), h,
-                                                        **kwargs))
+                                                        checked=True, **kwargs))
                  for k, h in enumerate(hooks)]
         try:
             while not all(t.done() for t in tasks):
@@ -244,7 +244,7 @@ class Serving:
         q: queue.Queue[Any] = queue.Queue()
         hooks = row.hooks
         hooks.sink = lambda t, ph: q.put((t, ph))
-        job = self.batcher.submit(row.prompt, job_key(kwargs), row.seed, hooks, **kwargs)
+        job = self.batcher.submit(row.prompt, job_key(kwargs), row.seed, hooks, checked=True, **kwargs)
 
         def done(fut: Any) -> None:
             if not fut.cancelled():
