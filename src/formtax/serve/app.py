@@ -197,7 +197,7 @@ def create_app(backend: Backend, config: ServeConfig | None = None, **settings: 
         outcome = await chat_serving.create(request, as_chat)
         if isinstance(outcome, JSONResponse):
             return outcome
-        builder = ResponseBuilder(req, chat_serving.model_name(as_chat))
+        builder = ResponseBuilder(req, chat_serving.model_name(as_chat), cfg.temperature)
         if outcome.chunks is not None:
             return StreamingResponse(responses_sse(builder.events(outcome.chunks)), media_type="text/event-stream",
                                      headers=outcome.headers)

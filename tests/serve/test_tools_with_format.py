@@ -1,0 +1,214 @@
+"""Tools together with a structured-output format (issue 59), through the official ``openai`` SDK against a live
+``formtax serve`` over the fake backend: under ``auto`` every answer is a valid call or JSON valid under the format's
+schema, under ``required`` / a named tool a valid call, on chat (``response_format``) and the Responses API
+(``text.format``), streamed and not; a stream says the same as the whole response; both branches are reachable."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import jsonschema
+import pytest
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("uvicorn")
+
+from formtax.backends.fake import FakeBackend, random_logits, scripted  # noqa: E402
+from formtax.serve.app import ServerThread, create_app  # noqa: E402
+from formtax.serve.tools import CallStream  # noqa: E402
+
+ADD_PARAMS = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+              "required": ["a", "b"], "additionalProperties": False}
+WEATHER_PARAMS = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
+                  "required": ["city"], "additionalProperties": False}
+CHAT_TOOLS = [{"type": "function", "function": {"name": "add", "parameters": ADD_PARAMS, "strict": True}},
+              {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER_PARAMS}}]
+RESP_TOOLS = [{"type": "function", "name": t["function"]["name"], "parameters": t["function"]["parameters"],
+               **({"strict": True} if t["function"].get("strict") else {})} for t in CHAT_TOOLS]
+SCHEMAS = {"add": ADD_PARAMS, "get_weather": WEATHER_PARAMS}
+ANSWER = {"type": "object", "properties": {"total": {"type": "integer"}, "unit": {"enum": ["apples", "pears"]}},
+          "required": ["total", "unit"], "additionalProperties": False}
+USER = [{"role": "user", "content": "Tom has 3 apples and buys 4 more. How many?"}]
+CHOICES: dict[str, Any] = {"auto": "auto", "required": "required", "named": "add"}
+
+
+@pytest.fixture(scope="module")
+def client():
+    app = create_app(FakeBackend(random_logits(seed=11), model_id="fake", context=8192), window_s=0.0,
+                     timeout_s=60, temperature=1.0)
+    with ServerThread(app) as srv:
+        yield openai.OpenAI(base_url=srv.url, api_key="none", max_retries=0, timeout=60)
+
+
+def _chat_choice(name: str) -> Any:
+    c = CHOICES[name]
+    return {"type": "function", "function": {"name": c}} if name == "named" else c
+
+
+def _resp_choice(name: str) -> Any:
+    c = CHOICES[name]
+    return {"type": "function", "name": c} if name == "named" else c
+
+
+def _check(kind: str, calls: list[tuple[str, str]], text: str | None, choice: str) -> str:
+    """The answer is a valid call (or calls) or, under auto, JSON valid under the format; which it was."""
+    if calls:
+        assert text in (None, "")
+        for name, args in calls:
+            assert name in (("add",) if choice == "named" else SCHEMAS)
+            jsonschema.validate(json.loads(args), SCHEMAS[name])
+        if choice == "named":
+            assert len(calls) == 1
+        return "call"
+    assert choice == "auto", f"{kind}: {choice} must call a tool, got {text!r}"
+    assert text is not None
+    jsonschema.validate(json.loads(text), ANSWER)
+    return "answer"
+
+
+def _chat(client: Any, choice: str, seed: int, stream: bool) -> tuple[str, list[tuple[str, str]], str | None]:
+    kwargs: dict[str, Any] = dict(model="fake", messages=USER, tools=CHAT_TOOLS, tool_choice=_chat_choice(choice),
+                                  response_format={"type": "json_schema", "json_schema": {
+                                      "name": "answer", "schema": ANSWER, "strict": True}},
+                                  max_tokens=200, seed=seed)
+    if not stream:
+        r = client.chat.completions.create(**kwargs)
+        m = r.choices[0].message
+        calls = [(c.function.name, c.function.arguments) for c in m.tool_calls or ()]
+        return r.choices[0].finish_reason, calls, m.content
+    parts: dict[int, list[str]] = {}
+    text, finish = "", None
+    for chunk in client.chat.completions.create(**kwargs, stream=True):
+        if not chunk.choices:
+            continue
+        d = chunk.choices[0].delta
+        text += d.content or ""
+        for tc in d.tool_calls or ():
+            if tc.id:
+                parts[tc.index] = [tc.function.name, ""]
+            parts[tc.index][1] += tc.function.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    return str(finish), [(n, a) for n, a in parts.values()], text or None
+
+
+def _responses(client: Any, choice: str, seed: int, stream: bool) -> tuple[str, list[tuple[str, str]], str | None]:
+    kwargs: dict[str, Any] = dict(model="fake", input=USER[0]["content"], tools=RESP_TOOLS,
+                                  tool_choice=_resp_choice(choice), max_output_tokens=200,
+                                  text={"format": {"type": "json_schema", "name": "answer", "schema": ANSWER,
+                                                   "strict": True}})
+    kwargs["temperature"] = 0.0 if seed == 0 else 1.0  # the Responses API has no seed: greedy once, then sampled
+    if stream:
+        events = list(client.responses.create(**kwargs, stream=True))
+        assert any(e.type in ("response.output_text.delta", "response.function_call_arguments.delta")
+                   for e in events), "nothing streamed"
+        r = events[-1].response
+    else:
+        r = client.responses.create(**kwargs)
+    calls = [(o.name, o.arguments) for o in r.output if o.type == "function_call"]
+    texts = [o.content[0].text for o in r.output if o.type == "message"]
+    return r.status, calls, texts[0] if texts else None
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize("choice", ["auto", "required", "named"])
+def test_chat_tools_with_a_format_answer_a_call_or_the_schema(client, choice, stream):
+    for seed in range(3):  # which branch a random model takes is its own; both are reached below (scripted)
+        finish, calls, text = _chat(client, choice, seed, stream)
+        _check("chat", calls, text, choice)
+        assert finish == ("tool_calls" if calls else "stop")
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize("choice", ["auto", "required", "named"])
+def test_responses_tools_with_text_format_answer_a_call_or_the_schema(client, choice, stream):
+    completed = 0
+    for seed in range(3):  # sampled runs may reach the budget (incomplete, a valid prefix); greedy's does not
+        status, calls, text = _responses(client, choice, seed, stream)
+        assert status in ("completed", "incomplete") and (status == "completed" or seed > 0)
+        if status == "completed":
+            completed += 1
+            _check("responses", calls, text, choice)
+    assert completed >= 1
+
+
+def test_a_stream_says_what_the_whole_response_says(client):
+    for seed in range(3):
+        assert _chat(client, "auto", seed, True)[1:] == _chat(client, "auto", seed, False)[1:]
+
+
+def test_the_answer_branch_and_a_call_from_a_model_that_wants_each():
+    """A model that wants to answer gets its answer as content; one that wants a call gets the call (auto)."""
+    answer, call = '{"total": 7, "unit": "apples"}', '{"add": {"a": 3, "b": 4}}'
+    for want in (answer, call, f"[{call}]"):
+        app = create_app(FakeBackend(scripted(want)), window_s=0.0, temperature=0.0)
+        with ServerThread(app) as srv:
+            c = openai.OpenAI(base_url=srv.url, api_key="none", max_retries=0)
+            r = c.chat.completions.create(model="default", messages=USER, tools=CHAT_TOOLS, max_tokens=80,
+                                          response_format={"type": "json_schema", "json_schema": {
+                                              "name": "answer", "schema": ANSWER, "strict": True}})
+            p = c.responses.parse(model="default", input=USER[0]["content"], tools=RESP_TOOLS, max_output_tokens=80,
+                                  text={"format": {"type": "json_schema", "name": "answer", "schema": ANSWER}})
+        m = r.choices[0].message
+        if want == answer:
+            assert m.content == answer and not m.tool_calls and r.choices[0].finish_reason == "stop"
+            assert [o.type for o in p.output] == ["message"] and p.output[0].content[0].text == answer
+        else:
+            assert m.content is None and r.choices[0].finish_reason == "tool_calls"
+            assert [(t.function.name, json.loads(t.function.arguments)) for t in m.tool_calls] == [
+                ("add", {"a": 3, "b": 4})]
+            assert [(o.type, o.name) for o in p.output] == [("function_call", "add")]
+
+
+def test_json_object_and_pydantic_formats_with_tools(client):
+    """``json_object`` (any object, but never a tool's name as a key) and a pydantic model with ``$defs``."""
+    from pydantic import BaseModel
+
+    class Item(BaseModel):
+        name: str
+
+    class Basket(BaseModel):
+        items: list[Item]
+
+    for seed in range(4):
+        r = client.chat.completions.create(model="fake", messages=USER, tools=CHAT_TOOLS, max_tokens=150, seed=seed,
+                                           response_format={"type": "json_object"})
+        m = r.choices[0].message
+        if not m.tool_calls and r.choices[0].finish_reason == "stop":
+            value = json.loads(m.content)
+            assert isinstance(value, dict) and not {"add", "get_weather"} & set(value)
+        p = client.chat.completions.parse(model="fake", messages=USER, tools=[
+            {"type": "function", "function": {"name": "add", "parameters": ADD_PARAMS, "strict": True}}],
+            response_format=Basket, max_tokens=300, seed=seed)
+        pm = p.choices[0].message
+        assert pm.tool_calls or p.choices[0].finish_reason == "length" or isinstance(pm.parsed, Basket)
+
+
+def test_what_cannot_combine_is_refused_in_one_line(client):
+    clash = {"type": "object", "properties": {"add": {"type": "integer"}}, "required": ["add"]}
+    for fmt, needle in (({"type": "json_schema", "json_schema": {"name": "x", "schema": clash}}, "name of a tool"),
+                        ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "array"}}},
+                         "type object at its root")):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model="fake", messages=USER, tools=CHAT_TOOLS, response_format=fmt)
+        assert needle in e.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as e:  # the Responses API names the field its client sent
+        client.responses.create(model="fake", input="hi", text={"format": {"type": "json_object"}},
+                                extra_body={"formtax": {"answer": "{int}"}})
+    assert "text.format and formtax.answer" in e.value.body["message"]
+
+
+def test_the_call_reader_decides_at_the_first_key():
+    names = ("add", "get_weather")
+    for text, kinds in (('{"total": 7, "unit": "apples"}', ["text"]), ('{"add": {"a": 3, "b": 4}}', ["call", "args"]),
+                        ('[{"add": {"a": 1, "b": 2}}, {"get_weather": {"city": "P"}}]',
+                         ["call", "args", "call", "args"]), ("{}", ["text"])):
+        for step in (1, 3, len(text)):
+            s = CallStream(False, names)
+            events = [e for i in range(0, len(text), step) for e in s.feed(text[i:i + step])]
+            merged = [k for i, (k, _) in enumerate(events) if i == 0 or k != events[i - 1][0]]
+            assert merged == kinds, (text, step, events)
+            if kinds == ["text"]:
+                assert "".join(v for _, v in events) == text
+    s = CallStream(False, names)
+    assert s.feed('{"tot') == [] and s.flush() == '{"tot'  # a budget that ends inside the first key: text
