@@ -212,3 +212,50 @@ def test_the_call_reader_decides_at_the_first_key():
                 assert "".join(v for _, v in events) == text
     s = CallStream(False, names)
     assert s.feed('{"tot') == [] and s.flush() == '{"tot'  # a budget that ends inside the first key: text
+
+
+def test_inwriting_under_auto_answers_a_whole_sentence():
+    """Issue 59 point 5: after InWriting's reasoning, ``auto``'s text is one whole sentence (a model that would
+    continue its reasoning with a lower-case fragment cannot), and the reasoning is ``reasoning_content`` / the
+    Responses reasoning item. A plain (constrained) request's text is left free: the rule is InWriting's."""
+    import re
+
+    from formtax.backends.fake import EOS
+    from formtax.serve.tools import SENTENCE
+
+    reasoning, fragment = "3 + 4 = 7", ' is the answer to the question "3 + 4 = 7"'
+    noise = random_logits(seed=2, scale=1.0)
+
+    def model(seq):  # reasons, wants to stop, then would glue a fragment onto its reasoning
+        gen = list(seq[max(i for i, t in enumerate(seq) if t == 259) + 1:])
+        logits = noise(seq).clone()
+        r, f = list(reasoning.encode()), list(fragment.encode())
+        k = len(gen)
+        if k < len(r) and gen == r[:k]:
+            logits[r[k]] += 20
+        elif k >= len(r) and gen[:len(r)] == r:
+            j = k - len(r)
+            logits[EOS] += 30
+            if j < len(f) and gen[len(r):] == f[:j]:
+                logits[f[j]] += 20
+        return logits
+
+    app = create_app(FakeBackend(model), window_s=0.0, temperature=0.0)
+    sentence = re.compile(SENTENCE.strip("/"))
+    add = [CHAT_TOOLS[0]]
+    with ServerThread(app) as srv:
+        c = openai.OpenAI(base_url=srv.url, api_key="none", max_retries=0)
+        for strategy in ("inwriting", None):
+            extra = {"formtax": {"strategy": strategy}} if strategy else {}
+            r = c.chat.completions.create(model="default", messages=USER, tools=add, max_tokens=60, extra_body=extra)
+            m = r.choices[0].message
+            if strategy is None:  # no reasoning phase: the text is the model's own, up to where it stops
+                assert m.content == reasoning and "reasoning_content" not in m.model_extra
+                continue
+            assert m.model_extra["reasoning_content"] == reasoning
+            assert m.tool_calls or sentence.fullmatch(m.content), m.content
+            resp = c.responses.create(model="default", input=USER[0]["content"], tools=RESP_TOOLS[:1],
+                                      max_output_tokens=60, extra_body=extra)
+            assert resp.output[0].type == "reasoning" and resp.output[0].content[0].text == reasoning
+            texts = [o.content[0].text for o in resp.output if o.type == "message"]
+            assert texts == ([m.content] if m.content else [])

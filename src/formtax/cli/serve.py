@@ -58,7 +58,7 @@ def serve_cmd(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
-        from formtax.serve.app import create_app
+        from formtax.serve.app import create_app, served_names
     except ImportError as e:
         raise ConfigError(f"formtax serve needs the serve extra: pip install 'formtax[serve]' ({e})") from None
     import os
@@ -86,7 +86,7 @@ def serve_cmd(args: argparse.Namespace) -> int:
     engine = {"async_engine": True, **backend_options(args)} if args.backend == "vllm" else backend_options(args)
     backend = load_model(args.model, backend=args.backend, device=args.device, dtype=args.dtype, **engine)
     app = create_app(backend, cfg)
-    names = ", ".join(cfg.served_model_names or (backend.model_id,))
+    names = ", ".join(served_names(backend, cfg))
     print(f"formtax serve: http://{args.host}:{args.port}/v1 · model {backend.model_id} (served as {names}) · "
           f"strategy {args.strategy or 'by request (free)'}"
           + (f", answer {args.answer!r}" if args.answer else "")

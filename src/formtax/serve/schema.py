@@ -240,7 +240,9 @@ def chat_constraint(req: ChatRequest, default_strategy: str | None = None, defau
     fmt_name = req.format_field
     fmt_schema = format_schema(req.response_format, fmt_name)
     # tools with a format (issue 59): under auto a call or the answer under the format; else the call
-    tools = tool_plan(req.tools, req.tool_choice, req.parallel_tool_calls, fmt_schema if req.tools else None)
+    named = opts.strategy or default_strategy
+    tools = tool_plan(req.tools, req.tool_choice, req.parallel_tool_calls, fmt_schema if req.tools else None,
+                      after_reasoning=named == "inwriting")
     fmt = fmt_schema is not None
     guided = req.guided()
     sources = [name for name, present in ((fmt_name, fmt and tools is None), ("tools", tools is not None),

@@ -73,6 +73,7 @@ class ToolPlan:
     text_allowed: bool
     parallel: bool
     answer: dict[str, Any] | None = None  # ``auto`` with a format: the answer's schema (module docstring)
+    sentence: bool = False  # ``auto`` after reasoning: the text is one whole sentence (:data:`SENTENCE`)
 
 
 def _parameters(tool: Tool) -> dict[str, Any]:
@@ -125,10 +126,18 @@ def _answer_branch(answer: dict[str, Any], names: list[str]) -> dict[str, Any]:
     return {**answer, "properties": props}
 
 
+SENTENCE = r"/[^\s{\[a-z][^\n]*[.!?]/"
+"""``auto``'s text after a reasoning phase (InWriting): one whole sentence, not white space or a lower-case
+continuation of the reasoning, no line break, ending in ``.``, ``!`` or ``?`` (issue 59: the visible answer was a
+fragment such as `` is the answer to ...``; the reasoning goes to ``reasoning_content``)."""
+
+
 def tool_plan(given: list[Tool] | None, tool_choice: str | dict[str, Any] | None,
-              parallel_tool_calls: bool | None, answer: dict[str, Any] | None = None) -> ToolPlan | None:
+              parallel_tool_calls: bool | None, answer: dict[str, Any] | None = None,
+              after_reasoning: bool = False) -> ToolPlan | None:
     """A request's tool constraint (module docstring); None when no tool is to be called. ``answer``: the JSON
-    Schema of the request's structured-output format, if it has one."""
+    Schema of the request's structured-output format, if it has one; ``after_reasoning``: the strategy reasons
+    first (InWriting), so ``auto``'s text is one whole sentence (:data:`SENTENCE`)."""
     if not given:
         if tool_choice not in (None, "none", "auto"):
             raise ConfigError("tool_choice names a tool but no tools are given")
@@ -160,12 +169,14 @@ def tool_plan(given: list[Tool] | None, tool_choice: str | dict[str, Any] | None
         return ToolPlan(constraint, tuple(names), False, parallel, branch)
     if choice == "auto":  # the call written as every formtax JSON answer is (JSON_OPTIONS: one spacing)
         call = {**schema, "x-guidance": JSON_OPTIONS}
-        grammar = f"start: call | text\ncall: %json {json.dumps(call)}\ntext: /[^{{\\[][\\s\\S]*/\n"
+        text = SENTENCE if after_reasoning else r"/[^{\[][\s\S]*/"
+        grammar = f"start: call | text\ncall: %json {json.dumps(call)}\ntext: {text}\n"
         constraint = LarkConstraint(grammar)
     else:
         constraint = JsonConstraint(schema, source="tool call of " + ", ".join(t.function.name for t in tools))
     constraint.check()
-    return ToolPlan(constraint, tuple(t.function.name for t in tools), choice == "auto", parallel)
+    return ToolPlan(constraint, tuple(t.function.name for t in tools), choice == "auto", parallel,
+                    sentence=choice == "auto" and after_reasoning)
 
 
 def tools_prompt(plan: ToolPlan, tools: list[Tool]) -> str:
@@ -178,7 +189,8 @@ def tools_prompt(plan: ToolPlan, tools: list[Tool]) -> str:
     if plan.parallel:
         lines.append("To call several tools, reply with a JSON array of such objects.")
     if plan.text_allowed:
-        lines.append("If no tool is needed, answer in plain text instead.")
+        lines.append("If no tool is needed, answer in one plain sentence instead." if plan.sentence else
+                     "If no tool is needed, answer in plain text instead.")
     if plan.answer is not None:
         shown = {k: v for k, v in plan.answer.items() if k not in DEFS}
         shown["properties"] = {k: v for k, v in (shown.get("properties") or {}).items() if v is not False}
