@@ -18,6 +18,7 @@ import shutil
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -60,7 +61,8 @@ def _serve(call: str, answer: str) -> ServerThread:
 
 
 def _run(cmd: list[str], url: str, timeout: int = 300) -> list[dict]:
-    run = subprocess.run([*cmd, url], capture_output=True, text=True, timeout=timeout, cwd=CLIENTS)
+    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}  # no cost-map fetch from the network
+    run = subprocess.run([*cmd, url], capture_output=True, text=True, timeout=timeout, cwd=CLIENTS, env=env)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     return [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
 
@@ -84,16 +86,18 @@ def test_the_openai_agents_sdk_runs_tools_to_a_typed_output():
 @pytest.mark.skipif(not AGENTS, reason="no agents venv (scripts/env-agents.sh sets FORMTAX_AGENTS_PYTHON)")
 def test_dspy_typed_outputs_parse_on_the_first_structured_request():
     assert AGENTS is not None
-    app = create_app(FakeBackend(random_logits(seed=9), model_id="fake-dspy", context=16384), window_s=0.0,
-                     temperature=0.0, timeout_s=120, default_max_tokens=200)
-    with ServerThread(app) as srv:
+    app = Recorder(create_app(FakeBackend(random_logits(seed=9), model_id="fake-dspy", context=16384),
+                              window_s=0.0, temperature=0.0, timeout_s=120, default_max_tokens=200))
+    with ServerThread(app) as srv:  # type: ignore[arg-type]
         runs = _run([AGENTS, "dspy_client.py"], srv.url)
     assert {(r["module"], r["field"]) for r in runs} == {(m, f) for m in ("Predict", "ChainOfThought")
                                                          for f in ("int", "Literal")}
-    for r in runs:
-        # one request per call, each with the signature's JSON Schema as response_format: nothing to repair
-        assert r["requests"] == 1 and r["response_format"] == "json_schema", r
-        assert r["ok"], r
+    for r in runs:  # one request per call, parsed as it came: no retry, no fallback adapter
+        assert r["requests"] == 1 and r["structured"] and r["ok"], r
+    sent = [body for path, body in app.bodies if path.endswith("/chat/completions")]
+    assert len(sent) == 4 and all(b["response_format"]["type"] == "json_schema" for b in sent), sent
+    cot = [b["response_format"]["json_schema"]["schema"] for b in sent[2:]]
+    assert all("reasoning" in s["properties"] for s in cot)  # ChainOfThought's reasoning field, under the schema
 
 
 @pytest.mark.skipif(NODE is None, reason="node not found (the Vercel AI SDK runs on node)")
@@ -110,3 +114,25 @@ def test_the_vercel_ai_sdk_against_the_server():
     assert by["streamText"]["toolResults"] == ["TOOL-RESULT 7"]
     assert by["toolsWithOutput"]["toolCalls"] == [{"a": 3, "b": 4}]
     assert by["toolsWithOutput"]["output"] == {"total": 7}
+
+
+class Recorder:
+    """An ASGI wrapper that keeps every request's path and JSON body (what a client really sent)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app, self.bodies = app, []
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        chunks: list[bytes] = []
+
+        async def recorded() -> Any:
+            msg = await receive()
+            if msg["type"] == "http.request":
+                chunks.append(msg.get("body", b""))
+                if not msg.get("more_body") and chunks[0]:
+                    self.bodies.append((scope["path"], json.loads(b"".join(chunks))))
+            return msg
+
+        return await self.app(scope, recorded, send)
