@@ -35,16 +35,17 @@ TOOL_MARK = "TOOL-RESULT"
 ASSISTANT = 259  # the byte tokenizer's assistant marker: the prompt ends after the last one
 
 
-def agent_model(call: str, answer: str, margin: float = 12.0) -> LogitsFn:
+def agent_model(call: str, answer: str, text: str = "The total is 7.", margin: float = 12.0) -> LogitsFn:
     """A model that wants to write ``call`` until its prompt holds a tool's result (``TOOL-RESULT``), then
-    ``answer``, then EOS; noise elsewhere (as :func:`formtax.backends.fake.scripted`, with the target chosen by
-    the prompt)."""
+    ``answer`` where the tools' system note asks for a JSON answer (a request with a format), else ``text``, then
+    EOS; noise elsewhere (as :func:`formtax.backends.fake.scripted`, with the target chosen by the prompt)."""
     noise = random_logits(seed=4, scale=1.0)
 
     def fn(seq: Sequence[int]) -> torch.Tensor:
         start = max(i for i, t in enumerate(seq) if t == ASSISTANT) + 1 if ASSISTANT in seq else 0
         prompt = bytes(t for t in seq[:start] if t < 256).decode("utf-8", "replace")
-        target = list((answer if TOOL_MARK in prompt else call).encode())
+        done = answer if "as a JSON object under this schema" in prompt else text
+        target = list((done if TOOL_MARK in prompt else call).encode())
         gen = list(seq[start:])
         logits = noise(seq).clone()
         k = len(gen)
@@ -111,7 +112,7 @@ def test_the_vercel_ai_sdk_against_the_server():
     assert set(by) == {"generateObject", "streamText", "toolsWithOutput"}, runs
     assert isinstance(by["generateObject"]["object"]["total"], int)
     assert by["streamText"]["toolCalls"] == [{"a": 3, "b": 4}] and by["streamText"]["steps"] == 2
-    assert by["streamText"]["toolResults"] == ["TOOL-RESULT 7"]
+    assert by["streamText"]["toolResults"] == ["TOOL-RESULT 7"] and by["streamText"]["text"] == "The total is 7."
     assert by["toolsWithOutput"]["toolCalls"] == [{"a": 3, "b": 4}]
     assert by["toolsWithOutput"]["output"] == {"total": 7}
 

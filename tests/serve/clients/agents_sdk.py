@@ -9,8 +9,14 @@ import asyncio
 import json
 import sys
 
-from agents import Agent, OpenAIChatCompletionsModel, OpenAIResponsesModel, Runner, function_tool
-from agents import set_tracing_disabled
+from agents import (
+    Agent,
+    OpenAIChatCompletionsModel,
+    OpenAIResponsesModel,
+    Runner,
+    function_tool,
+    set_tracing_disabled,
+)
 from openai import AsyncOpenAI
 from pydantic import BaseModel
 

@@ -12,8 +12,14 @@ import sys
 from typing import Literal
 
 import dspy
-from dspy.lm15 import AccessPolicy, EndpointSupport, ModelSupport, OpenAIChatCompat, ProviderDefinition, \
-    register_provider
+from dspy.lm15 import (
+    AccessPolicy,
+    EndpointSupport,
+    ModelSupport,
+    OpenAIChatCompat,
+    ProviderDefinition,
+    register_provider,
+)
 
 BASE = sys.argv[1]
 
