@@ -12,7 +12,7 @@ call's own field (issue 47; the ``{"name": ..., "arguments": ...}`` form it repl
 * ``"required"``: a call of any of the tools;
 * ``"auto"`` (the default with tools): a Lark grammar, *plain text or a call*: the output is a call exactly when
   it starts with ``{`` or ``[`` (text may not), so the two never overlap and any text the model writes stays
-  possible;
+  possible; after InWriting's reasoning the text is one whole sentence (:data:`SENTENCE`);
 * ``"none"``: no constraint.
 
 With a structured-output format too (``response_format`` / the Responses API's ``text.format``, issue 59), as OpenAI
