@@ -259,3 +259,17 @@ def test_inwriting_under_auto_answers_a_whole_sentence():
             assert resp.output[0].type == "reasoning" and resp.output[0].content[0].text == reasoning
             texts = [o.content[0].text for o in resp.output if o.type == "message"]
             assert texts == ([m.content] if m.content else [])
+
+
+def test_a_response_echoes_the_effective_sampling_values():
+    """Issue 59 point 4: unset ``temperature`` / ``top_p`` are echoed as what was used (the server's default, 1),
+    as OpenAI echoes them; sent values come back as sent."""
+    app = create_app(FakeBackend(random_logits(seed=1)), window_s=0.0, temperature=0.3)
+    with ServerThread(app) as srv:
+        c = openai.OpenAI(base_url=srv.url, api_key="none", max_retries=0)
+        r = c.responses.create(model="default", input="hi", max_output_tokens=3)
+        assert (r.temperature, r.top_p) == (0.3, 1.0)
+        r = c.responses.create(model="default", input="hi", max_output_tokens=3, temperature=0.0, top_p=0.5)
+        assert (r.temperature, r.top_p) == (0.0, 0.5)
+        events = list(c.responses.create(model="default", input="hi", max_output_tokens=3, stream=True))
+        assert (events[0].response.temperature, events[-1].response.top_p) == (0.3, 1.0)
