@@ -177,11 +177,13 @@ def test_json_object_and_pydantic_formats_with_tools(client):
         if not m.tool_calls and r.choices[0].finish_reason == "stop":
             value = json.loads(m.content)
             assert isinstance(value, dict) and not {"add", "get_weather"} & set(value)
-        p = client.chat.completions.parse(model="fake", messages=USER, tools=[
-            {"type": "function", "function": {"name": "add", "parameters": ADD_PARAMS, "strict": True}}],
-            response_format=Basket, max_tokens=300, seed=seed)
-        pm = p.choices[0].message
-        assert pm.tool_calls or p.choices[0].finish_reason == "length" or isinstance(pm.parsed, Basket)
+    want = '{"items": [{"name": "apple"}, {"name": "pear"}]}'  # the answer branch resolves Basket's $defs/Item
+    app = create_app(FakeBackend(scripted(want)), window_s=0.0, temperature=0.0)
+    with ServerThread(app) as srv:
+        c = openai.OpenAI(base_url=srv.url, api_key="none", max_retries=0)
+        p = c.chat.completions.parse(model="default", messages=USER, tools=CHAT_TOOLS[:1], response_format=Basket,
+                                     max_tokens=80)
+    assert p.choices[0].message.parsed == Basket(items=[Item(name="apple"), Item(name="pear")])
 
 
 def test_what_cannot_combine_is_refused_in_one_line(client):
@@ -273,3 +275,28 @@ def test_a_response_echoes_the_effective_sampling_values():
         assert (r.temperature, r.top_p) == (0.0, 0.5)
         events = list(c.responses.create(model="default", input="hi", max_output_tokens=3, stream=True))
         assert (events[0].response.temperature, events[-1].response.top_p) == (0.3, 1.0)
+
+
+def test_definitions_of_the_tools_and_the_format_meet_at_the_root():
+    """``$defs`` of a tool's parameters and of the format resolve in the combined schema; two different
+    definitions under one name are refused rather than one silently winning."""
+    from formtax.errors import ConfigError
+    from formtax.serve.tools import Tool, tool_plan
+
+    item = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+    tool = Tool.model_validate({"type": "function", "function": {"name": "put", "parameters": {
+        "type": "object", "properties": {"item": {"$ref": "#/$defs/Item"}}, "required": ["item"],
+        "$defs": {"Item": item}}}})
+    fmt = {"type": "object", "properties": {"items": {"type": "array", "items": {"$ref": "#/$defs/Item"}}},
+           "required": ["items"], "$defs": {"Item": item}}
+    plan = tool_plan([tool], "auto", None, fmt)
+    assert plan is not None and plan.answer is not None
+    assert plan.constraint.validate('{"put": {"item": {"name": "a"}}}').ok
+    assert plan.constraint.validate('{"items": [{"name": "a"}]}').ok
+    assert not plan.constraint.validate('{"items": [{"nom": "a"}]}').ok
+    alone = tool_plan([tool], "required", False)  # a tool's own $defs resolve without a format too
+    assert alone is not None and alone.constraint.validate('{"put": {"item": {"name": "a"}}}').ok
+    assert not alone.constraint.validate('{"put": {"item": {"nom": "a"}}}').ok
+    other = {**fmt, "$defs": {"Item": {"type": "string"}}}
+    with pytest.raises(ConfigError, match="define \\$defs/Item differently"):
+        tool_plan([tool], "auto", None, other)

@@ -83,10 +83,10 @@ def _parameters(tool: Tool) -> dict[str, Any]:
     return _closed(params) if tool.function.model_extra and tool.function.model_extra.get("strict") else params
 
 
-def call_schema(tools: list[Tool]) -> dict[str, Any]:
-    """The JSON Schema of one call of any of ``tools``."""
-    calls = [{"type": "object", "properties": {t.function.name: _parameters(t)}, "required": [t.function.name],
-              "additionalProperties": False} for t in tools]
+def call_schema(tools: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    """The JSON Schema of one call of any of ``tools`` (each tool's name and parameters schema)."""
+    calls = [{"type": "object", "properties": {name: params}, "required": [name], "additionalProperties": False}
+             for name, params in tools]
     return calls[0] if len(calls) == 1 else {"anyOf": calls}
 
 
@@ -94,9 +94,9 @@ DEFS = ("$defs", "definitions")
 
 
 def _hoisted(schemas: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
-    """``schemas`` without their root ``$defs`` / ``definitions``, and those merged: a schema nested inside the
-    combined one keeps resolving ``#/$defs/X`` when the definitions sit at the new root (pydantic's and zod's
-    schemas refer to them so). Two different definitions under one name are refused."""
+    """``schemas`` without their root ``$defs`` / ``definitions``, and those merged: a tool's parameters or the
+    format nested inside a call's schema keep resolving ``#/$defs/X`` when the definitions sit at the new root
+    (pydantic's and zod's schemas refer to them so). Two different definitions under one name are refused."""
     merged: dict[str, dict[str, Any]] = {}
     bare = []
     for schema in schemas:
@@ -157,16 +157,17 @@ def tool_plan(given: list[Tool] | None, tool_choice: str | dict[str, Any] | None
     elif choice not in ("required", "auto"):
         raise ConfigError(f"tool_choice must be none, auto, required or a named function, got {choice!r}")
     parallel = parallel_tool_calls is not False and not isinstance(choice, dict)
-    one = call_schema(tools)
+    branch = _answer_branch(answer, names) if choice == "auto" and answer is not None else None
+    bare, defs = _hoisted([*(_parameters(t) for t in tools), *([branch] if branch is not None else [])])
+    one = call_schema([(t.function.name, p) for t, p in zip(tools, bare, strict=False)])
     schema = {"anyOf": [one, {"type": "array", "items": one, "minItems": 1}]} if parallel else one
-    if choice == "auto" and answer is not None:  # a call or the answer under the format, as one JSON Schema
-        branch = _answer_branch(answer, names)
-        (bare_call, bare_answer), defs = _hoisted([schema, branch])
-        combined = {"anyOf": [bare_call, bare_answer], **defs}
+    if branch is not None:  # a call or the answer under the format, as one JSON Schema
+        combined = {"anyOf": [schema, bare[-1]], **defs}
         tool_names = ", ".join(names)
         constraint: Constraint = JsonConstraint(combined, source=f"tool call of {tool_names} or the answer format")
         constraint.check()
         return ToolPlan(constraint, tuple(names), False, parallel, branch)
+    schema = {**schema, **defs}
     if choice == "auto":  # the call written as every formtax JSON answer is (JSON_OPTIONS: one spacing)
         call = {**schema, "x-guidance": JSON_OPTIONS}
         text = SENTENCE if after_reasoning else r"/[^{\[][\s\S]*/"
