@@ -31,7 +31,8 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=1.0,
                    help="the temperature of a request that names none (default 1, OpenAI's; 0 = greedy)")
     p.add_argument("--served-model-name", action="append", default=None,
-                   help="a name clients use as 'model' (repeatable; default: the model's id); others get a 404")
+                   help="a name clients use as 'model' (repeatable; default: the model's clean id, e.g. "
+                        "smollm2-135m-instruct, and 'default'); others get a 404")
     p.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' (default: FORMTAX_API_KEY if set, else no key)")
     p.add_argument("--strategy", default=None,
