@@ -10,6 +10,8 @@ from typing import Any
 
 import jsonschema
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("uvicorn")
@@ -300,3 +302,44 @@ def test_definitions_of_the_tools_and_the_format_meet_at_the_root():
     other = {**fmt, "$defs": {"Item": {"type": "string"}}}
     with pytest.raises(ConfigError, match="define \\$defs/Item differently"):
         tool_plan([tool], "auto", None, other)
+
+
+@settings(max_examples=12, deadline=None)
+@given(seed=st.integers(0, 10_000), parallel=st.booleans(), strict=st.booleans(), cut=st.integers(1, 7))
+def test_random_models_write_a_call_or_the_answer_and_the_stream_agrees(seed, parallel, strict, cut):
+    """Hypothesis over random logits: every finished output of ``auto`` with a format is a call whose arguments
+    validate or an answer valid under the format (jsonschema, the oracle), never both; the stream reader, fed the
+    text in pieces, decides the same as the whole-text reader."""
+    import formtax
+    from formtax.serve.tools import Tool, is_call, read_calls, tool_plan
+
+    tools = [Tool.model_validate(t) for t in CHAT_TOOLS]
+    fmt = {"type": "object", "properties": {"total": {"type": "integer"}, "note": {"type": "string"}},
+           "required": ["total"], **({"additionalProperties": False} if strict else {})}
+    plan = tool_plan(tools, "auto", parallel, fmt)
+    assert plan is not None
+    r = formtax.generate(FakeBackend(random_logits(seed=seed)), "q", "constrained", plan.constraint, max_tokens=120)
+    if not r.parse_ok:
+        assert r.finish_reason.startswith("length"), r
+        return
+    value = json.loads(r.text)
+    calls = read_calls(r.text, value, plan.names)
+    if calls is None:
+        jsonschema.validate(value, fmt)
+        assert not {"add", "get_weather"} & set(value)
+    else:
+        assert is_call(value, plan.names) and (parallel or isinstance(value, dict))
+        for c in calls:
+            jsonschema.validate(json.loads(c["function"]["arguments"]), SCHEMAS[c["function"]["name"]])
+    stream = CallStream(False, plan.names)
+    events = [e for i in range(0, len(r.text), cut) for e in stream.feed(r.text[i:i + cut])]
+    assert ({k for k, _ in events} == {"text"}) == (calls is None), events
+    if calls is not None:
+        assert [v for k, v in events if k == "call"] == [c["function"]["name"] for c in calls]
+        streamed: list[str] = []
+        for k, v in events:
+            if k == "call":
+                streamed.append("")
+            elif k == "args":
+                streamed[-1] += v
+        assert [json.loads(a) for a in streamed] == [json.loads(c["function"]["arguments"]) for c in calls]
