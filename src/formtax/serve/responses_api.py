@@ -100,7 +100,9 @@ class ResponsesRequest(OpenAIBody):
             body["tools"] = [self._tool(t) for t in self.tools]
         if self.tool_choice is not None:
             body["tool_choice"] = self._choice(self.tool_choice)
-        return ChatRequest.model_validate(body)
+        chat = ChatRequest.model_validate(body)
+        chat._format_field = "text.format"  # refusals name the field this client sent
+        return chat
 
     @staticmethod
     def _tool(t: dict[str, Any]) -> dict[str, Any]:
@@ -169,8 +171,9 @@ def _usage(chat_usage: dict[str, Any]) -> dict[str, Any]:
 class ResponseBuilder:
     """One Response object, from a finished chat body or from the chunks of a stream (the same fields either way)."""
 
-    def __init__(self, req: ResponsesRequest, model: str) -> None:
+    def __init__(self, req: ResponsesRequest, model: str, temperature: float = 1.0) -> None:
         self.req, self.model = req, model
+        self.temperature = temperature  # the server's default (``--temperature``), echoed when none was sent
         self.id, self.created = _id("resp"), int(time.time())
 
     def snapshot(self, status: str, output: list[dict[str, Any]], usage: dict[str, Any] | None = None,
@@ -182,7 +185,8 @@ class ResponseBuilder:
                 "instructions": r.instructions, "max_output_tokens": r.max_output_tokens,
                 "parallel_tool_calls": r.parallel_tool_calls is not False, "previous_response_id": None,
                 "reasoning": r.reasoning or {"effort": None, "summary": None}, "store": False,
-                "temperature": r.temperature, "top_p": r.top_p, "text": r.text or {"format": {"type": "text"}},
+                "temperature": self.temperature if r.temperature is None else r.temperature,
+                "top_p": 1.0 if r.top_p is None else r.top_p, "text": r.text or {"format": {"type": "text"}},
                 "tool_choice": r.tool_choice or "auto", "tools": r.tools or [], "truncation": "disabled",
                 "metadata": r.metadata or {}, "usage": None if usage is None else _usage(usage),
                 "formtax": formtax}

@@ -267,6 +267,11 @@ class ChatRequest(Sampled):
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     chat_template_kwargs: dict[str, Any] | None = None  # vLLM's: extra variables of the chat template
     _legacy: bool = PrivateAttr(False)  # the request sent ``functions``
+    _format_field: str = PrivateAttr("response_format")  # what the client called the format (Responses: text.format)
+
+    @property
+    def format_field(self) -> str:
+        return self._format_field
 
     @property
     def legacy_functions(self) -> bool:
@@ -304,33 +309,51 @@ class CompletionRequest(Sampled):
     echo: bool = False
 
 
+def format_schema(response_format: dict[str, Any] | None, field: str = "response_format") -> dict[str, Any] | None:
+    """The JSON Schema of a structured-output format (``json_object``: any object; strict: closed as OpenAI
+    closes it); None for text or no format."""
+    kind = (response_format or {}).get("type")
+    if kind == "json_object":
+        return {"type": "object"}
+    if kind != "json_schema":
+        return None
+    spec = (response_format or {}).get("json_schema") or {}
+    schema = spec.get("schema")
+    if not isinstance(schema, dict):
+        raise ConfigError(f"{field}: json_schema.schema must be a JSON Schema object")
+    return _closed(schema) if spec.get("strict") else schema
+
+
 def chat_constraint(req: ChatRequest, default_strategy: str | None = None, default_answer: str | None = None
                     ) -> tuple[str, Constraint | None, ToolPlan | None]:
     """(strategy, answer constraint, the tool plan when the answer is a tool call) of a chat request. The
     server's defaults (``formtax serve --strategy/--answer``) apply where the request names neither."""
     opts = req.formtax or FormtaxOptions()
-    tools = tool_plan(req.tools, req.tool_choice, req.parallel_tool_calls)
-    fmt = req.response_format is not None and req.response_format.get("type") != "text"
+    fmt_name = req.format_field
+    fmt_schema = format_schema(req.response_format, fmt_name)
+    # tools with a format (issue 59): under auto a call or the answer under the format; else the call
+    named = opts.strategy or default_strategy
+    tools = tool_plan(req.tools, req.tool_choice, req.parallel_tool_calls, fmt_schema if req.tools else None,
+                      after_reasoning=named == "inwriting")
+    fmt = fmt_schema is not None
     guided = req.guided()
-    sources = [name for name, present in (("response_format", fmt), ("tools", tools is not None),
+    sources = [name for name, present in ((fmt_name, fmt and tools is None), ("tools", tools is not None),
                                            ("formtax.answer", opts.answer is not None),
                                            (guided[0] if guided else "", guided is not None)) if present]
     if len(sources) > 1:
         raise ConfigError(f"give one answer format, not {' and '.join(sources)}")
+    if fmt and opts.answer is not None:
+        raise ConfigError(f"give one answer format, not {fmt_name} and formtax.answer")
+    if fmt and guided is not None:
+        raise ConfigError(f"give one answer format, not {fmt_name} and {guided[0]}")
     constraint: Constraint | None = None
-    answer = opts.answer if opts.answer is not None else (default_answer if not sources else None)
+    answer = opts.answer if opts.answer is not None else (default_answer if not sources and not fmt else None)
     if answer is not None:
         constraint = as_constraint(answer)
-    elif req.response_format is not None and req.response_format.get("type") == "json_object":
-        constraint = JsonConstraint({"type": "object"})
-    elif req.response_format is not None and req.response_format.get("type") == "json_schema":
-        spec = req.response_format.get("json_schema") or {}
-        schema = spec.get("schema")
-        if not isinstance(schema, dict):
-            raise ConfigError("response_format.json_schema.schema must be a JSON Schema object")
-        constraint = as_constraint(_closed(schema) if spec.get("strict") else schema)
     elif tools is not None:
         constraint = tools.constraint
+    elif fmt_schema is not None:
+        constraint = JsonConstraint(fmt_schema) if fmt_schema == {"type": "object"} else as_constraint(fmt_schema)
     elif guided is not None:
         constraint = guided[1]
     strategy = opts.strategy or default_strategy or ("constrained" if constraint is not None else "free")

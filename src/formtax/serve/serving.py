@@ -255,7 +255,8 @@ class Serving:
         tok = self.batcher.backend.tokenizer
         parts = deltas(tok, q)
         cutter = out.StopCutter(hooks.stops)
-        calls = CallStream(tools.text_allowed) if tools is not None else None
+        calls = (CallStream(tools.text_allowed, tools.names if tools.answer is not None else None)
+                 if tools is not None else None)
         started = time.monotonic()
         i = row.index
 
@@ -304,7 +305,7 @@ class Serving:
                 if part is None:
                     return
                 if isinstance(part, Result):
-                    tail = cutter.flush()
+                    tail = cutter.flush() + (calls.flush() if calls is not None else "")
                     if tail:
                         yield delta({"content": tail})
                     finish = out.finish(part)

@@ -100,7 +100,7 @@ class ChatServing(Serving):
             message["reasoning_content"] = out.reasoning(res)
         finish = out.finish(res)
         if tools is not None and res.parse_ok:
-            calls = read_calls(text, res.parsed)
+            calls = read_calls(text, res.parsed, tools.names if tools.answer is not None else None)
             if calls:
                 message["content"] = None
                 if legacy:
