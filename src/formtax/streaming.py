@@ -37,7 +37,7 @@ import torch
 from formtax.api import _backend, _prompt, check_context, resolve_closing, resolve_sampling, typed_result
 from formtax.constraints.native import as_constraint
 from formtax.constraints.spec import Constraint
-from formtax.decoding.engine import Backend, Capability, TokenizerInfo
+from formtax.decoding.engine import Backend, Driver, TokenizerInfo
 from formtax.decoding.loop import Plan, Policy, RowOutput, RowRequest, decode
 from formtax.decoding.plan import Phase
 from formtax.decoding.sampling import Sampling, row_seeds
@@ -100,7 +100,7 @@ def stream(model: Backend, prompt: Prompt, strategy: str = "free", answer: Any =
     strat = get_strategy(strategy)
     if not isinstance(strat, SinglePass):
         raise ConfigError(f"strategy {strategy!r} cannot stream: it rewinds or makes two calls (use generate)")
-    if Capability.STEP_LOGITS not in backend.capabilities:
+    if backend.driver is not Driver.LOOP:
         raise ConfigError(f"backend {backend.name!r} decodes outside formtax's loop and cannot stream")
     constraint = as_constraint(answer) if answer is not None else None
     sampling = resolve_sampling(backend, Sampling(temperature, top_p, top_k, min_p), model_defaults)

@@ -99,3 +99,19 @@ def test_serve_responses(server, counts):
         "text": {"format": {"type": "json_schema", "name": "a", "schema": schema}}}, timeout=60)
     assert r.status_code == 200, r.text
     _once(counts)
+
+
+def test_one_attribute_says_which_driver_runs_a_backend():
+    """``Backend.driver``: streaming, the server's batching and its live streams ask it, so an engine that owns
+    its loop gets stream's documented refusal, not an error from deep inside the loop."""
+    from formtax.decoding.engine import Driver
+    from formtax.errors import ConfigError
+
+    class Engine(FakeBackend):
+        @property
+        def driver(self) -> Driver:
+            return Driver.ENGINE
+
+    assert FakeBackend().driver is Driver.LOOP
+    with pytest.raises(ConfigError, match="decodes outside formtax's loop and cannot stream"):
+        list(formtax.stream(Engine(), "q", "constrained", "{int}", max_tokens=8))

@@ -226,11 +226,26 @@ class Batch(ABC):
         raise CapabilityError(f"{type(self).__name__} cannot take rows into a running batch")
 
 
+class Driver(StrEnum):
+    """Who runs a backend's decode steps (:attr:`Backend.driver`): the one answer to "does formtax's loop step
+    this backend?" that the entry points ask (streaming, the server's batching, closing's default)."""
+
+    LOOP = "loop"  # formtax's decode loop steps the model's batch (transformers, the fake backend)
+    ENGINE = "engine"  # an engine owns its loop; formtax's rows are stepped inside it (vLLM: decoding/rowengine.py)
+    CALLS = "calls"  # whole-output calls with a grammar parameter (an OpenAI-compatible server)
+
+
 class Backend(ABC):
     """A model engine behind the one small protocol."""
 
     name: str = "backend"
     capabilities: frozenset[Capability] = frozenset()
+
+    @property
+    def driver(self) -> Driver:
+        """Who runs the decode steps (:class:`Driver`): formtax's loop wherever the backend hands out the logits
+        of every step; an engine that owns its loop says :attr:`Driver.ENGINE` (RowEngine)."""
+        return Driver.LOOP if Capability.STEP_LOGITS in self.capabilities else Driver.CALLS
 
     @property
     @abstractmethod

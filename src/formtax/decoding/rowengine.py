@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 import torch
 
 from formtax.constraints.spec import Constraint
-from formtax.decoding.engine import Backend
+from formtax.decoding.engine import Backend, Driver
 from formtax.decoding.loop import RowOutput, RowRequest
 from formtax.decoding.lowering import LoweredRow, Lowering
 from formtax.decoding.plan import Finish, RowCursor
@@ -64,6 +64,10 @@ class RowEngine(Backend):
     # the error a result gets when the replay caught the engine ignoring the constraint (None: the finish
     # reason's own error)
     ignored_constraint: ClassVar[str | None] = None
+
+    @property
+    def driver(self) -> Driver:
+        return Driver.ENGINE
 
     @property
     def concurrent(self) -> bool:

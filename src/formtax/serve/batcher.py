@@ -39,7 +39,7 @@ from typing import Any
 from formtax.api import check_context, finish_results, requests_of
 from formtax.constraints.native import as_constraint
 from formtax.constraints.spec import Constraint
-from formtax.decoding.engine import Backend, Capability
+from formtax.decoding.engine import Backend, Driver
 from formtax.decoding.loop import decode
 from formtax.decoding.plan import RowOutput, RowRequest
 from formtax.decoding.rowengine import ROW_CONTROLS, Cancelled, RowControls, RowEngine
@@ -298,7 +298,7 @@ def same_key(first: Job) -> Callable[[Job], bool]:
 def continuous(backend: Backend, job: Job) -> bool:
     """Whether a job can join a running decode loop: a single-pass strategy on a backend whose loop formtax steps."""
     return (isinstance(get_strategy(job.kwargs.get("strategy", "free")), SinglePass)
-            and Capability.STEP_LOGITS in backend.capabilities and not isinstance(backend, RowEngine))
+            and backend.driver is Driver.LOOP)
 
 
 def job_requests(backend: Backend, jobs: Sequence[Job]) -> tuple[Strategy, list[Request]]:

@@ -23,7 +23,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from formtax.constraints.spec import Constraint
-from formtax.decoding.engine import Backend, Capability
+from formtax.decoding.engine import Backend, Driver
 from formtax.decoding.plan import Phase
 from formtax.decoding.sampling import choice_seed, fresh_seed
 from formtax.errors import ConfigError, FormtaxError
@@ -107,10 +107,7 @@ class Serving:
     def in_loop(self, strategy: str) -> bool:
         """Whether a request's rows run in formtax's own decode loop: a single-pass strategy on a step-wise backend
         that is not an engine owning its loop (where the controls that act inside the loop reach the row)."""
-        from formtax.decoding.rowengine import RowEngine
-
-        return (isinstance(get_strategy(strategy), SinglePass) and Capability.STEP_LOGITS in self.backend.capabilities
-                and not isinstance(self.backend, RowEngine))
+        return isinstance(get_strategy(strategy), SinglePass) and self.backend.driver is Driver.LOOP
 
     def streams_live(self, strategy: str) -> bool:
         """Whether a request can stream live: in formtax's loop, or a single-pass strategy on an engine that
