@@ -45,6 +45,11 @@ class FreePolicy(Policy):
         return LoweredRow(Lowering.FREE, stop_ids=self.eos_ids | self.stop_ids, inner=self)
 
 
+KEY_SLACK = 2
+"""Tokens of room past a completion that repeats a key within which closing trusts the key can be written on
+into a new one (one more character and its token boundary); ours, see :meth:`ConstrainedPolicy._keyed_accept`."""
+
+
 class ConstrainedPolicy(Policy):
     """Constrained greedy (section 1): mask to the grammar's allowed set; EOS only where the grammar accepts.
 
@@ -94,9 +99,9 @@ class ConstrainedPolicy(Policy):
 
     def _keyed_accept(self, banned: frozenset[int], left: int) -> Callable[[int], bool]:
         """Closing's acceptance for a guarded row: the token repeats no key, a completion fits after it, and that
-        completion repeats no key either. Every witness the row follows is then free of repeats, so closing's
-        fallback (the witness's next token) never repeats a key (by induction from the start witness, which
-        opens the answer and holds no key)."""
+        completion repeats no key either, or leaves :data:`KEY_SLACK` tokens to write the key on. Where the budget
+        binds, every witness the row follows is then free of repeats, so closing's fallback (the witness's next
+        token) does not repeat a key."""
         closer, keys, ll = self.closer, self.keys, self.matcher.tokenizer.ll
         assert closer is not None and keys is not None
 
@@ -104,7 +109,13 @@ class ConstrainedPolicy(Policy):
             if t in banned or not closer.accept(t, left):
                 return False
             after = closer.witness_after(t)
-            return after is None or not keys.repeats_in(ll.decode_bytes([t, *after]))
+            if after is None or not keys.repeats_in(ll.decode_bytes([t, *after])):
+                return True
+            # the shortest completion repeats a key (it closes a key the model is writing, which repeats one):
+            # with KEY_SLACK tokens to spare the key can still be written on into a new one, so the model's own
+            # choice stands (closing stays invisible where the answer fits); only where the budget binds is it
+            # refused
+            return len(after) + KEY_SLACK <= left
 
         return accept
 
