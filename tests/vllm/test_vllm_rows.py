@@ -252,10 +252,13 @@ def test_a_recipe_from_elsewhere_is_refused():
     from formtax.backends.row_reports import seal
     from formtax.vllm_plugin import _recipe_of
 
-    args = {"formtax_recipe": seal(print), "formtax_row": "k", "formtax_report": "mem://none"}
+    args = {"formtax_recipe": seal(print, "k", "mem://none"), "formtax_row": "k", "formtax_report": "mem://none"}
     assert _recipe_of(args)[1:] == ("k", "mem://none")
-    tag, _, blob = args["formtax_recipe"].partition(":")
-    forged = dict(args, formtax_recipe=("0" * len(tag)) + ":" + blob)
+    for other in ({"formtax_row": "k2"}, {"formtax_report": "tcp://10.0.0.9:5555"}):  # bound to key and address
+        with pytest.raises(ValueError, match="signature does not verify"):
+            _recipe_of({**args, **other})
+    tag, _, rest = args["formtax_recipe"].partition(":")
+    forged = dict(args, formtax_recipe=("0" * len(tag)) + ":" + rest)
     with pytest.raises(ValueError, match="signature does not verify"):
         _recipe_of(forged)
     with pytest.raises(ValueError, match="needs formtax_row"):
