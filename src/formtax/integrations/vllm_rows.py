@@ -155,14 +155,23 @@ class RowSpec:
         """Whether the row writes InWriting's line break before the answer (:class:`SeamBreak`)."""
         return self.strategy == "inwriting" and self.answer is not None
 
+    @property
+    def reserved(self) -> int:
+        """Tokens of ``max_tokens`` the policy does not get: InWriting's line break (:class:`SeamBreak`), and the
+        EOS after a constrained answer, so that a complete answer always ends with ``finish_reason "stop"`` (a
+        closing answer that took the last token would otherwise end as ``length``, which clients read as cut)."""
+        from formtax.strategies import get_strategy
+
+        constrained = self.answer is not None and getattr(get_strategy(self.strategy), "constrained_answer", False)
+        return int(self.seamed) + int(constrained)
+
     def request(self, params: Any) -> Any:
-        """formtax's Request for this spec and the request's SamplingParams (the budget one token short where the
-        row writes InWriting's line break)."""
+        """formtax's Request for this spec and the request's SamplingParams (the budget less :attr:`reserved`)."""
         from formtax.constraints.native import as_constraint
         from formtax.strategies.base import Request
 
         sampling = params_sampling(params)
-        budget = int(params.max_tokens) - int(self.seamed)
+        budget = int(params.max_tokens) - self.reserved
         return Request("", as_constraint(self.answer) if self.answer is not None else None,
                        max_tokens=budget, seed=int(params.seed or 0),
                        temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
@@ -180,7 +189,8 @@ class RowSpec:
         assert isinstance(strat, SinglePass)  # RowSpec.of refused the others
         req = self.request(params)
         if req.max_tokens <= 0:
-            raise ValueError(f"max_tokens={params.max_tokens} leaves no token for the row")
+            raise ValueError(f"max_tokens={params.max_tokens} leaves no token for the answer (the row keeps "
+                             f"{self.reserved} for its line break and EOS)")
         token = START_WITNESSES.set(dict(self.witnesses or {}))
         try:
             strat.check(engine, [req])

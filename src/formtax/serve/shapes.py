@@ -56,6 +56,10 @@ def reasoning(res: Result) -> str | None:
 
 
 def finish(res: Result) -> str:
+    """OpenAI's finish reason. A constrained answer that is complete when the budget ends (closing mode finishes it
+    on the last token) is ``stop``: the answer is whole, and clients (instructor) read ``length`` as cut."""
+    if res.finish_reason == "length" and res.answer_text is not None and res.parse_ok:
+        return "stop"
     return FINISH.get(res.finish_reason, "stop")
 
 
