@@ -172,7 +172,7 @@ def row_args(recipe: Callable[[Any], Any], key: str, address: str, stream: bool 
 # -- outputs back -----------------------------------------------------------------------------------------------
 def _signed(payload: dict[str, Any]) -> bytes:
     data = json.dumps(payload, default=_plain).encode()
-    return _digest(_known_secret(), data).encode() + b":" + data
+    return _digest(ensure_secret(), data).encode() + b":" + data
 
 
 def encode_step(key: str, token: int, phase: str, n: int = 0) -> bytes:
@@ -190,8 +190,8 @@ def encode(key: str, out: RowOutput, error: str | None) -> bytes:
 def verified(data: bytes) -> dict[str, Any] | None:
     """The payload of a signed report, or None for one that does not verify under this process's secret."""
     tag, sep, body = data.partition(b":")
-    secret = _known_secret()
-    if not sep or not secret:
+    secret = ensure_secret()
+    if not sep:
         return None
     try:
         ok = _same(tag.decode("ascii"), _digest(secret, body))

@@ -217,7 +217,9 @@ class RowSpec:
 
         sampling = params_sampling(params)
         policy = self.policy(engine, params)
-        row = RowRequest(list(prompt_ids), policy, int(params.max_tokens), int(params.seed or 0), sampling)
+        # the row's own budget leaves the EOS's token (:attr:`reserved`); InWriting's break is inside it
+        budget = int(params.max_tokens) - self.reserved + int(self.seamed)
+        row = RowRequest(list(prompt_ids), policy, budget, int(params.seed or 0), sampling)
         tok = engine.tokenizer
         live = LiveRow(row, min(tok.eos_ids), tok.n_logits, sampling)
         live.rebuild = lambda: self.policy(engine, params)
