@@ -65,6 +65,7 @@ from formtax.integrations.vllm_rows import (
     explainer,
     params_sampling,
     validate,
+    warm_in_background,
 )
 
 log = logging.getLogger(__name__)
@@ -190,6 +191,7 @@ def plugin_class() -> type:
                 self.parked.popitem(last=False)
 
     _CLASS = FormtaxLogitsProcessor
+    warm_in_background(caller_context()[0])  # vLLM's API process loads the class at start-up: warm its tokenizer
     return _CLASS
 
 

@@ -106,3 +106,13 @@ def test_the_set_up_is_bounded_and_its_witnesses_travel_with_the_request(monkeyp
     validate(p, ENGINE)
     handed = p.extra_args["formtax_witnesses"]
     assert handed and all(isinstance(w, list) for w in handed.values())
+
+
+def test_an_answer_over_the_size_cap_is_refused_before_it_compiles(monkeypatch):
+    from formtax.integrations.vllm_rows import ANSWER_BYTES_ENV
+
+    schema = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(3000)}}
+    with pytest.raises(ValueError, match="bytes, over"):
+        validate(params({"formtax_answer": "json:" + json.dumps(schema)}, 16), ENGINE)
+    monkeypatch.setenv(ANSWER_BYTES_ENV, "100000")
+    validate(params({"formtax_answer": "json:" + json.dumps(schema), "formtax_closing": 0}, 16), ENGINE)

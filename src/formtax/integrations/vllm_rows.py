@@ -29,10 +29,10 @@ found (another vLLM layout) the checks that need them are made in the engine ins
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -49,10 +49,21 @@ PREFIX = "formtax_"
 KEYS = ("strategy", "answer", "closing", "triggers", "reasoning")
 HANDED = ("witnesses",)  # set by validate(), never by a client
 SETUP_BOUND_ENV = "FORMTAX_VLLM_SETUP_S"
-SETUP_BOUND_S = 2.0  # default bound of a request's set-up in validate_params (seconds)
+SETUP_BOUND_S = 5.0  # default bound of a request's set-up in validate_params (seconds)
+ANSWER_BYTES_ENV = "FORMTAX_VLLM_MAX_ANSWER_BYTES"
+ANSWER_BYTES = 16384  # the largest answer SPEC a request may send: its compile cannot be interrupted (1000 JSON
+# properties, 30 KB, compiled in 1.8 s on this machine; the API loop waits for it)
 VLLM_MASKS = ("structured_outputs", "allowed_token_ids", "bad_words")  # vLLM's own masks (refused beside formtax's)
 FREE_STRATEGIES = ("free",)  # strategies whose row does not care where it stops
 ERROR_TEXT = "[formtax error: {}]"
+
+
+def answer_cap() -> int:
+    """The largest answer SPEC accepted, in bytes (:data:`ANSWER_BYTES_ENV`)."""
+    try:
+        return max(64, int(os.environ.get(ANSWER_BYTES_ENV, ANSWER_BYTES)))
+    except ValueError:
+        return ANSWER_BYTES
 
 
 def setup_bound() -> float:
@@ -85,12 +96,39 @@ class EngineSide(Backend):
         raise RuntimeError("the vLLM engine decodes; formtax's plugin only steps its rows")
 
 
-@functools.lru_cache(maxsize=4)
-def engine_for(path: str) -> EngineSide:
-    """The EngineSide of a tokenizer folder (loaded once per process)."""
-    from formtax.backends.vllm_backend import tokenizer_info
+_ENGINES: dict[str, EngineSide] = {}
+_ENGINES_LOCK = threading.Lock()
 
-    return EngineSide(tokenizer_info(path), path)
+
+def engine_for(path: str) -> EngineSide:
+    """The EngineSide of a tokenizer folder, loaded once per process, with the tables every JSON row needs built
+    (:func:`warm`): a first request does not pay them."""
+    with _ENGINES_LOCK:
+        hit = _ENGINES.get(path)
+        if hit is None:
+            from formtax.backends.vllm_backend import tokenizer_info
+
+            hit = _ENGINES[path] = EngineSide(tokenizer_info(path), path)
+            warm(hit)
+        return hit
+
+
+def warm(engine: EngineSide) -> None:
+    """Build the per-tokenizer tables (llguidance's tokenizer, the JSON string tables, closing's ranks) by setting
+    up one small json row: several seconds once, at start-up, instead of in a client's request."""
+    from types import SimpleNamespace
+
+    spec = RowSpec("json", "{int}", True, (), None)
+    try:
+        spec.policy(engine, SimpleNamespace(max_tokens=64, seed=0, temperature=0.0, top_p=1.0, top_k=0, min_p=0.0))
+    except Exception as e:  # noqa: BLE001 - a warm-up that fails changes nothing but the first request's time
+        log.warning("formtax: warming the tokenizer's tables failed (%s)", e)
+
+
+def warm_in_background(path: str | None) -> None:
+    """:func:`engine_for` on a thread of its own (vLLM's API process loads the processor class at start-up)."""
+    if path:
+        threading.Thread(target=engine_for, args=(path,), name="formtax-warm", daemon=True).start()
 
 
 @dataclass(frozen=True)
@@ -130,6 +168,10 @@ class RowSpec:
             raise ValueError(f"vllm_xargs: formtax_strategy {name!r} runs its own decode loop (several passes or a "
                              "rewind); inside vLLM use a single-pass strategy (constrained, json, inwriting, short)")
         answer = args.get("answer")
+        if answer is not None and len(str(answer).encode("utf-8", "replace")) > answer_cap():
+            raise ValueError(f"vllm_xargs: formtax_answer is {len(str(answer).encode('utf-8', 'replace'))} bytes, "
+                             f"over {answer_cap()} (its grammar would hold the server while it compiles; raise "
+                             f"{ANSWER_BYTES_ENV} where that is acceptable)")
         if answer is not None:
             try:
                 as_constraint(str(answer)).check()
@@ -295,7 +337,10 @@ def validate(params: Any, engine: EngineSide | None, client_max_tokens: Any = ..
     except ValueError:
         raise
     except Exception as e:  # noqa: BLE001 - ConfigError, ConstraintError, CapabilityError: their one line
-        raise ValueError(f"vllm_xargs: {' '.join(str(e).split())}") from None
+        kept = (f" (of max_tokens={params.max_tokens} the row keeps {spec.reserved} for "
+                f"{'the line break before the answer and ' if spec.seamed else ''}the EOS after it)"
+                if spec.reserved else "")
+        raise ValueError(f"vllm_xargs: {' '.join(str(e).split())}{kept}") from None
     finally:
         SEARCH_DEADLINE.reset(token)
     spent = time.monotonic() - t0
