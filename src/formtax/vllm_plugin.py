@@ -203,7 +203,7 @@ def refuse_settings(vllm_config: Any) -> None:
         raise RuntimeError("formtax's logits processor needs --no-async-scheduling: under asynchronous scheduling "
                            "a row is planned before the engine appends its previous token")
     spec = getattr(vllm_config, "speculative_config", None)
-    if spec is not None and getattr(spec, "num_speculative_tokens", 0):
+    if spec is not None and int(getattr(spec, "num_speculative_tokens", 0) or 0):
         raise RuntimeError("formtax's logits processor does not run with speculative decoding (drop "
                            "--speculative-config): draft tokens are accepted without its plans")
 

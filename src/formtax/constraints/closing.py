@@ -318,9 +318,10 @@ def start_witness(grammar: CompiledGrammar, n_logits: int) -> list[int] | None:
     handed = START_WITNESSES.get()
     name = grammar_key(grammar.grammar) if handed is not None else ""
     if hit is None:
-        given = handed.get(name, ()) if handed is not None else ()
         m = grammar.matcher(n_logits)
-        if given != () and (given is None or fits(m.ll, [], given, int(grammar.tokenizer.ll.eos_token))):
+        found: list[int] | None
+        if handed is not None and name in handed and (
+                (given := handed[name]) is None or fits(m.ll, [], given, int(grammar.tokenizer.ll.eos_token))):
             found = given  # handed over by the process that checked the request, and verified here
         else:
             found = shortest_known(m)

@@ -365,8 +365,9 @@ def caller_context(depth: int = 40) -> tuple[str | None, Any]:
         local = frame.f_locals
         owner = local.get("self")
         model = getattr(owner, "model_config", None) or local.get("model_config")
-        if path is None and isinstance(getattr(model, "tokenizer", None), str):
-            path = str(model.tokenizer)
+        tokenizer = getattr(model, "tokenizer", None)
+        if path is None and isinstance(tokenizer, str):
+            path = tokenizer
         req = local.get("request")
         if client is ... and req is not None and hasattr(req, "vllm_xargs") and hasattr(req, "max_tokens"):
             client = getattr(req, "max_completion_tokens", None) or req.max_tokens
