@@ -32,10 +32,18 @@ def client(vllm_server):
 
 
 def _ask(client, xargs, max_tokens=64, temperature=0.0, seed=None, messages=QUESTION, **kw):
+    """The whole text (the reasoning parser's reasoning, then the content: what the row wrote) and the finish."""
     c, model = client
     r = c.chat.completions.create(model=model, messages=messages, max_tokens=max_tokens, temperature=temperature,
                                   seed=seed, extra_body={"vllm_xargs": xargs, **kw})
-    return r.choices[0].message.content, r.choices[0].finish_reason
+    m = r.choices[0].message
+    reasoning = _reasoning(m)
+    return (f"{reasoning}\n{m.content}" if reasoning else m.content), r.choices[0].finish_reason
+
+
+def _reasoning(message):
+    extra = message.model_extra or {}
+    return extra.get("reasoning_content") or extra.get("reasoning")
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
@@ -63,6 +71,23 @@ def test_a_prompt_prefilled_in_chunks_still_parses(client, strategy, spec):
     text, finish = _ask(client, {"formtax_strategy": strategy, "formtax_answer": spec}, 48, messages=LONG)
     assert formtax.parse(text, spec, strategy=strategy).parse_ok, text
     assert finish == "stop" and text
+
+
+@pytest.mark.parametrize("seed", [7, 8])
+def test_the_reasoning_parser_splits_inwritings_reasoning_from_its_answer(client, seed):
+    c, model = client
+    kw = dict(model=model, messages=QUESTION, max_tokens=80, temperature=1.0, seed=seed,
+              extra_body={"vllm_xargs": {"formtax_strategy": "inwriting", "formtax_answer": "The answer is: {int}"}})
+    whole = c.chat.completions.create(**kw).choices[0].message
+    answer = formtax.parse(whole.content, "The answer is: {int}", strategy="inwriting")
+    assert answer.parse_ok and answer.answer_text == whole.content, whole  # the content is the answer alone
+    reasoning, content = "", ""
+    for chunk in c.chat.completions.create(stream=True, **kw):
+        if chunk.choices:
+            delta = chunk.choices[0].delta
+            reasoning += _reasoning(delta) or ""
+            content += delta.content or ""
+    assert (reasoning, content) == (_reasoning(whole) or "", whole.content)  # a seeded row: the same split
 
 
 def test_requests_without_formtax_arguments_are_left_alone(client):

@@ -282,3 +282,11 @@ def test_suffix_search_runs_as_two_requests_with_the_loops_outputs(strategy, opt
         same(a, b)
         for k in ("t_star", "deltas", "free_end", "free_end_reason", "n_candidates", "answer_lead"):
             assert a.stats[k] == b.stats[k], k
+
+
+def test_the_backend_knows_its_context_length():
+    # formtax serve --backend vllm's banner and its context check read it (issue 57: it said "context unknown")
+    sim = SimVLLM(random_logits())
+    assert sim.context_length is None
+    sim.engine["max_model_len"] = 4096
+    assert sim.context_length == 4096

@@ -200,6 +200,16 @@ class VLLMBackend(RowEngine):
         return self._tok
 
     @property
+    def context_length(self) -> int | None:
+        """The engine's ``max_model_len`` (prompt plus output), as the engine resolved it."""
+        for owner in (getattr(self.llm, "llm_engine", None), getattr(self.llm, "engine", None)):
+            n = getattr(getattr(owner, "model_config", None), "max_model_len", None)
+            if isinstance(n, int) and n > 0:
+                return n
+        n = self.engine.get("max_model_len")
+        return int(n) if isinstance(n, int) and n > 0 else None
+
+    @property
     def model_id(self) -> str:
         return self._model_id
 
