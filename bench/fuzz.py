@@ -33,6 +33,7 @@ import formtax  # noqa: E402
 from formtax.backends.fake import FakeBackend, FakeBatch, random_logits  # noqa: E402
 from formtax.constraints import parse_spec  # noqa: E402
 from formtax.constraints.compile import validate_with_engine  # noqa: E402
+from formtax.constraints.jsonkeys import repeated_keys  # noqa: E402
 from formtax.decoding.engine import Backend  # noqa: E402
 from formtax.errors import FormtaxError  # noqa: E402
 
@@ -46,7 +47,9 @@ SPECS: dict[str, list[str]] = {
              'false,"$defs":{"P":{"type":"object","properties":{"x":{"type":"integer"}},"required":["x"],'
              '"additionalProperties":false}}}',
              'json:{"type":"object","properties":{"s":{"type":"string","maxLength":6}},"required":["s"],'
-             '"additionalProperties":false}'],
+             '"additionalProperties":false}',
+             'json:{"type":"object"}',  # json_object: an open object, where a grammar alone lets keys repeat
+             'json:{"type":"object","additionalProperties":{"type":"integer"},"maxProperties":6}'],
     "choice": ["choice:red|green|blue", "choice:a|ab|abc", "choice:yes|no"],
     "lark": ['lark:start: "x" NUM\nNUM: /[0-9]{1,3}/', 'lark:start: ("a" | "b")+ "."'],
     "template": ["The answer is: {int}", "{int:0..999}", "{letters:4}", "Pick {choice:red|green|blue}.",
@@ -172,6 +175,8 @@ def main() -> None:
         n += 1
         c["outputs"] += 1
         c["real_tokenizer"] += int(real)
+        if kind in ("json", "record") and r.answer_text:
+            c["duplicate_keys"] += repeated_keys(r.answer_text)  # whole or cut short: never a repeated key
         if r.parse_ok:
             c["parse_ok"] += 1
             t1 = time.perf_counter()
@@ -184,11 +189,13 @@ def main() -> None:
             c[f"unparsed:{r.finish_reason}"] += 1
         if n % 1000 == 0:
             print(f"{n} outputs, {time.perf_counter() - t_start:.0f} s", file=sys.stderr, flush=True)
-    print("| strategy | kind | outputs | parse_ok | accepted-invalid | crashes | refused | unparsed (finish) |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| strategy | kind | outputs | parse_ok | accepted-invalid | duplicate keys | crashes | refused | "
+          "unparsed (finish) |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for (strategy, kind), c in sorted(counts.items()):
         unparsed = ", ".join(f"{k.split(':', 1)[1]} {v}" for k, v in sorted(c.items()) if k.startswith("unparsed:"))
-        print(f"| {strategy} | {kind} | {c['outputs']} | {c['parse_ok']} | {c['accepted_invalid']} | {c['crash']} | "
+        print(f"| {strategy} | {kind} | {c['outputs']} | {c['parse_ok']} | {c['accepted_invalid']} | "
+              f"{c['duplicate_keys']} | {c['crash']} | "
               f"{c['refused']} | {unparsed} |")
     for line in crashes[:20]:
         print(line)
@@ -196,9 +203,9 @@ def main() -> None:
     for c in counts.values():
         total.update(c)
     print(json.dumps({"bench": "fuzz", "outputs": n, "accepted_invalid": total["accepted_invalid"],
-                      "crashes": total["crash"], "parse_ok": total["parse_ok"], "refused": total["refused"],
+                      "crashes": total["crash"], "duplicate_keys": total["duplicate_keys"], "parse_ok": total["parse_ok"], "refused": total["refused"],
                       "slowest_oracle_s": round(slowest, 4), "wall_s": round(time.perf_counter() - t_start, 1),
-                      "ratio": total["accepted_invalid"] + total["crash"], "target": 0, "better": "lower"}))
+                      "ratio": total["accepted_invalid"] + total["crash"] + total["duplicate_keys"], "target": 0, "better": "lower"}))
 
 
 if __name__ == "__main__":

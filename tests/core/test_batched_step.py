@@ -13,8 +13,10 @@ import formtax.constraints.compile as compile_mod
 from formtax.backends.fake import FakeBackend, random_logits
 from formtax.constraints import compile_grammar, parse_spec
 from formtax.constraints.compile import fill_masks
-from formtax.decoding.loop import Plan, _choose, _greedy_batch
+from formtax.decoding.plan import Plan
 from formtax.decoding.sampling import as_sampling
+from formtax.decoding.step import choose as _choose
+from formtax.decoding.step import greedy_batch as _greedy_batch
 from formtax.tensorops import argmax, argmax_rows, bitmask_counts, count_true, unpack_bitmask
 
 V = 37

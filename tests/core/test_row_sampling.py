@@ -11,7 +11,7 @@ import httpx
 import pytest
 import torch
 
-import formtax.decoding.loop as loop
+import formtax.decoding.step as step
 from formtax.backends.fake import FakeBackend, random_logits
 from formtax.decoding.loop import decode, row_generator
 from formtax.decoding.plan import RowRequest
@@ -49,14 +49,14 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.i
 @pytest.mark.parametrize("device", DEVICES)
 def test_the_generator_and_the_logits_share_a_device(device, monkeypatch):
     seen: list[tuple[torch.device, torch.device]] = []
-    real = loop._choose
+    real = step.choose
 
     def checked(logits, plan, sampling, gen):
         if gen is not None:
             seen.append((logits.device, gen.device))
         return real(logits, plan, sampling, gen)
 
-    monkeypatch.setattr(loop, "_choose", checked)
+    monkeypatch.setattr(step, "choose", checked)
     backend = FakeBackend(random_logits(seed=1), device=device)
     decode(backend, [_row(backend, k, Sampling(1.0)) for k in range(3)])
     assert seen and all(a.type == b.type == torch.device(device).type for a, b in seen)

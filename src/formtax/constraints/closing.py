@@ -454,6 +454,11 @@ class Closer:
         self.refused += int(not ok)
         return ok
 
+    def witness_after(self, token: int) -> list[int] | None:
+        """The completion :meth:`accept` proved after ``token`` (None when it refused it or was not asked): the key
+        guard (constraints/jsonkeys.py) refuses a token whose completion would repeat a key."""
+        return self._after.get(token)
+
     def advance(self, token: int) -> None:
         """The policy consumed ``token``: its witness (if :meth:`accept` computed one) becomes the current one."""
         self.text = (self.text + self.matcher.tokenizer.ll.decode_bytes([token]))[-64:]

@@ -246,6 +246,10 @@ class JsonReasonAnswer(Constraint):
         lark = start + self._string_rule("reason", self.reason_tokens, False) + answer_rules
         return llguidance.grammar_from("lark", lark)
 
+    @property
+    def may_repeat_keys(self) -> bool:
+        return self.answer.may_repeat_keys  # the wrapper's own keys are fixed by its grammar
+
     def validate(self, text: str) -> Validation:
         value, failed = _load_checked(text, self._validator)
         if failed is not None:
@@ -352,6 +356,10 @@ class JsonAnswerObject(Constraint):
         lark = ('start: ws? "{" ws? "\\"answer\\"" ws? ":" ws? answer ws? "}" ws?\n'
                 f'ws[max_tokens={ANSWER_WS_TOKENS}]: ' + '/[\\x20\\t\\n\\r]+/\n' + inner)
         return llguidance.grammar_from("lark", lark)
+
+    @property
+    def may_repeat_keys(self) -> bool:
+        return self.answer.may_repeat_keys  # the wrapper's own keys are fixed by its grammar
 
     def validate(self, text: str) -> Validation:
         value, failed = _load_checked(text, self._validator)

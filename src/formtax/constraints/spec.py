@@ -41,6 +41,7 @@ from typing import Any
 import jsonschema
 import llguidance
 
+from formtax.constraints.bounded_re import bounded_checks
 from formtax.constraints.formats import CHECKED_FORMATS, schema_validator
 from formtax.constraints.template import (
     Template,
@@ -69,6 +70,7 @@ class Validation:
     ok: bool
     value: Any = None
     error: str | None = None
+    unchecked: str | None = None  # a part of the check that could not be decided in its time bound (bounded_re.py)
 
 
 class Constraint(ABC):
@@ -100,6 +102,12 @@ class Constraint(ABC):
     def max_tokens(self) -> int | None:
         """An upper bound on tokens to finish from the start (EOS excluded), or None when unbounded."""
         return None
+
+    @property
+    def may_repeat_keys(self) -> bool:
+        """Whether the grammar lets a JSON object repeat a key (the policy then bans repeats:
+        constraints/jsonkeys.py)."""
+        return False
 
     def answer_schema(self) -> dict[str, Any]:
         raise ConstraintError(f"a {self.kind} constraint cannot describe a JSON answer field")
@@ -381,6 +389,12 @@ class JsonConstraint(Constraint):
     def grammar(self) -> str:
         return self._form[0]
 
+    @cached_property
+    def may_repeat_keys(self) -> bool:
+        from formtax.constraints.openobjects import schema_may_repeat_keys
+
+        return schema_may_repeat_keys(self.schema)
+
     @property
     def approximations(self) -> tuple[str, ...]:
         """What the grammar leaves to the oracle (empty: the grammar is the schema); see
@@ -394,10 +408,17 @@ class JsonConstraint(Constraint):
             return Validation(False, error=f"not JSON: {e}")
         except DuplicateKey as e:
             return Validation(False, error=f"not a valid object: {e}")
-        errors = sorted(self._validator.iter_errors(value), key=lambda e: list(e.path))
+        return self._judge(value)
+
+    def _judge(self, value: Any) -> Validation:
+        """The schema's verdict on a parsed value, every regex search bounded in time (bounded_re.py): a check
+        that cannot be decided in its bound is reported unchecked, never a hang."""
+        with bounded_checks() as checks:
+            errors = sorted(self._validator.iter_errors(value), key=lambda e: list(e.path))
         if errors:
-            return Validation(False, value, error=f"schema violation: {errors[0].message}")
-        return Validation(True, value)
+            return Validation(False, value, error=f"schema violation: {errors[0].message}",
+                              unchecked=checks.unchecked)
+        return Validation(True, value, unchecked=checks.unchecked)
 
     def search(self, text: str) -> Validation:
         dec = json.JSONDecoder(object_pairs_hook=no_duplicate_keys)
@@ -407,8 +428,9 @@ class JsonConstraint(Constraint):
                 value, _ = dec.raw_decode(text, m.start())
             except (json.JSONDecodeError, DuplicateKey):
                 continue
-            if not list(self._validator.iter_errors(value)):
-                last = Validation(True, value)
+            verdict = self._judge(value)
+            if verdict.ok:
+                last = verdict
         return last
 
     def answer_schema(self) -> dict[str, Any]:
@@ -585,6 +607,10 @@ class LarkConstraint(Constraint):
     @cached_property
     def grammar(self) -> str:
         return llguidance.grammar_from("lark", self.source)
+
+    @property
+    def may_repeat_keys(self) -> bool:
+        return "%json" in self.source  # an embedded JSON schema (tool calls): conservatively open
 
     def validate(self, text: str) -> Validation:
         # No Python Lark engine is used: the oracle is the engine itself run on the text's canonical bytes.

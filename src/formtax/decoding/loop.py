@@ -14,183 +14,47 @@ on a rewind step. The suffix strategies use it to branch back into an earlier po
 
 from __future__ import annotations
 
-import dataclasses
+import logging
 import time
 from collections.abc import Callable, Sequence
 
-import numpy as np
 import torch
 
 from formtax.constraints.compile import MaskFill
-from formtax.decoding.devicestep import Entry, clear_bits, device_round, pack_bool, to_host
+from formtax.decoding.devicestep import Entry, device_round, pack_bool, to_host
 from formtax.decoding.engine import Backend, Batch
-from formtax.decoding.plan import Divert, Plan, Policy, RowCursor, RowOutput, RowRequest, Step, Veto, relay
+from formtax.decoding.plan import (
+    Divert,
+    Finish,
+    Plan,
+    Policy,
+    RowCursor,
+    RowOutput,
+    RowRequest,
+    Step,
+    Veto,
+    relay,
+)
 from formtax.decoding.sampling import GREEDY, Sampling, as_sampling
-from formtax.tensorops import argmax, argmax_rows, holds, masked_argmax, ranked_masked
+from formtax.decoding.step import (
+    Choice,
+    allowed_words,
+    choose_vetted,
+    decide,
+    draw_divert,
+    flags,
+    greedy_batch,
+    masked_mass,
+    resolve_divert,
+    vetted,
+)
+from formtax.tensorops import argmax_rows
 
 # the vocabulary lives in decoding/plan.py; re-exported here, where the strategies have always found it
+log = logging.getLogger(__name__)
+
 __all__ = ["Divert", "Plan", "Policy", "RowCursor", "RowOutput", "RowRequest", "Step", "Veto", "choose_vetted",
            "decide", "decode", "draw_divert", "masked_mass", "relay", "resolve_divert"]
-
-
-def resolve_divert(plan: Plan, logits: torch.Tensor, sampling: Sampling | float, gen: torch.Generator | None
-                   ) -> Plan:
-    """A diverting plan as one an engine that samples on its own can apply (vLLM's logits processor).
-
-    Greedy (or a divert decided by the argmax): the replacement plan if the argmax is a divert token, else the
-    ``otherwise`` plan if there is one, else the plan with those tokens banned (whose argmax is the same token).
-    Sampled: the replacement with probability ``p(divert tokens)``, else as above, from which the engine's draw
-    is distributed as the loop's kept draw (the model's distribution conditioned on not drawing a divert token).
-    So the outputs have the loop's distribution; the random stream is the engine's.
-    """
-    assert plan.divert is not None
-    s = as_sampling(sampling)
-    d = plan.divert
-    if s.greedy or d.by_argmax:
-        hit = int(torch.argmax(logits).item()) in d.tokens
-    else:
-        p = torch.softmax(s.warp(logits).double(), dim=-1)
-        hit = float(torch.rand((), generator=gen, dtype=torch.float64).item()) < float(p[sorted(d.tokens)].sum())
-    if hit:
-        return d.then()
-    if d.otherwise is not None:
-        return d.otherwise()
-    return dataclasses.replace(plan, divert=None, banned=sorted(set(plan.banned) | d.tokens))
-
-
-def _choose(
-    logits: torch.Tensor, plan: Plan, sampling: Sampling, gen: torch.Generator | None
-) -> tuple[int, bool]:
-    """Pick a token under the plan; returns (token, masked)."""
-    masked = plan.allowed is not None or bool(plan.banned)
-    if masked:
-        logits = logits.clone()
-        if plan.allowed is not None:
-            logits.masked_fill_(~plan.allowed.to(logits.device), float("-inf"))
-        if plan.banned:
-            logits[list(plan.banned)] = float("-inf")
-    if sampling.greedy:
-        return argmax(logits), masked
-    probs = torch.softmax(sampling.warp(logits), dim=-1)  # the filters act on the masked distribution
-    return int(torch.multinomial(probs, 1, generator=gen).item()), masked
-
-
-def choose_vetted(
-    logits: torch.Tensor, plan: Plan, sampling: Sampling, gen: torch.Generator | None
-) -> tuple[int, bool, bool]:
-    """Pick a token under a plan that may carry a :class:`Veto`; returns (token, masked, forced)."""
-    token, masked = _choose(logits, plan, sampling, gen)
-    forced = plan.allowed is not None and plan.allowed_count() == 1
-    return _vetted(logits, plan, sampling, gen, token, masked, forced)
-
-
-def _vetted(logits: torch.Tensor, plan: Plan, sampling: Sampling, gen: torch.Generator | None, token: int,
-            masked: bool, forced: bool) -> tuple[int, bool, bool]:
-    """The plan's veto applied to a first choice ``token`` (the rest of :func:`choose_vetted`)."""
-    veto = plan.veto
-    if veto is None or veto.accept(token):
-        return token, masked, forced
-    refused = [token]
-    ranked = ranked_masked(logits, plan.allowed, [*plan.banned, token], veto.tries - 1) if sampling.greedy else None
-    for k in range(veto.tries - 1):
-        if ranked is not None:  # greedy on the host: the same tokens, ranked once without a masked copy of the row
-            token = ranked[k]
-        else:
-            token, _m = _choose(logits, dataclasses.replace(plan, banned=[*plan.banned, *refused]), sampling, gen)
-        if veto.accept(token):
-            return token, True, False
-        refused.append(token)
-    return veto.fallback, True, True
-
-
-def draw_divert(plan: Plan, logits: torch.Tensor, sampling: Sampling, gen: torch.Generator | None,
-                top: Callable[[], int]) -> tuple[Plan, tuple[int, bool] | None]:
-    """The plan that stands at a step, and the draw it keeps: a diverting plan draws first (``top()``: the row's
-    unmasked argmax, asked only when the draw is that), and a draw among its divert tokens is replaced by the next
-    plan's choice (:class:`Divert`). Every driver that chooses tokens itself (the loop, formtax's rows inside
-    vLLM) takes a step through this and :func:`decide`."""
-    if plan.divert is None:
-        return plan, None
-    base = plan.scores if plan.scores is not None else logits
-    unmasked = plan.scores is None and plan.allowed is None and not plan.banned
-    if (sampling.greedy or plan.divert.by_argmax) and unmasked:
-        drawn = (top(), False)
-    elif plan.divert.by_argmax:
-        drawn = _choose(base, plan, GREEDY, None)
-    else:
-        drawn = _choose(base, plan, sampling, gen)
-    replaced = plan.divert.resolve(drawn[0])
-    return (plan, drawn) if replaced is None else (replaced, None)
-
-
-def decide(plan: Plan, drawn: tuple[int, bool] | None, logits: torch.Tensor, sampling: Sampling,
-           gen: torch.Generator | None) -> tuple[int, bool, bool]:
-    """The token of a plan that stands (after :func:`draw_divert`): (token, masked, forced)."""
-    if plan.forced is not None:
-        return plan.forced, plan.allowed is not None, True
-    if drawn is not None:  # kept from the diverting plan: its divert tokens were in effect masked
-        return drawn[0], True, False
-    return choose_vetted(plan.scores if plan.scores is not None else logits, plan, sampling, gen)
-
-
-def _greedy_batch(logits: Sequence[torch.Tensor], chosen: list[tuple[int, Plan]], top: Callable[[], list[int]]
-                  ) -> list[tuple[int, bool, bool]]:
-    """The greedy choice of several rows at once; token for token what :func:`_choose` gives row by row.
-
-    ``top()`` is the argmax of every row of the step's raw logits, computed once for the step (one host
-    transfer); ``logits`` are the step's rows (views). A row without a mask takes its top token. A masked row
-    whose top token is allowed and not banned takes it too: the first maximal index overall, when allowed, is
-    the first maximal index among the allowed ones, so this is exactly the masked argmax, without touching the
-    logits. The other masked rows (and rows choosing from their own scores) take the first maximal index among
-    their allowed ids, read on the host (:func:`~formtax.tensorops.masked_argmax`); on a device, one masked fill
-    over their stacked logits and one argmax. Allowed sets are counted (a set of one is a forced token) by
-    :meth:`Plan.allowed_count`."""
-    out: list[tuple[int, bool, bool]] = [(0, False, False)] * len(chosen)
-    rest: list[int] = []
-    for k, (pos, plan) in enumerate(chosen):
-        if plan.scores is not None:
-            rest.append(k)
-            continue
-        token = top()[pos]
-        if plan.allowed is None and not plan.banned:
-            out[k] = (token, False, False)
-        elif (plan.allowed is None or holds(plan.allowed, token)) and token not in plan.banned:
-            out[k] = _masked_choice(plan, token)
-        else:
-            rest.append(k)
-    if not rest:
-        return out
-    slow: list[int] = []
-    for k in rest:  # on the host: each row's argmax over its allowed ids, without a copy of its logits
-        pos, plan = chosen[k]
-        found = masked_argmax(plan.scores if plan.scores is not None else logits[pos], plan.allowed, plan.banned)
-        if found is None:
-            slow.append(k)
-            continue
-        out[k] = _masked_choice(plan, found)
-    if not slow:
-        return out
-    rows = [chosen[k] for k in slow]  # on a device: one masked fill over the stacked rows, one argmax
-    base = torch.stack([plan.scores if plan.scores is not None else logits[pos] for pos, plan in rows])
-    with_allowed = [j for j, (_, plan) in enumerate(rows) if plan.allowed is not None]
-    if with_allowed:
-        allowed = torch.stack([rows[j][1].allowed for j in with_allowed])  # type: ignore[misc]
-        sub = base[with_allowed] if len(with_allowed) != len(rows) else base
-        sub.masked_fill_(~allowed.to(base.device, non_blocking=True), float("-inf"))
-        if sub is not base:
-            base[with_allowed] = sub
-    for j, (_, plan) in enumerate(rows):
-        if plan.banned:
-            base[j, list(plan.banned)] = float("-inf")
-    tokens = argmax_rows(base)
-    for j, k in enumerate(slow):
-        out[k] = _masked_choice(rows[j][1], tokens[j])
-    return out
-
-
-def _masked_choice(plan: Plan, token: int) -> tuple[int, bool, bool]:
-    """(token, masked, forced) for a token chosen under a plan with a mask or bans."""
-    return token, plan.allowed is not None or bool(plan.banned), plan.allowed is not None and plan.allowed_count() == 1
 
 
 def _rewind(batch: Batch, pos: int, req: RowRequest, out: RowOutput, n: int) -> int:
@@ -220,12 +84,6 @@ def _coupled(policy: Policy) -> bool:
     return False
 
 
-def masked_mass(logits: torch.Tensor, allowed: torch.Tensor) -> float:
-    """Probability mass the unconstrained model puts outside ``allowed`` (softmax of raw logits)."""
-    p = torch.softmax(logits.double(), dim=-1)
-    return float(1.0 - p[allowed].sum().item())
-
-
 class _Stepper:
     """The steps of one :func:`decode` over its live rows: at each step plan each row, choose, emit and advance.
 
@@ -249,7 +107,7 @@ class _Stepper:
     def begin(self, logits: torch.Tensor, passes: int, live: Sequence[int] = ()) -> None:
         self.logits, self.passes, self.live = logits, passes, live
         self.rows: Sequence[torch.Tensor] = logits.unbind(0)  # one call for every row's view (indexing is not free)
-        self.decided: dict[int, tuple[int, bool, bool]] = {}  # pos -> (token, masked, forced)
+        self.decided: dict[int, Choice] = {}  # pos -> the row's choice
         self.plans: dict[int, Plan] = {}
         self.greedy: list[tuple[int, Plan]] = []
         self.mass_rows: list[int] = []  # device path: rows whose masked mass the round measures
@@ -270,6 +128,23 @@ class _Stepper:
         return self._top
 
     def plan_row(self, pos: int, i: int) -> None:
+        """Plan row ``i`` (at ``pos``); a row whose policy raises ends alone (:meth:`fault`)."""
+        try:
+            self._plan_row(pos, i)
+        except Exception as e:  # noqa: BLE001 - one row's fault ends that row, never its batch
+            self.fault(i, e)
+            self.plans[pos] = Plan(stop=Finish.ROW_FAULT)
+            self.decided.pop(pos, None)
+            self.greedy = [(p, plan) for p, plan in self.greedy if p != pos]
+            self.mass_rows = [p for p in self.mass_rows if p != pos]
+
+    def fault(self, i: int, e: BaseException) -> None:
+        """Row ``i`` ends with :attr:`Finish.ROW_FAULT` and its exception (``RowOutput.fault``): its request fails
+        alone, and the batch's other rows go on (a server must survive any one request)."""
+        log.warning("row %d faulted: %s: %s", i, type(e).__name__, e)
+        self.cursors[i].out.fault = e
+
+    def _plan_row(self, pos: int, i: int) -> None:
         cur, gen, sampling = self.cursors[i], self.gens[i], self.samplings[i]
         row_logits = self.rows[pos]
         plan, drawn = draw_divert(cur.plan(row_logits), row_logits, sampling, gen, lambda: self.top()[pos])
@@ -294,10 +169,9 @@ class _Stepper:
             return
         if not self.greedy:
             return
-        for (pos, plan), first in zip(self.greedy, _greedy_batch(self.rows, self.greedy, self.top), strict=True):
+        for (pos, plan), first in zip(self.greedy, greedy_batch(self.rows, self.greedy, self.top), strict=True):
             if plan.veto is not None:
-                base = plan.scores if plan.scores is not None else self.rows[pos]
-                first = _vetted(base, plan, GREEDY, None, *first)
+                first = vetted(plan.base(self.rows[pos]), plan, GREEDY, None, *first)
             self.decided[pos] = first
 
     def _choose_on_device(self) -> None:
@@ -310,7 +184,7 @@ class _Stepper:
         if simple and not self.mass_rows:
             top = self.top() if self.greedy else None
             for pos, _plan in self.greedy:
-                self.decided[pos] = (top[pos], False, False)  # type: ignore[index]
+                self.decided[pos] = Choice(top[pos], False, False)  # type: ignore[index]
             if top is not None and self._top_dev is not None:
                 self.device_ids = (self._top_dev, top)
             return
@@ -319,7 +193,7 @@ class _Stepper:
         entries, bases = [], []
         for pos in order:
             plan = self.plans[pos]
-            bases.append(self._base(plan, pos) if pos in greedy else self.rows[pos])
+            bases.append(plan.base(self.rows[pos]) if pos in greedy else self.rows[pos])
             entries.append(self._entry(len(bases) - 1, plan, pos, measure=pos in self.mass_rows))
             if pos in greedy and plan.veto is not None:
                 entries[-1].ranked = plan.veto.tries
@@ -332,8 +206,7 @@ class _Stepper:
         refused: list[int] = []
         for pos, plan in self.greedy:
             token = by_pos[pos]
-            self.decided[pos] = _masked_choice(plan, token) if (plan.allowed is not None or plan.banned) \
-                else (token, False, False)
+            self.decided[pos] = flags(plan, token)
             if plan.veto is not None and not plan.veto.accept(token):
                 refused.append(pos)
         if refused:
@@ -345,31 +218,27 @@ class _Stepper:
         """A row of the device round for ``plan``: its packed allowed set less its bans, its forced token (rows
         decided before the round ride along forced), and whether its masked mass is measured."""
         n_words = (max(self.logits.shape[1], self._vocab()) + 31) // 32
-        words = plan.packed_words() if plan.allowed is not None else None
-        if plan.allowed is not None and words is None:
-            words = pack_bool(plan.allowed, n_words)
-        measured = words if measure else None
-        if plan.banned:
-            words = clear_bits(words if words is not None else np.full(n_words, -1, dtype=np.int32), plan.banned)
+        measured = None
+        if measure and plan.allowed is not None:  # the mass outside the grammar's set (bans are not the grammar)
+            measured = plan.packed_words()
+            if measured is None:
+                measured = pack_bool(plan.allowed, n_words)
+        words = allowed_words(plan, n_words)
         forced = self.decided[pos][0] if pos in self.decided else -1
         return Entry(base, words, forced, measured)
 
     def _refuse(self, refused: list[int], ranked: dict[int, list[int]]) -> None:
         """Rows whose veto refused their choice take the next of their ranked ids the veto accepts, up to its
         ``tries`` choices in all; then its fallback is emitted (forced). The ranked ids are the host's repeated
-        masked argmax, so this is token for token what :func:`_vetted` does row by row, without another round."""
+        masked argmax, so this is token for token what :func:`~formtax.decoding.step.vetted` does row by row, without another round."""
         for pos in refused:
             veto = self.plans[pos].veto
             assert veto is not None
-            self.decided[pos] = (veto.fallback, True, True)
+            self.decided[pos] = Choice(veto.fallback, True, True)
             for token in ranked[pos][1: veto.tries]:
                 if veto.accept(token):
-                    self.decided[pos] = (token, True, False)
+                    self.decided[pos] = Choice(token, True, False)
                     break
-
-    def _base(self, plan: Plan, pos: int) -> torch.Tensor:
-        """What a greedy row chooses from: the plan's own scores, else the row's logits."""
-        return plan.scores if plan.scores is not None else self.rows[pos]
 
     def _vocab(self) -> int:
         if not self.vocab:
@@ -388,7 +257,11 @@ class _Stepper:
             self.next_tokens.append(_rewind(self.batch, pos, cur.req, cur.out, plan.rewind))
             return
         token, masked, forced = self.decided[pos]
-        reason = cur.accept(token, forced, masked)
+        try:
+            reason = cur.accept(token, forced, masked)
+        except Exception as e:  # noqa: BLE001 - the row's policy broke on its token: that row ends alone
+            self.fault(i, e)
+            reason = Finish.ROW_FAULT
         if reason is not None:
             self._finish(cur, reason)
             return
@@ -405,7 +278,11 @@ class _Stepper:
         return self.batch.step(self.next_tokens)
 
     def _finish(self, cur: RowCursor, reason: str) -> None:
-        cur.finish(reason)
+        try:
+            cur.finish(reason)
+        except Exception as e:  # noqa: BLE001 - row_stats raised: the row still ends, with its fault
+            cur.out.fault = e
+            cur.out.finish_reason = Finish.ROW_FAULT
         cur.out.wall_s = time.perf_counter() - self.t0
         cur.out.forward_passes = self.passes
 
@@ -451,14 +328,14 @@ def decode(
     batch = backend.new_batch([r.prompt_ids for r in rows])
     logits = batch.prefill()
     samplings = [r.sampling or sampling for r in rows]
-    gens = [row_generator(s, r.seed, logits.device) for s, r in zip(samplings, rows, strict=True)]
+    gens = [_generator(s, r, logits.device, o) for s, r, o in zip(samplings, rows, outs, strict=True)]
     passes = 1
     live = list(range(len(rows)))
     for i in live:
-        if rows[i].max_tokens <= 0:
+        if not outs[i].finish_reason and rows[i].max_tokens <= 0:
             outs[i].finish_reason = rows[i].policy.budget_exhausted()
-            if on_finish is not None:
-                on_finish(i, outs[i])
+        if outs[i].finish_reason and on_finish is not None:
+            on_finish(i, outs[i])
     live = [i for i in live if not outs[i].finish_reason]
     if len(live) != len(rows):
         if not live:
@@ -500,7 +377,20 @@ def decode(
                             sampling, on_finish)
         fill.start([m for i in live if (m := rows[i].policy.mask_matcher()) is not None])
         passes += 1
+    faults = [o.fault for o in outs if o.fault is not None]
+    if faults and on_finish is None:  # a caller that gets the outputs at the end gets the first fault raised
+        raise faults[0]
     return outs
+
+
+def _generator(sampling: Sampling, row: RowRequest, device: torch.device, out: RowOutput) -> torch.Generator | None:
+    """:func:`row_generator`, or None with the row ended as a fault (a seed the generator cannot take)."""
+    try:
+        return row_generator(sampling, row.seed, device)
+    except (ValueError, OverflowError, RuntimeError, TypeError) as e:
+        log.warning("row seed %r refused: %s", row.seed, e)
+        out.fault, out.finish_reason = e, Finish.ROW_FAULT
+        return None
 
 
 def _admit(backend: Backend, batch: Batch, logits: torch.Tensor, new: Sequence[RowRequest], rows: list[RowRequest],
@@ -519,9 +409,9 @@ def _admit(backend: Backend, batch: Batch, logits: torch.Tensor, new: Sequence[R
         cursors.append(RowCursor(r))
         outs.append(cursors[-1].out)
         samplings.append(r.sampling or sampling)
-        gens.append(row_generator(samplings[-1], r.seed, logits.device))
-        if r.max_tokens <= 0:
-            outs[i].finish_reason = r.policy.budget_exhausted()
+        gens.append(_generator(samplings[-1], r, logits.device, outs[i]))
+        if outs[i].finish_reason or r.max_tokens <= 0:
+            outs[i].finish_reason = outs[i].finish_reason or r.policy.budget_exhausted()
             if on_finish is not None:
                 on_finish(i, outs[i])
             continue

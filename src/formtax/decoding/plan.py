@@ -41,9 +41,10 @@ class Finish(StrEnum):
     BACKEND_ERROR = "backend-error"  # an engine that owns its loop broke the plan (vLLM's processor)
     STOP_SEQUENCE = "stop-sequence"  # a caller's stop string appeared (formtax serve's ``stop``)
     CANCELLED = "cancelled"  # the caller went away or timed out (formtax serve); the row left its batch
+    ROW_FAULT = "row-fault"  # the row's own policy or set-up raised: that row ends, its batch goes on (loop.py)
 
 
-ERROR_FINISHES = frozenset({Finish.CONSTRAINT_ERROR, Finish.LENGTH_INCOMPLETE})
+ERROR_FINISHES = frozenset({Finish.CONSTRAINT_ERROR, Finish.LENGTH_INCOMPLETE, Finish.ROW_FAULT})
 """Finishes that leave a constrained answer incomplete: never parsed as an answer."""
 
 
@@ -73,6 +74,11 @@ class Plan:
     veto: Veto | None = None  # a chosen token the policy refuses is masked and the choice made again (below)
     known_count: tuple[torch.Tensor, int] | None = None  # (allowed, its size) when the policy knows it already
     packed: tuple[torch.Tensor, np.ndarray] | None = None  # (allowed, its packed int32 words) when already packed
+
+    def base(self, logits: torch.Tensor) -> torch.Tensor:
+        """What the row chooses from at this step: the policy's own scores (Deco-G's reweighting, a server's score
+        edits), else the raw logits."""
+        return self.scores if self.scores is not None else logits
 
     def packed_words(self) -> np.ndarray | None:
         """``allowed``'s packed words (llguidance's layout) when the policy handed them over for this very tensor
@@ -196,6 +202,7 @@ class RowOutput:
     events: list[dict[str, Any]] = field(default_factory=list)
     wall_s: float = 0.0
     forward_passes: int = 0
+    fault: BaseException | None = field(default=None, repr=False, compare=False)  # why a ROW_FAULT row ended
 
     def phase_tokens(self, phase: str) -> list[int]:
         return [s.token for s in self.steps if s.phase == phase]

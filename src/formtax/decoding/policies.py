@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from formtax.constraints.closing import Closer
 from formtax.constraints.compile import Matcher
+from formtax.constraints.jsonkeys import KeyGuard
 from formtax.constraints.jsonstrings import StringCaps
 from formtax.decoding.loop import Divert, Plan, Policy, Veto, relay
 from formtax.decoding.lowering import LoweredRow, Lowering
@@ -53,8 +54,9 @@ class ConstrainedPolicy(Policy):
     """
 
     def __init__(self, matcher: Matcher, eos_ids: frozenset[int], phase: str = Phase.ANSWER, measure: bool = True,
-                 closing_limit: int | None = None) -> None:
+                 closing_limit: int | None = None, keys: KeyGuard | None = None) -> None:
         self.matcher = matcher
+        self.keys = keys  # bans a token that would repeat a key of its JSON object (constraints/jsonkeys.py)
         self.eos_ids = eos_ids
         self.phase = phase
         self._measure = measure
@@ -72,15 +74,39 @@ class ConstrainedPolicy(Policy):
             return Plan(stop=Finish.CONSTRAINT_ERROR)
         measure = self._measure and self.first
         self.first = False
+        banned: list[int] = []
+        if self.keys is not None:
+            banned = self.keys.banned(allowed)
+            if banned and len(banned) >= (known if known is not None else int(allowed.sum())):
+                banned = []  # only repeats remain: leave the choice to the grammar (the oracle refuses it)
         veto = None
         if self.closer is not None and self.closer.current() is not None:  # no witness known: nothing to keep
             closer, left = self.closer, self.closer.limit - step - 1  # tokens left after this one
             closer.begin_step()
-            veto = Veto(lambda t: closer.accept(t, left), closer.fallback())
+            if self.keys is not None:  # closing and the key guard together: no completion may repeat a key
+                veto = Veto(self._keyed_accept(frozenset(banned), left), closer.fallback())
+            else:
+                veto = Veto(lambda t: closer.accept(t, left), closer.fallback())
         words = self.matcher.packed(allowed)
-        return Plan(allowed=allowed, measure_mass=measure, veto=veto,
+        return Plan(allowed=allowed, banned=banned, measure_mass=measure, veto=veto,
                     known_count=None if known is None else (allowed, known),
                     packed=None if words is None else (allowed, words))
+
+    def _keyed_accept(self, banned: frozenset[int], left: int) -> Callable[[int], bool]:
+        """Closing's acceptance for a guarded row: the token repeats no key, a completion fits after it, and that
+        completion repeats no key either. Every witness the row follows is then free of repeats, so closing's
+        fallback (the witness's next token) never repeats a key (by induction from the start witness, which
+        opens the answer and holds no key)."""
+        closer, keys, ll = self.closer, self.keys, self.matcher.tokenizer.ll
+        assert closer is not None and keys is not None
+
+        def accept(t: int) -> bool:
+            if t in banned or not closer.accept(t, left):
+                return False
+            after = closer.witness_after(t)
+            return after is None or not keys.repeats_in(ll.decode_bytes([t, *after]))
+
+        return accept
 
     def advance(self, token: int) -> str | None:
         if token in self.eos_ids:
@@ -89,6 +115,8 @@ class ConstrainedPolicy(Policy):
             return Finish.CONSTRAINT_ERROR
         if self.closer is not None:
             self.closer.advance(token)
+        if self.keys is not None:
+            self.keys.advance(self.matcher.tokenizer.ll.decode_bytes([token]))
         return None
 
     def budget_exhausted(self) -> str:
@@ -101,8 +129,8 @@ class ConstrainedPolicy(Policy):
         return self.matcher
 
     def lowered(self, whole: Constraint | None) -> LoweredRow:
-        if whole is None or type(self) is not ConstrainedPolicy:
-            return super().lowered(whole)
+        if whole is None or type(self) is not ConstrainedPolicy or self.keys is not None:
+            return super().lowered(whole)  # a row that could repeat a key stays with formtax's policy
         return LoweredRow(Lowering.GRAMMAR, stop_ids=self.eos_ids, constraint=whole, inner=self)
 
 
@@ -113,8 +141,8 @@ class JsonCapPolicy(ConstrainedPolicy):
     sampling draws from the distribution masked by both."""
 
     def __init__(self, matcher: Matcher, eos_ids: frozenset[int], caps: StringCaps, phase: str = Phase.ANSWER,
-                 closing_limit: int | None = None) -> None:
-        super().__init__(matcher, eos_ids, phase=phase, closing_limit=closing_limit)
+                 closing_limit: int | None = None, keys: KeyGuard | None = None) -> None:
+        super().__init__(matcher, eos_ids, phase=phase, closing_limit=closing_limit, keys=keys)
         self.caps = caps
 
     def plan(self, logits: torch.Tensor, step: int) -> Plan:

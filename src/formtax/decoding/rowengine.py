@@ -31,6 +31,7 @@ from formtax.decoding.loop import RowOutput, RowRequest
 from formtax.decoding.lowering import LoweredRow, Lowering
 from formtax.decoding.plan import Finish, RowCursor
 from formtax.decoding.sampling import Sampling
+from formtax.decoding.step import admits, flags
 from formtax.errors import ConfigError
 
 _EMPTY = torch.empty(0)
@@ -130,14 +131,12 @@ def replay(req: RowRequest, tokens: Sequence[int], engine_finish: str | None,
             cur.finish(plan.stop)  # e.g. the grammar is complete: the engine's EOS is not part of the output
             break
         cur.measure(plan, lambda: first_mass)
+        ok = admits(plan, token)  # replay cannot divert: a diverting plan admits none of its divert tokens
         if plan.forced is not None:
-            ok, forced, masked = token == plan.forced, True, plan.allowed is not None
+            forced, masked = True, plan.allowed is not None
         else:
-            ok = not ((plan.allowed is not None and not bool(plan.allowed[token])) or token in plan.banned
-                      or (plan.divert is not None  # replay cannot divert
-                          and (token in plan.divert.tokens or plan.divert.otherwise is not None)))
-            masked = plan.allowed is not None or bool(plan.banned) or plan.divert is not None
-            forced = plan.allowed is not None and plan.allowed_count() == 1
+            _, masked, forced = flags(plan, token)
+            masked = masked or plan.divert is not None
         if not ok:  # the engine ignored the constraint: never accept the token, and say so
             cur.finish(Finish.CONSTRAINT_ERROR)
             out.events.append({"step": cur.step, "stats": {"constraint_ignored": True, "rejected_token": int(token)}})

@@ -88,7 +88,13 @@ def row_seeds(seed: int | None, n: int) -> list[int]:
     of a batch are distinct streams (self-consistency and pass@k get samples, not copies), a one-row call keeps
     ``seed`` itself, and the same seed reproduces every row. ``seed=None``: fresh entropy (:func:`fresh_seed`)."""
     base = fresh_seed() if seed is None else int(seed)
-    return [base + k for k in range(n)]
+    return [choice_seed(base, k) for k in range(n)]
+
+
+def choice_seed(seed: int, k: int) -> int:
+    """Row ``k``'s seed under ``seed``: ``seed + k``, wrapped into the signed 64-bit range (OpenAI's and vLLM's
+    ``seed``), so the last seeds of the range with ``n > 1`` stay seeds every generator takes."""
+    return ((int(seed) + k + (1 << 63)) % (1 << 64)) - (1 << 63)
 
 
 def as_sampling(value: Sampling | float) -> Sampling:

@@ -26,7 +26,10 @@ chunks when the generation completes.
 
 from __future__ import annotations
 
+import hmac
+import logging
 import time
+import uuid
 from dataclasses import fields
 from typing import Any
 
@@ -53,6 +56,14 @@ from formtax.strategies import get_strategy
 
 APPROXIMATED_HEADER = out.APPROXIMATED_HEADER
 __all__ = ["APPROXIMATED_HEADER", "ServeConfig", "ServerThread", "create_app"]
+
+
+log = logging.getLogger(__name__)
+
+
+def one_line(message: str) -> str:
+    """An error message on one line, every line of it kept (an engine's multi-line reason says where)."""
+    return " ".join(line.strip() for line in message.splitlines() if line.strip())
 
 
 class _Unauthorized(FormtaxError):
@@ -87,7 +98,8 @@ def create_app(backend: Backend, config: ServeConfig | None = None, **settings: 
         Starlette's middleware wrapper hides a client's disconnect from the route)."""
         if cfg.api_key is not None and request.url.path not in OPEN_PATHS:
             given = request.headers.get("authorization", "")
-            if given != f"Bearer {cfg.api_key}":
+            if not hmac.compare_digest(given.encode("utf-8", "surrogateescape"),
+                                       f"Bearer {cfg.api_key}".encode("utf-8", "surrogateescape")):
                 raise _Unauthorized("incorrect API key provided" if given else
                                     "no API key provided (Authorization: Bearer <key>)")
 
@@ -121,7 +133,7 @@ def create_app(backend: Backend, config: ServeConfig | None = None, **settings: 
             metrics.refused()
             return out.error(429, str(exc), kind="rate_limit_error", code="rate_limit_exceeded",
                              headers={"Retry-After": str(out.RETRY_AFTER_S)})
-        return out.error(400, str(exc).splitlines()[0])
+        return out.error(400, one_line(str(exc)))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -138,7 +150,13 @@ def create_app(backend: Backend, config: ServeConfig | None = None, **settings: 
 
     @app.exception_handler(Exception)
     async def _other(request: Request, exc: Exception) -> JSONResponse:
-        return out.error(500, f"{type(exc).__name__}: {exc}", kind="server_error")
+        """A fault of formtax's own: this request's 500, logged with an id the message gives; the exception's text
+        stays in the log (it can hold paths, code or another request's data)."""
+        ref = uuid.uuid4().hex[:12]
+        log.error("request %s %s failed (ref %s)", request.method, request.url.path, ref, exc_info=exc)
+        metrics.faulted()
+        return out.error(500, f"the server failed on this request (ref {ref} in the server's log)",
+                         kind="server_error")
 
     @app.get("/health", dependencies=[])
     async def health() -> JSONResponse:

@@ -173,9 +173,18 @@ class Batcher:
         self.batches.append(len(live))
         try:
             results = run_jobs(self.backend, live)
-        except Exception as e:  # a bad request fails its batch's futures, never the worker
+        except Exception as e:  # never the worker; and one job's fault must not fail its neighbours
+            if len(live) == 1:
+                live[0].future.set_exception(e)
+                return
+            log.warning("a batch of %d jobs failed (%s); running each alone", len(live), type(e).__name__)
             for j in live:
-                j.future.set_exception(e)
+                try:
+                    (alone,) = run_jobs(self.backend, [j])
+                except Exception as e1:  # noqa: BLE001 - this job's own fault
+                    j.future.set_exception(e1)
+                else:
+                    j.future.set_result(alone)
             return
         for j, r in zip(live, results, strict=True):
             j.future.set_result(r)
@@ -246,9 +255,17 @@ class Batcher:
 
         def on_finish(i: int, out: RowOutput) -> None:
             p = order[i]
-            res = p.strat.assemble(self.backend, p.request, out, time.perf_counter() - t0)
-            if not p.job.future.done():
+            if p.job.future.done():
+                return
+            if out.fault is not None:  # this row's own fault: its request fails, the session goes on
+                p.job.future.set_exception(out.fault)
+                return
+            try:
+                res = p.strat.assemble(self.backend, p.request, out, time.perf_counter() - t0)
                 p.job.future.set_result(finish_results(self.backend, p.strat, [p.request], [res])[0])
+            except Exception as e:  # noqa: BLE001 - reading one row's answer failed: that request alone
+                log.exception("assembling a row's result failed")
+                p.job.future.set_exception(e)
 
         rows = prepare([first, *self._pull(fits, self.max_batch - 1, self.window_s)])
         if not rows:

@@ -59,10 +59,15 @@ class ServerMetrics:
                                     s, registry=r)
         self.unchecked = Counter("formtax:formats_unchecked", "Answers with a format no checker knows.", s,
                                  registry=r)
+        self.oracle_unchecked = Counter("formtax:oracle_unchecked",
+                                        "Answers whose check could not be decided in its time bound (a regex no "
+                                        "linear-time engine takes); flagged, not hung.", s, registry=r)
+        self.faults = Counter("formtax:request_faults", "Requests answered 500 by a fault of the server's own.", m,
+                              registry=r)
         self.refusals = Counter("formtax:queue_refusals", "Requests refused because the queue was full (429).", m,
                                 registry=r)
         self._in_flight = 0
-        for series in (self.prompt_tokens, self.generation_tokens, self.refusals):
+        for series in (self.prompt_tokens, self.generation_tokens, self.refusals, self.faults):
             series.labels(model_name)  # exported at 0 from the start, so a rate() has a first sample
 
     def started(self) -> float:
@@ -72,6 +77,9 @@ class ServerMetrics:
 
     def ended(self) -> None:
         self._in_flight = max(0, self._in_flight - 1)
+
+    def faulted(self) -> None:
+        self.faults.labels(self.model).inc()
 
     def refused(self) -> None:
         self.refusals.labels(self.model).inc()
@@ -103,6 +111,8 @@ class ServerMetrics:
                 self.approximated.labels(*labels).inc()
             if res.stats.get("formats_unchecked"):
                 self.unchecked.labels(*labels).inc()
+            if res.stats.get("oracle_unchecked"):
+                self.oracle_unchecked.labels(*labels).inc()
 
     def render(self, waiting: int) -> bytes:
         self.waiting.labels(self.model).set(waiting)

@@ -20,13 +20,86 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from formtax.constraints.native import _closed, as_constraint
 from formtax.constraints.spec import Constraint, JsonConstraint
 from formtax.errors import ConfigError
 from formtax.serve.tools import Function, Tool, ToolPlan, tool_plan, written_call
 from formtax.serve.vllm_fields import GUIDED, guided_constraint
+
+MAX_BODY_DEPTH = 192
+"""How deeply a request body's JSON may nest: deeper, it is refused with a 400 before any field is read (a schema
+nested about 100 levels deep ran the schema checker out of Python's recursion limit: a 500). The grammar engine
+refuses schemas past about 80 levels of its own accord, so no usable schema is refused here."""
+
+INT64 = (-(1 << 63), (1 << 63) - 1)
+"""The range of ``seed``: OpenAI's and vLLM's (a signed 64-bit integer)."""
+
+
+def check_body(data: Any, where: str = "", depth: int = 0) -> None:
+    """Refuse, naming the field, what no later step can take: a string with a lone surrogate (``\\ud800``: valid
+    JSON, but no UTF-8 text, so no tokenizer or grammar engine takes it) and nesting past :data:`MAX_BODY_DEPTH`.
+    One pass over the parsed body, iterative (a deep body cannot exhaust the stack here)."""
+    stack: list[tuple[Any, str, int]] = [(data, where, depth)]
+    while stack:
+        value, at, level = stack.pop()
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ValueError(f"{at or 'body'}: contains a lone surrogate (\\ud800-\\udfff), which is no "
+                                 "Unicode text") from None
+            continue
+        if isinstance(value, dict | list):
+            if level >= MAX_BODY_DEPTH:
+                head = at if len(at) <= 60 else at[:60] + "..."
+                raise ValueError(f"{head}: nested more than {MAX_BODY_DEPTH} levels deep")
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            for k, v in items:
+                key = str(k)
+                if isinstance(k, str):
+                    try:
+                        k.encode("utf-8")
+                    except UnicodeEncodeError:
+                        raise ValueError(f"{at or 'body'}: a key contains a lone surrogate (\\ud800-\\udfff), "
+                                         "which is no Unicode text") from None
+                stack.append((v, f"{at}.{key}" if at else key, level + 1))
+
+
+class ToolCallFunction(BaseModel):
+    """An earlier assistant message's call: its name and its arguments as JSON text (OpenAI's shape)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str = Field(min_length=1)
+    arguments: str = "{}"
+
+
+class ToolCall(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
+def _shaped(model: type[BaseModel], value: Any, where: str) -> dict[str, Any]:
+    """``value`` validated as ``model`` (a dict), or a ValueError that names ``where`` and the first problem."""
+    try:
+        return model.model_validate(value).model_dump()
+    except ValidationError as e:
+        first = e.errors()[0]
+        at = ".".join(str(x) for x in (where, *first.get("loc", ())))
+        raise ValueError(f"{at}: {first.get('msg', 'invalid')}") from None
 
 
 class Message(BaseModel):
@@ -61,6 +134,20 @@ class Message(BaseModel):
             text = json.dumps(written[0] if len(written) == 1 else written)
         return text
 
+    @model_validator(mode="after")
+    def _calls_shape(self) -> Message:
+        """An assistant's earlier ``tool_calls`` / ``function_call`` in OpenAI's shape (a 400 naming the field,
+        not a 500 when the prompt is written)."""
+        extra = self.model_extra or {}
+        if extra.get("tool_calls") is not None:
+            calls = extra["tool_calls"]
+            if not isinstance(calls, list):
+                raise ValueError("tool_calls: must be a list of calls")
+            extra["tool_calls"] = [_shaped(ToolCall, c, f"tool_calls.{k}") for k, c in enumerate(calls)]
+        if extra.get("function_call") is not None:
+            extra["function_call"] = _shaped(ToolCallFunction, extra["function_call"], "function_call")
+        return self
+
     @field_validator("content")
     @classmethod
     def _text_parts(cls, v: str | list[dict[str, Any]] | None) -> str | list[dict[str, Any]] | None:
@@ -90,6 +177,7 @@ class OpenAIBody(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _null_is_unset(cls, data: Any) -> Any:
+        check_body(data)
         return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
 
 
@@ -105,7 +193,7 @@ class Sampled(OpenAIBody):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)  # None: the server's default (create_app)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=INT64[0], le=INT64[1])
     n: int = Field(default=1, ge=1, le=16)
     stream: bool = False
     stop: str | list[str] | None = None
@@ -150,11 +238,15 @@ class Sampled(OpenAIBody):
             raise ConfigError("stop: give at most 4 non-empty strings")
         return stops
 
-    def bias(self) -> dict[int, float]:
+    def bias(self, vocab: int | None = None) -> dict[int, float]:
+        """``logit_bias`` as token id -> bias: keys are token ids of the vocabulary (``vocab`` ids, when known),
+        values in [-100, 100], as OpenAI and vLLM refuse others (a silently dropped bias is a wrong answer)."""
         out: dict[int, float] = {}
         for k, v in (self.logit_bias or {}).items():
-            if not k.lstrip("-").isdigit() or not -100 <= v <= 100:
+            if not (k.isascii() and k.isdigit()) or not -100 <= v <= 100:
                 raise ConfigError(f"logit_bias: {k!r}: keys are token ids, values in [-100, 100]")
+            if vocab is not None and int(k) >= vocab:
+                raise ConfigError(f"logit_bias: token id {k} is outside the vocabulary (ids 0-{vocab - 1})")
             out[int(k)] = float(v)
         return out
 

@@ -11,6 +11,7 @@ OpenAI's chunks and the Responses route re-words the same chunks as its typed ev
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
 import time
 import uuid
@@ -24,8 +25,8 @@ from fastapi.responses import JSONResponse
 from formtax.constraints.spec import Constraint
 from formtax.decoding.engine import Backend, Capability
 from formtax.decoding.plan import Phase
-from formtax.decoding.sampling import fresh_seed
-from formtax.errors import ConfigError
+from formtax.decoding.sampling import choice_seed, fresh_seed
+from formtax.errors import ConfigError, FormtaxError
 from formtax.serve import shapes as out
 from formtax.serve.batcher import Batcher
 from formtax.serve.hooks import RequestHooks
@@ -36,6 +37,8 @@ from formtax.strategies import get_strategy
 from formtax.strategies.base import Prompt, Result, SinglePass
 from formtax.strategies.base import Request as GenRequest
 from formtax.streaming import END, Delta, deltas
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -94,12 +97,11 @@ class Serving:
                 "top_p": req.top_p, "top_k": max(0, req.top_k or 0), "min_p": req.min_p or 0.0, "raw": raw, "reasoning": opts.reasoning if opts else None,
                 "triggers": tuple(opts.triggers) if opts else (), "closing": opts.closing if opts else None}
 
-    @staticmethod
-    def hooks_of(req: Sampled, free_text: bool, logprobs: bool, top: int) -> RequestHooks:
+    def hooks_of(self, req: Sampled, free_text: bool, logprobs: bool, top: int) -> RequestHooks:
         if req.min_tokens and not free_text:
             raise ConfigError("min_tokens: applies to free text; a constrained answer ends where its grammar ends")
         return RequestHooks(stops=req.stops() if free_text else (), logprobs=logprobs, top_logprobs=top,
-                            presence=req.presence_penalty, frequency=req.frequency_penalty, bias=req.bias(),
+                            presence=req.presence_penalty, frequency=req.frequency_penalty, bias=req.bias(self.backend.tokenizer.n_logits),
                             repetition=req.repetition_penalty or 1.0, min_tokens=req.min_tokens or 0)
 
     def in_loop(self, strategy: str) -> bool:
@@ -143,18 +145,16 @@ class Serving:
                              kwargs["closing"], {})
         return req
 
-    async def precheck(self, prompt: Prompt, kwargs: dict[str, Any]) -> None:
-        """What the worker would refuse, refused here before the request is queued: the context limit first,
-        then the strategy's own check (a missing answer, a budget the answer cannot fit). It runs off the event
-        loop (tokenizing a long prompt takes time), so ``/health`` and other requests are answered meanwhile."""
+    def check_job(self, prompt: Prompt, kwargs: dict[str, Any]) -> None:
+        """What the worker would refuse, refused before the request is queued: the context limit first, then the
+        strategy's own check (a missing answer, a budget the answer cannot fit). Called off the event loop
+        (tokenizing a long prompt and compiling a grammar take time), so ``/health`` and other requests are
+        answered meanwhile."""
         from formtax.api import check_context
 
-        def check() -> None:
-            req = self.generation_request(prompt, kwargs)
-            check_context(self.backend, [req])
-            get_strategy(kwargs["strategy"]).check(self.backend, [req])
-
-        await asyncio.to_thread(check)
+        req = self.generation_request(prompt, kwargs)
+        check_context(self.backend, [req])
+        get_strategy(kwargs["strategy"]).check(self.backend, [req])
 
     async def run_all(self, request: Request, req: Sampled, prompt: Prompt, kwargs: dict[str, Any],
                       hooks: list[RequestHooks]) -> list[Result] | JSONResponse:
@@ -162,7 +162,7 @@ class Serving:
         away; either way its rows are cancelled."""
         seed = fresh_seed() if req.seed is None else req.seed  # unseeded: fresh entropy, as OpenAI samples
         arrival = self.metrics.started()
-        tasks = [asyncio.ensure_future(self.batcher.run(prompt, job_key(kwargs), self.cfg.timeout_s, seed + k, h,
+        tasks = [asyncio.ensure_future(self.batcher.run(prompt, job_key(kwargs), self.cfg.timeout_s, choice_seed(seed, k), h,
                                                         **kwargs))
                  for k, h in enumerate(hooks)]
         try:
@@ -207,17 +207,22 @@ class Serving:
         results: dict[int, Result] = {}
         try:
             ended = 0
+            sent = False
             while ended < len(rows):
                 item = await merged.get()
                 if item is END:
                     ended += 1
                 elif isinstance(item, Exception):
-                    raise item
+                    if not sent or isinstance(item, FormtaxError):
+                        raise item  # before the stream starts: the route answers with the error's status
+                    yield stream_fault(item)  # mid-stream: an error chunk ends the stream (no exception text)
+                    return
                 elif isinstance(item, Result):
                     continue
                 elif "_result" in item:
                     results[item["_index"]] = item["_result"]
                 else:
+                    sent = True
                     yield item
                     if "error" in item:
                         return
@@ -323,6 +328,15 @@ class Serving:
                     yield chunk
         finally:
             self.batcher.cancel(job)  # a no-op when it finished; otherwise its row leaves the batch
+
+
+def stream_fault(e: BaseException) -> dict[str, Any]:
+    """The error chunk of a stream whose row faulted after its first chunk: logged with a reference, its text
+    kept out of the response (as the 500 of a request that is not streamed)."""
+    ref = uuid.uuid4().hex[:12]
+    log.error("a streamed row failed (ref %s)", ref, exc_info=e)
+    return {"error": {"message": f"the server failed on this request (ref {ref} in the server's log)",
+                      "type": "server_error", "param": None, "code": None}}
 
 
 @dataclass

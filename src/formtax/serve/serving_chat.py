@@ -17,7 +17,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from formtax.decoding.engine import RenderedChat
-from formtax.decoding.sampling import fresh_seed
+from formtax.decoding.sampling import choice_seed, fresh_seed
 from formtax.errors import ConfigError
 from formtax.serve import shapes as out
 from formtax.serve.hooks import RequestHooks, cut_at_stop
@@ -49,6 +49,29 @@ class ChatServing(Serving):
     async def create(self, request: Request, req: ChatRequest) -> Outcome | JSONResponse:
         if (missing := self.check_model(req)) is not None:
             return missing
+        # everything that compiles a grammar or tokenizes runs off the event loop, so /health and the other
+        # requests are answered meanwhile (1,500 tools compile for seconds)
+        prompt, kwargs, tools, hooks, separated = await asyncio.to_thread(self.prepare, req)
+        strategy = kwargs["strategy"]
+        if req.stream and self.streams_live(strategy):
+            seed = fresh_seed() if req.seed is None else req.seed
+            rows = [LiveRow(prompt, h, choice_seed(seed, k), k) for k, h in enumerate(hooks)]
+            live = self.live(rows, kwargs, req, separated, tools, req.legacy_functions)
+            first = await anext(live)  # the first token, or a refusal as a 400 before the stream starts
+            return Outcome(chunks=then(first, live))
+        results = await self.run_all(request, req, prompt, kwargs, hooks)
+        if isinstance(results, JSONResponse):
+            return results
+        body = out.envelope("chat.completion", self.model_name(req), results)
+        body["choices"] = [self.choice(k, r, h, tools, req.legacy_functions)
+                           for k, (r, h) in enumerate(zip(results, hooks, strict=True))]
+        headers = out.headers(results[0])
+        return Outcome(chunks=out.chat_chunks(body), headers=headers) if req.stream else Outcome(body, None, headers)
+
+    def prepare(self, req: ChatRequest) -> tuple[Prompt, dict[str, Any], ToolPlan | None, list[RequestHooks], bool]:
+        """A chat request as a job, checked before it is queued (in a worker thread: it compiles the answer's
+        grammar and tokenizes the prompt): (prompt, the job's arguments, the tool plan, each choice's hooks,
+        whether the reasoning comes back apart)."""
         strategy, constraint, tools = chat_constraint(req, self.cfg.strategy, self.cfg.answer)
         messages: list[dict[str, str]] = [{"role": m.prompt_role(), "content": m.text()} for m in req.messages]
         if tools is not None:
@@ -63,22 +86,9 @@ class ChatServing(Serving):
         free_text = constraint is None or (tools is not None and tools.text_allowed and strategy == "constrained")
         hooks = [self.hooks_of(req, free_text, req.logprobs, req.top_logprobs or 0) for _ in range(req.n)]
         self.refuse_unhookable(strategy, hooks[0])
-        await self.precheck(prompt, kwargs)
+        self.check_job(prompt, kwargs)
         separated = constraint is not None and getattr(get_strategy(strategy), "constrained_answer", False)
-        if req.stream and self.streams_live(strategy):
-            seed = fresh_seed() if req.seed is None else req.seed
-            rows = [LiveRow(prompt, h, seed + k, k) for k, h in enumerate(hooks)]
-            live = self.live(rows, kwargs, req, separated, tools, req.legacy_functions)
-            first = await anext(live)  # the first token, or a refusal as a 400 before the stream starts
-            return Outcome(chunks=then(first, live))
-        results = await self.run_all(request, req, prompt, kwargs, hooks)
-        if isinstance(results, JSONResponse):
-            return results
-        body = out.envelope("chat.completion", self.model_name(req), results)
-        body["choices"] = [self.choice(k, r, h, tools, req.legacy_functions)
-                           for k, (r, h) in enumerate(zip(results, hooks, strict=True))]
-        headers = out.headers(results[0])
-        return Outcome(chunks=out.chat_chunks(body), headers=headers) if req.stream else Outcome(body, None, headers)
+        return prompt, kwargs, tools, hooks, separated
 
     def choice(self, index: int, res: Result, hooks: RequestHooks, tools: ToolPlan | None, legacy: bool
                ) -> dict[str, Any]:
@@ -108,14 +118,9 @@ class ChatServing(Serving):
 class CompletionServing(Serving):
     """``/v1/completions``: the prompt is raw text (no chat template)."""
 
-    async def create(self, request: Request, req: CompletionRequest) -> Outcome | JSONResponse:
-        if (missing := self.check_model(req)) is not None:
-            return missing
-        if req.echo:
-            raise ConfigError("echo: not supported by formtax serve")
-        prompts = [req.prompt] if isinstance(req.prompt, str) else list(req.prompt)
-        if not prompts:
-            raise ConfigError("prompt: give at least one prompt")
+    def prepare(self, req: CompletionRequest, prompts: list[str]) -> tuple[dict[str, Any], list[list[RequestHooks]]]:
+        """The job's arguments and each prompt's choices' hooks, checked before queueing (off the event loop, as
+        chat's :meth:`ChatServing.prepare`)."""
         opts = req.formtax
         guided = req.guided()
         answer: Any = opts.answer if opts and opts.answer else None
@@ -129,10 +134,22 @@ class CompletionServing(Serving):
                   for _ in range(req.n)] for _ in prompts]
         self.refuse_unhookable(strategy, hooks[0][0])
         for p in prompts:
-            await self.precheck(p, kwargs)
+            self.check_job(p, kwargs)
+        return kwargs, hooks
+
+    async def create(self, request: Request, req: CompletionRequest) -> Outcome | JSONResponse:
+        if (missing := self.check_model(req)) is not None:
+            return missing
+        if req.echo:
+            raise ConfigError("echo: not supported by formtax serve")
+        prompts = [req.prompt] if isinstance(req.prompt, str) else list(req.prompt)
+        if not prompts:
+            raise ConfigError("prompt: give at least one prompt")
+        kwargs, hooks = await asyncio.to_thread(self.prepare, req, prompts)
+        strategy = kwargs["strategy"]
         if req.stream and self.streams_live(strategy):
             seed = fresh_seed() if req.seed is None else req.seed
-            rows = [LiveRow(p, h, seed + k, i * req.n + k, i) for i, (p, hs) in enumerate(zip(prompts, hooks,
+            rows = [LiveRow(p, h, choice_seed(seed, k), i * req.n + k, i) for i, (p, hs) in enumerate(zip(prompts, hooks,
                                                                                               strict=True))
                     for k, h in enumerate(hs)]
             live = self.live(rows, kwargs, req, separated=False, text=True)

@@ -19,6 +19,7 @@ from formtax.strategies.base import Result
 FINISH = {"length": "length", "length-incomplete": "length"}  # everything else ends as "stop"
 APPROXIMATED_HEADER = "X-Formtax-Schema-Approximated"
 UNCHECKED_HEADER = "X-Formtax-Formats-Unchecked"
+ORACLE_UNCHECKED_HEADER = "X-Formtax-Answer-Unchecked"  # a part of the answer's check could not be decided in time
 
 
 RETRY_AFTER_S = 1
@@ -43,6 +44,8 @@ def headers(res: Result) -> dict[str, str]:
     unchecked = res.stats.get("formats_unchecked")
     if unchecked:
         out[UNCHECKED_HEADER] = ", ".join(unchecked)
+    if res.stats.get("oracle_unchecked"):
+        out[ORACLE_UNCHECKED_HEADER] = "1"
     return out
 
 
@@ -55,9 +58,20 @@ def reasoning(res: Result) -> str | None:
     return res.reasoning if res.answer_text is not None and res.reasoning else None
 
 
+def refused_answer(res: Result) -> bool:
+    """Whether a constrained answer came back whole but its check refused it (a rule only the oracle checks, on
+    an approximated schema): the client must see that, not a ``stop`` with an error of null."""
+    return (bool(res.stats.get("answer_constrained")) and not res.parse_ok
+            and res.finish_reason not in FINISH and res.parse_error is not None)
+
+
 def finish(res: Result) -> str:
-    """OpenAI's finish reason. A constrained answer that is complete when the budget ends (closing mode finishes it
-    on the last token) is ``stop``: the answer is whole, and clients (instructor) read ``length`` as cut."""
+    """OpenAI's finish reason; ``"error"`` (vLLM's word for a request that ended in error) for an answer its check
+    refused (:func:`refused_answer`). A constrained answer that is complete when the budget ends (closing mode
+    finishes it on the last token) is ``stop``: the answer is whole, and clients (instructor) read ``length`` as
+    cut (issue 57)."""
+    if refused_answer(res):
+        return "error"
     if res.finish_reason == "length" and res.answer_text is not None and res.parse_ok:
         return "stop"
     return FINISH.get(res.finish_reason, "stop")
@@ -87,8 +101,12 @@ def reasoning_tokens(res: Result) -> int:
 
 
 def extension(res: Result) -> dict[str, Any]:
-    return {"strategy": res.strategy, "parsed": _jsonable(res.parsed), "parse_ok": res.parse_ok,
-            "finish_reason": res.finish_reason, "error": res.error, "token_ids": res.token_ids}
+    error_text = res.error or (f"the answer failed its check: {res.parse_error}" if refused_answer(res) else None)
+    out = {"strategy": res.strategy, "parsed": _jsonable(res.parsed), "parse_ok": res.parse_ok,
+           "finish_reason": res.finish_reason, "error": error_text, "token_ids": res.token_ids}
+    if res.stats.get("oracle_unchecked"):
+        out["unchecked"] = res.stats["oracle_unchecked"]
+    return out
 
 
 def _jsonable(value: Any) -> Any:

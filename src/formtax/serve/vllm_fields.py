@@ -84,7 +84,10 @@ def guided_constraint(fields: dict[str, Any]) -> tuple[str, Constraint] | None:
     ((name, value),) = given.items()
     kind = name.removeprefix("guided_").removeprefix("structured_outputs.")
     if kind == "json":
-        schema = json.loads(value) if isinstance(value, str) else value
+        try:
+            schema = json.loads(value) if isinstance(value, str) else value
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{name}: not valid JSON ({e.msg} at character {e.pos})") from None
         if not isinstance(schema, dict):
             raise ConfigError(f"{name} must be a JSON Schema object")
         return name, as_constraint(schema)

@@ -383,6 +383,8 @@ def read_answer(result: Result, constraint: Constraint | None, constrained: bool
     else:
         v = constraint.search(result.text if result.answer_text is None else result.answer_text)
     result.parse_ok, result.parsed, result.parse_error = v.ok, (v.value if v.ok else None), v.error
+    if v.unchecked:  # a part of the check could not be decided in its time bound: flagged, never a hang
+        result.stats["oracle_unchecked"] = v.unchecked
 
 
 def finish_error(finish_reason: str) -> str | None:

@@ -7,6 +7,7 @@ from typing import Any
 
 from formtax.constraints.closing import start_witness
 from formtax.constraints.compile import compile_grammar
+from formtax.constraints.jsonkeys import KeyGuard, quote_tokens
 from formtax.constraints.jsonreason import (
     JSON_SCAFFOLD,
     JsonLayout,
@@ -42,10 +43,16 @@ def constrained_policy(backend: Backend, constraint: Constraint, phase: str = Ph
     any forced prefix; constraints/closing.py)."""
     tok = backend.tokenizer
     compiled = compile_grammar(constraint.grammar, tok.engine)
-    policy = ConstrainedPolicy(compiled.matcher(tok.n_logits), tok.eos_ids, phase=phase, closing_limit=closing_limit)
+    policy = ConstrainedPolicy(compiled.matcher(tok.n_logits), tok.eos_ids, phase=phase, closing_limit=closing_limit,
+                               keys=key_guard(tok.engine, constraint))
     if policy.closer is not None:
         policy.closer.start_from(start_witness(compiled, tok.n_logits))
     return policy
+
+
+def key_guard(engine: Any, constraint: Constraint) -> KeyGuard | None:
+    """A :class:`KeyGuard` for a constraint whose grammar lets an object repeat a key (None otherwise)."""
+    return KeyGuard(quote_tokens(engine)) if constraint.may_repeat_keys else None
 
 
 @register
@@ -184,7 +191,8 @@ class Json(SinglePass):
         if caps is None:
             return with_prefix(backend, request, constrained_policy(backend, c, closing_limit=limit))
         compiled = compile_grammar(c.grammar, tok.engine)
-        policy = JsonCapPolicy(compiled.matcher(tok.n_logits), tok.eos_ids, caps, closing_limit=limit)
+        policy = JsonCapPolicy(compiled.matcher(tok.n_logits), tok.eos_ids, caps, closing_limit=limit,
+                               keys=key_guard(tok.engine, c))
         if policy.closer is not None:
             policy.closer.start_from(start_witness(compiled, tok.n_logits))
         return with_prefix(backend, request, policy)
