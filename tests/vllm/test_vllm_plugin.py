@@ -37,8 +37,9 @@ def _ask(client, xargs, max_tokens=64, temperature=0.0, seed=None, messages=QUES
     r = c.chat.completions.create(model=model, messages=messages, max_tokens=max_tokens, temperature=temperature,
                                   seed=seed, extra_body={"vllm_xargs": xargs, **kw})
     m = r.choices[0].message
-    reasoning = _reasoning(m)
-    return (f"{reasoning}\n{m.content}" if reasoning else m.content), r.choices[0].finish_reason
+    reasoning = _reasoning(m)  # InWriting's, split off by formtax's reasoning parser (json keeps its object whole)
+    split = reasoning and xargs.get("formtax_strategy") == "inwriting"
+    return (f"{reasoning}\n{m.content}" if split else m.content), r.choices[0].finish_reason
 
 
 def _reasoning(message):
