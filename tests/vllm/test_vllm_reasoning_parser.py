@@ -51,6 +51,13 @@ def test_inwritings_reasoning_and_answer_are_split(fn):
     assert streamed(p, res.text) == (res.reasoning, res.answer_text)
 
 
+def test_the_split_holds_after_validate_params_handed_the_engine_its_witnesses():
+    # vLLM's OpenAI layer passes the client's vllm_xargs dict on as extra_args: validate_params adds to it
+    res = formtax.generate(FakeBackend(scripted("Let me think. 2+3=5. So")), Q, "inwriting", SPEC, max_tokens=60)
+    p, request = parser({"formtax_strategy": "inwriting", "formtax_answer": SPEC, "formtax_witnesses": {"k": [1]}})
+    assert p.extract_reasoning(res.text, request) == (res.reasoning, res.answer_text)
+
+
 def test_other_requests_are_left_alone():
     for xargs in (None, {"other": 1}, {"formtax_strategy": "constrained", "formtax_answer": SPEC}):
         p, request = parser(xargs)

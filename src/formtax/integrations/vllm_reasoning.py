@@ -44,8 +44,8 @@ class FormtaxReasoningParser(ReasoningParser):
         self.sent = 0  # characters of the streamed text handed out as reasoning
 
     def adjust_request(self, request: Any) -> Any:
-        try:
-            self.spec = RowSpec.of(getattr(request, "vllm_xargs", None))
+        try:  # the request's own dict, which validate_params also handed the engine's witnesses in
+            self.spec = RowSpec.of(getattr(request, "vllm_xargs", None), from_client=False)
         except ValueError:  # refused in validate_params with its reason
             self.spec = None
         return request
@@ -62,8 +62,7 @@ class FormtaxReasoningParser(ReasoningParser):
         return list(input_ids)
 
     def extract_reasoning(self, model_output: str, request: Any) -> tuple[str | None, str | None]:
-        if self.spec is None:
-            self.adjust_request(request)
+        self.adjust_request(request)
         if not self.reasons or self.spec is None:
             return None, model_output
         from formtax.api import parse
