@@ -47,8 +47,14 @@ def test_inwritings_reasoning_and_answer_are_split(fn):
     assert p.is_reasoning_end([]) is False
     reasoning, content = p.extract_reasoning(res.text, request)
     assert (reasoning or "", content) == (res.reasoning, res.answer_text)
-    p, _ = parser(xargs)
-    assert streamed(p, res.text) == (res.reasoning, res.answer_text)
+    from formtax.integrations.vllm_reasoning import FormtaxReasoningParser
+
+    def parse_delta(request):  # vLLM's stream parser: it holds the request, the reasoning parser is not told
+        p = FormtaxReasoningParser(None)
+        assert p.is_reasoning_end([]) is False
+        return streamed(p, res.text)
+
+    assert parse_delta(SimpleNamespace(vllm_xargs=xargs)) == (res.reasoning, res.answer_text)
 
 
 def test_the_split_holds_after_validate_params_handed_the_engine_its_witnesses():

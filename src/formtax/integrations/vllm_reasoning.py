@@ -5,8 +5,9 @@
         --logits-processors formtax.vllm_plugin:FormtaxLogitsProcessor \
         --reasoning-parser-plugin formtax.integrations.vllm_reasoning --reasoning-parser formtax
 
-vLLM makes one parser per request and hands it the request (``adjust_request``), so the parser knows the
-request's formtax strategy and answer (``vllm_xargs``). Requests without formtax arguments, and formtax strategies
+vLLM makes one parser per request and hands it the request (``adjust_request``; streamed, the request is read from
+the caller's frame, where vLLM's stream parser holds it), so the parser knows the request's formtax strategy and
+answer (``vllm_xargs``). Requests without formtax arguments, and formtax strategies
 without a reasoning phase, are left alone: everything is ``content`` and their reasoning is over before it starts
 (``is_reasoning_end`` is True, so vLLM's own structured outputs constrain them from the first token, as without a
 reasoning parser).
@@ -25,6 +26,7 @@ Ours, and why: vLLM's reasoning parsers split on marker tokens (``<think>``); fo
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,9 +43,11 @@ class FormtaxReasoningParser(ReasoningParser):
     def __init__(self, tokenizer: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(tokenizer, *args, **kwargs)
         self.spec: RowSpec | None = None
+        self.looked = False  # the request was read (adjust_request, or a caller's frame when streaming)
         self.sent = 0  # characters of the streamed text handed out as reasoning
 
     def adjust_request(self, request: Any) -> Any:
+        self.looked = True
         try:  # the request's own dict, which validate_params also handed the engine's witnesses in
             self.spec = RowSpec.of(getattr(request, "vllm_xargs", None), from_client=False)
         except ValueError:  # refused in validate_params with its reason
@@ -55,7 +59,24 @@ class FormtaxReasoningParser(ReasoningParser):
         """Whether this request's output has a reasoning phase this parser splits."""
         return self.spec is not None and self.spec.strategy in ("inwriting", "json")
 
+    def _find_request(self) -> None:
+        """Streamed, vLLM makes the parser without handing it the request: it is read from the caller's frame
+        (vLLM's stream parser holds it as ``request``), once."""
+        if self.looked:
+            return
+        self.looked = True
+        frame = sys._getframe(1)
+        for _ in range(12):
+            if frame is None:
+                return
+            request = frame.f_locals.get("request")
+            if request is not None and hasattr(request, "vllm_xargs"):
+                self.adjust_request(request)
+                return
+            frame = frame.f_back  # type: ignore[assignment]
+
     def is_reasoning_end(self, input_ids: Sequence[int]) -> bool:
+        self._find_request()
         return not (self.spec is not None and self.spec.strategy == "inwriting")
 
     def extract_content_ids(self, input_ids: list[int]) -> list[int]:
@@ -81,6 +102,7 @@ class FormtaxReasoningParser(ReasoningParser):
     def extract_reasoning_streaming(self, previous_text: str, current_text: str, delta_text: str,
                                     previous_token_ids: Sequence[int], current_token_ids: Sequence[int],
                                     delta_token_ids: Sequence[int]) -> DeltaMessage | None:
+        self._find_request()
         if self.spec is None or self.spec.strategy != "inwriting":
             return DeltaMessage(content=delta_text) if delta_text else None
         cut = current_text.rfind("\n")  # finished lines are reasoning; a line's break goes with the next line,
