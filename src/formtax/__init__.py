@@ -22,10 +22,11 @@ _LAZY: dict[str, str] = {
     "generate": "formtax.api",
     "generate_batch": "formtax.api",
     "load_model": "formtax.api",
+    "parse": "formtax.api",
 }
 
 if TYPE_CHECKING:
-    from formtax.api import agenerate, from_transformers, generate, generate_batch, load_model
+    from formtax.api import agenerate, from_transformers, generate, generate_batch, load_model, parse
     from formtax.constraints.native import from_pydantic
     from formtax.streaming import Delta, astream, stream
 
@@ -38,4 +39,4 @@ def __dir__() -> list[str]:
 
 
 __all__ = ["Delta", "__version__", "agenerate", "astream", "from_pydantic", "from_transformers", "generate", "generate_batch",
-           "load_model", "stream"]
+           "load_model", "parse", "stream"]

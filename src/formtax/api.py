@@ -120,9 +120,9 @@ def generate_batch(
     distribution); ``model_defaults=True`` takes all four from the model's own generation_config instead.
     ``raw``: send string prompts without the chat template (module docstring). ``closing``: a constrained answer always
     finishes inside ``max_tokens`` (constraints/closing.py); a request where no completion fits is refused. It
-    applies to constrained, json, inwriting and nl2format. Default (None): on where formtax's own loop steps the
-    model (transformers, the fake backend), off where the engine enforces grammars itself (vLLM, servers);
-    True on vLLM runs the rows through formtax's logits processor; a server cannot close (refused).
+    applies to constrained, json, inwriting and nl2format. Default (None): on wherever formtax steps the model
+    (transformers, the fake backend, vLLM through formtax's logits processor, the plugin in a stock ``vllm serve``):
+    one default on every route (issue 57); off on OpenAI-compatible servers, which cannot close (True is refused).
     ``options``: the strategy's own settings, named by its options model (:mod:`formtax.strategies.options`;
     the same names as ``formtax generate``'s flags): ``json_layout="compact"`` for json, ``tau`` / ``rule`` for
     the suffix strategies, ``fem`` / ``gamma`` / ``top_k`` / ... for decog and ctrlg. A name the strategy does not
@@ -182,11 +182,26 @@ def check_context(backend: Backend, reqs: Sequence[Request]) -> None:
             raise ContextLengthError(limit, n, r.max_tokens)
 
 
+def parse(text: str, answer: Any, strategy: str = "constrained", finish_reason: str = "") -> Result:
+    """Read the answer out of a text that ``strategy`` wrote for ``answer`` (a SPEC string or a constraint):
+    a vLLM client's text from formtax's plugin, a stored output. Returns a Result with ``parsed``, ``parse_ok``,
+    ``parse_error``, ``answer_text`` and ``reasoning`` filled by the same reader as every Result formtax decodes
+    (strategies/reading.py); InWriting's answer is the part after the line break where it begins.
+
+        r = formtax.parse(text, "The answer is: {int}", strategy="inwriting")
+        r.parsed  # 7
+    """
+    from formtax.constraints.native import as_constraint
+    from formtax.strategies.reading import parse_text
+
+    return parse_text(text, None if answer is None else as_constraint(answer), strategy, finish_reason)
+
+
 def resolve_closing(model: Backend, closing: bool | None) -> bool:
     """Closing mode's setting for this backend (see :func:`generate_batch`)."""
     steps = Capability.STEP_LOGITS in model.capabilities
-    if closing is None:
-        return steps and Capability.GRAMMAR_PARAM not in model.capabilities
+    if closing is None:  # one default on every route that steps the model (hf, vLLM, its plugin: issue 57)
+        return steps
     if closing and not steps:
         raise ConfigError(f"closing mode needs the logits of every step, which backend {model.name!r} does not "
                           "expose; pass closing=False")

@@ -13,8 +13,11 @@ A request chooses its strategy through vLLM's custom-arguments channel (``vllm_x
 * ``formtax_closing`` (0/1, default 1: the answer always finishes inside ``max_tokens``), ``formtax_triggers``
   (InWriting's switch strings), ``formtax_reasoning`` (a forced reasoning prefix, RC).
 
-``max_tokens`` is required: the row's budget must be the engine's. Bad arguments are refused in
-:meth:`validate_params`, which vLLM turns into an HTTP 400 with the message.
+``max_tokens`` is required: the row's budget must be the engine's. Every request is checked whole in
+:meth:`validate_params` before it is queued (formtax.integrations.vllm_rows: the arguments, the budget, the grammar,
+closing's witness, vLLM's own masks, stop strings), which vLLM turns into an HTTP 400 with the message; the set-up
+there is bounded in time. A row that still fails in the engine (or whose policy raises) writes
+``[formtax error: <reason>]`` and stops; it alone is affected.
 
 In the engine the processor loads the model's tokenizer once (:func:`formtax.backends.vllm_backend.tokenizer_info`),
 builds the row's policy with the strategy's own code (as in formtax's loop), and steps it every engine step
@@ -30,10 +33,17 @@ formtax's own vLLM backend sends its rows through this same processor, with othe
 vLLM's engine in another process, with tensor parallelism and with Ray. A recipe that does not verify is refused
 in :meth:`validate_params`.
 
-What the plugin cannot return: vLLM's response has the whole text (reasoning and answer together), not formtax's
-parse, masked mass or switch statistics; parse the answer from the text (``formtax.parse``), or use
-``formtax serve`` / the in-process backend for those. A row whose policy cannot be built in the engine (a grammar
-llguidance refuses) ends at once with no text.
+What the plugin cannot return: vLLM's response has the whole text (reasoning and answer together, InWriting's
+answer on its own line as in ``Result.text``), not formtax's masked mass or switch statistics; read the answer
+from the text with ``formtax.parse(text, answer, strategy=...)``, split the reasoning with the reasoning parser
+(formtax.integrations.vllm_reasoning), or use ``formtax serve`` / the in-process backend for those.
+
+vLLM's settings: chunked prefill (its default) is supported: a partial prefill's sample is discarded by the engine,
+and a row whose first planned token never came is planned again from a fresh policy (``LiveRow.restart``).
+Asynchronous scheduling (vLLM's default on GPUs) is refused when the processor loads: a row's plan needs the token
+of the step before, which the engine then appends a step late (``--no-async-scheduling``). Rows removed from the
+batch before they finish (aborted, or preempted and added again later) are kept for :data:`PARKED_MAX` removals,
+then forgotten.
 
 vLLM is imported only when vLLM loads the class (a module ``__getattr__``), so this module imports without it.
 """
@@ -41,20 +51,31 @@ vLLM is imported only when vLLM loads the class (a module ``__getattr__``), so t
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from formtax.decoding.engine import Backend, Batch, Capability, TokenizerInfo
+from formtax.integrations.vllm_rows import (
+    PREFIX,
+    EngineSide,
+    RowSpec,
+    caller_context,
+    engine_for,
+    error_row,
+    explainer,
+    params_sampling,
+    validate,
+    warm_in_background,
+)
 
 log = logging.getLogger(__name__)
 
-PREFIX = "formtax_"
-KEYS = ("strategy", "answer", "closing", "triggers", "reasoning")
 RECIPE_KEYS = ("recipe", "row", "report", "stream")  # formtax's own backend (module docstring)
+PARKED_MAX = 256  # rows removed unfinished that are kept (a preempted row comes back to its state)
+__all__ = ["PREFIX", "EngineSide", "RowSpec", "build_row", "plugin_class"]
 
 
-def _recipe_of(extra_args: dict[str, Any] | None) -> tuple[Any, str, str] | None:
+def _recipe_of(extra_args: dict[str, Any] | None, once: bool = False) -> tuple[Any, str, str] | None:
     """(recipe, row key, report address) of a request from formtax's own backend; None for other requests.
     ValueError (one line) for a recipe that does not verify or incomplete arguments."""
     from formtax.backends.row_reports import unseal
@@ -68,7 +89,7 @@ def _recipe_of(extra_args: dict[str, Any] | None) -> tuple[Any, str, str] | None
     key, address = args.get(PREFIX + "row"), args.get(PREFIX + "report")
     if not isinstance(key, str) or not key or not isinstance(address, str) or not address:
         raise ValueError("vllm_xargs: formtax_recipe needs formtax_row and formtax_report")
-    return unseal(args[PREFIX + "recipe"]), key, address
+    return unseal(args[PREFIX + "recipe"], key, address, once=once), key, address
 
 
 def build_row(engine: EngineSide, extra_args: dict[str, Any] | None, prompt_ids: Sequence[int], sampling: Any,
@@ -87,121 +108,20 @@ def build_row(engine: EngineSide, extra_args: dict[str, Any] | None, prompt_ids:
     def report(row: LiveRow) -> None:
         send(address, encode(key, row.out, row.error))
 
+    sent = [0]
+
     def step(token: int, phase: str) -> None:
-        send(address, encode_step(key, token, phase))
+        send(address, encode_step(key, token, phase, sent[0]))
+        sent[0] += 1
 
     tok = engine.tokenizer
     row = RowRequest(list(prompt_ids), recipe(engine), max_tokens, seed, sampling)
     live = LiveRow(row, min(tok.eos_ids), tok.n_logits, sampling, chooses=True, on_done=report)
     live.key = key
+    live.rebuild = lambda: recipe(engine)
     if str((extra_args or {}).get(PREFIX + "stream", "0")) == "1":
         live.on_token = step
     return live
-
-
-class EngineSide(Backend):
-    """What a strategy's policy needs of a backend, inside vLLM's engine: the tokenizer, and that the row is
-    stepped token by token (the policy edits every step's logits, as in formtax's loop)."""
-
-    name = "vllm-plugin"
-    capabilities = frozenset({Capability.STEP_LOGITS})
-
-    def __init__(self, tok: TokenizerInfo, model_id: str) -> None:
-        self._tok, self._id = tok, model_id
-
-    @property
-    def tokenizer(self) -> TokenizerInfo:
-        return self._tok
-
-    @property
-    def model_id(self) -> str:
-        return self._id
-
-    def new_batch(self, prompts: Sequence[Sequence[int]]) -> Batch:
-        raise RuntimeError("the vLLM engine decodes; formtax's plugin only steps its rows")
-
-
-@dataclass(frozen=True)
-class RowSpec:
-    """A request's formtax arguments (module docstring), checked."""
-
-    strategy: str
-    answer: str | None
-    closing: bool
-    triggers: tuple[str, ...]
-    reasoning: str | None
-
-    @classmethod
-    def of(cls, extra_args: dict[str, Any] | None) -> RowSpec | None:
-        """The spec of a request's ``extra_args``; None when it names no formtax argument. Raises ValueError with
-        one line naming the problem."""
-        from formtax.constraints.native import as_constraint
-        from formtax.strategies import get_strategy
-        from formtax.strategies.base import SinglePass
-
-        args = {k.removeprefix(PREFIX): v for k, v in (extra_args or {}).items() if k.startswith(PREFIX)}
-        if not args or "recipe" in args:
-            return None
-        unknown = sorted(set(args) - set(KEYS))
-        if unknown:
-            raise ValueError(f"vllm_xargs: unknown formtax argument(s) {', '.join(PREFIX + u for u in unknown)}; "
-                             f"known: {', '.join(PREFIX + k for k in KEYS)}")
-        name = str(args.get("strategy") or ("constrained" if args.get("answer") else "free"))
-        try:
-            strat = get_strategy(name)
-        except Exception as e:  # noqa: BLE001 - the registry's own one-line message
-            raise ValueError(f"vllm_xargs: formtax_strategy: {e}") from None
-        if not isinstance(strat, SinglePass):
-            raise ValueError(f"vllm_xargs: formtax_strategy {name!r} runs its own decode loop (several passes or a "
-                             "rewind); inside vLLM use a single-pass strategy (constrained, json, inwriting, short)")
-        answer = args.get("answer")
-        if answer is not None:
-            try:
-                as_constraint(str(answer)).check()
-            except Exception as e:  # noqa: BLE001 - the SPEC parser's one-line message
-                raise ValueError(f"vllm_xargs: formtax_answer: {str(e).splitlines()[0]}") from None
-        elif getattr(strat, "needs_constraint", False) or name not in ("free", "short"):
-            raise ValueError(f"vllm_xargs: formtax_strategy {name!r} needs formtax_answer (an answer SPEC)")
-        closing = args.get("closing", 1)
-        if closing not in (0, 1, "0", "1", True, False):
-            raise ValueError(f"vllm_xargs: formtax_closing must be 0 or 1, got {closing!r}")
-        triggers = args.get("triggers") or []
-        triggers = [triggers] if isinstance(triggers, str) else list(triggers)
-        if not all(isinstance(t, str) and t for t in triggers):
-            raise ValueError("vllm_xargs: formtax_triggers must be non-empty strings")
-        reasoning = args.get("reasoning")
-        return cls(name, None if answer is None else str(answer), str(closing) in ("1", "True"), tuple(triggers),
-                   None if reasoning is None else str(reasoning))
-
-    def live_row(self, engine: EngineSide, prompt_ids: Sequence[int], params: Any) -> Any:
-        """The request's :class:`LiveRow`, built with the strategy's own code from the engine's tokenizer."""
-        from formtax.backends.logits_processor import LiveRow
-        from formtax.constraints.native import as_constraint
-        from formtax.decoding.plan import RowRequest
-        from formtax.strategies import get_strategy
-        from formtax.strategies.base import Request, SinglePass
-
-        sampling = params_sampling(params)
-        strat = get_strategy(self.strategy)
-        assert isinstance(strat, SinglePass)  # RowSpec.of refused the others
-        req = Request("", as_constraint(self.answer) if self.answer is not None else None,
-                      max_tokens=int(params.max_tokens), seed=int(params.seed or 0),
-                      temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
-                      min_p=sampling.min_p, reasoning_prefix=self.reasoning, triggers=self.triggers,
-                      closing=self.closing)
-        strat.check(engine, [req])
-        policy = strat.policy(engine, req)
-        row = RowRequest(list(prompt_ids), policy, req.max_tokens, req.seed, sampling)
-        tok = engine.tokenizer
-        return LiveRow(row, min(tok.eos_ids), tok.n_logits, sampling)
-
-
-def params_sampling(params: Any) -> Any:
-    """formtax's Sampling of a request's SamplingParams."""
-    from formtax.decoding.sampling import Sampling
-
-    return Sampling(float(params.temperature or 0.0), float(params.top_p or 1.0), max(0, int(params.top_k or 0)),
-                    float(params.min_p or 0.0))
 
 
 def plugin_class() -> type:
@@ -210,7 +130,6 @@ def plugin_class() -> type:
     if _CLASS is not None:
         return _CLASS
     from formtax.backends.logits_processor import processor_class
-    from formtax.backends.vllm_backend import tokenizer_info
 
     base: Any = processor_class()
 
@@ -219,21 +138,27 @@ def plugin_class() -> type:
 
         def __init__(self, vllm_config: Any, device: Any, is_pin_memory: bool) -> None:
             super().__init__(vllm_config, device, is_pin_memory)
+            refuse_settings(vllm_config)
             model = vllm_config.model_config
-            self.engine = EngineSide(tokenizer_info(model.tokenizer), str(model.model))
-            self.rows: dict[str, Any] = {}  # formtax's own rows by key: a preempted row comes back to its state
+            self.engine = engine_for(str(model.tokenizer))
+            self.max_model_len = int(getattr(model, "max_model_len", 0) or 0)
+            self.parked: OrderedDict[int, tuple[Any, Any]] = OrderedDict()  # id(params) -> (params, row)
 
         @classmethod
         def validate_params(cls, sampling_params: Any) -> None:
-            mine = _recipe_of(sampling_params.extra_args) is not None
-            spec = None if mine else RowSpec.of(sampling_params.extra_args)
-            if (mine or spec is not None) and sampling_params.max_tokens is None:
-                raise ValueError("formtax's strategies need max_tokens (the row's budget is the engine's)")
+            if _recipe_of(sampling_params.extra_args, once=True) is not None:
+                if sampling_params.max_tokens is None:
+                    raise ValueError("formtax's strategies need max_tokens (the row's budget is the engine's)")
+                return
+            if not any(str(k).startswith(PREFIX) for k in (sampling_params.extra_args or {})):
+                return
+            path, client_max = caller_context()
+            validate(sampling_params, engine_for(path) if path else None, client_max)
 
         def row_for(self, params: Any, prompt_ids: Sequence[int] | None) -> Any:
-            key = (params.extra_args or {}).get(PREFIX + "row")
-            if isinstance(key, str) and key in self.rows:
-                return self.rows[key]
+            parked = self.parked.pop(id(params), None)
+            if parked is not None and parked[0] is params:  # preempted, now back: its row goes on
+                return parked[1]
             try:
                 row = build_row(self.engine, params.extra_args, prompt_ids or [], params_sampling(params),
                                 int(params.max_tokens), int(params.seed or 0))
@@ -242,23 +167,45 @@ def plugin_class() -> type:
                 _report_failure(params.extra_args, f"the row could not be built in the engine: {e}")
                 return _ended(self.engine)
             if row is not None:
-                self.rows[row.key] = row
                 return row
-            spec = RowSpec.of(params.extra_args)
+            try:
+                spec = RowSpec.of(params.extra_args, from_client=False)
+            except ValueError as e:  # validate_params refused it already where it ran
+                return error_row(self.engine, str(e), int(params.max_tokens or 1))
             if spec is None:
                 return None
             try:
-                return spec.live_row(self.engine, prompt_ids or [], params)
-            except Exception as e:  # never the engine: this request ends at once, its reason logged
-                log.warning("formtax: the row could not be built (%s); it ends with no text", e)
-                return _ended(self.engine)
+                live = spec.live_row(self.engine, prompt_ids or [], params)
+            except Exception as e:  # noqa: BLE001 - never the engine: this request ends, saying why
+                log.warning("formtax: a row could not be built (%s); it ends with the error", e)
+                return error_row(self.engine, f"the row could not be built: {' '.join(str(e).split())}",
+                                 int(params.max_tokens or 1))
+            live.explain = explainer(self.engine.tokenizer)
+            return live
 
-        def row_removed(self, row: Any) -> None:
-            if row.done and getattr(row, "key", None) is not None:
-                self.rows.pop(row.key, None)
+        def row_removed(self, row: Any, params: Any) -> None:
+            if row.done:
+                return
+            self.parked[id(params)] = (params, row)
+            while len(self.parked) > PARKED_MAX:
+                self.parked.popitem(last=False)
 
     _CLASS = FormtaxLogitsProcessor
+    warm_in_background(caller_context()[0])  # vLLM's API process loads the class at start-up: warm its tokenizer
     return _CLASS
+
+
+def refuse_settings(vllm_config: Any) -> None:
+    """Engine settings under which formtax's rows cannot be stepped exactly: refused when the processor loads,
+    naming the flag (module docstring)."""
+    sched = getattr(vllm_config, "scheduler_config", None)
+    if getattr(sched, "async_scheduling", False):
+        raise RuntimeError("formtax's logits processor needs --no-async-scheduling: under asynchronous scheduling "
+                           "a row is planned before the engine appends its previous token")
+    spec = getattr(vllm_config, "speculative_config", None)
+    if spec is not None and int(getattr(spec, "num_speculative_tokens", 0) or 0):
+        raise RuntimeError("formtax's logits processor does not run with speculative decoding (drop "
+                           "--speculative-config): draft tokens are accepted without its plans")
 
 
 def _report_failure(extra_args: dict[str, Any] | None, error: str) -> None:

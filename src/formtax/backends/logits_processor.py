@@ -25,6 +25,8 @@ vLLM is imported only inside :func:`processor_class`, so this module imports (an
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -35,6 +37,7 @@ from formtax.constraints.compile import fill_masks
 from formtax.decoding.devicestep import Entry, apply_entries, clear_bits, pack_bool
 from formtax.decoding.loop import (
     Plan,
+    Policy,
     RowOutput,
     RowRequest,
     choose_vetted,
@@ -46,6 +49,8 @@ from formtax.decoding.loop import (
 from formtax.decoding.plan import Finish, RowCursor
 from formtax.decoding.sampling import Sampling, as_sampling
 from formtax.tensorops import argmax
+
+log = logging.getLogger(__name__)
 
 
 class LiveRow:
@@ -72,6 +77,11 @@ class LiveRow:
         self.pending: tuple[bool, bool, int | None] | None = None  # (forced, masked, the forced token)
         self.done = False
         self.error: str | None = None
+        # a stock client's row that fails writes why (tokens from ``explain``) before its EOS (vllm_rows.py)
+        self.explain: Callable[[str], list[int]] | None = None
+        self.trailer: list[int] = []
+        # the row's policy built afresh: a partial prefill's discarded first sample is planned again from it
+        self.rebuild: Callable[[], Policy] | None = None
 
     # -- the loop's bookkeeping -------------------------------------------------------------------------------
     def finish(self, reason: str, error: str | None = None) -> None:
@@ -80,8 +90,26 @@ class LiveRow:
             self.cursor.finish(reason)
             if error is not None:
                 self.error = error
+                if self.explain is not None and not self.chooses:
+                    self.trailer = list(self.explain(error))
             if self.on_done is not None:
                 self.on_done(self)
+
+    def fail(self, error: Exception | str) -> None:
+        """The row's policy raised (or the engine broke its contract): this row alone ends, with the reason."""
+        text = error if isinstance(error, str) else f"{type(error).__name__}: {' '.join(str(error).split())}"
+        self.finish(Finish.BACKEND_ERROR, text)
+
+    def restart(self) -> None:
+        """Plan the row again from its first step with a fresh policy: its first sample was discarded (a partial
+        prefill under chunked prefill never appends its token)."""
+        assert self.rebuild is not None
+        self.req = dataclasses.replace(self.req, policy=self.rebuild())
+        self.cursor = RowCursor(self.req)
+        self.policy = self.req.policy
+        self.out = self.cursor.out
+        self.n_planned, self.pending, self.chosen = 0, None, []
+        self.gen = None if self.sampling.greedy else torch.Generator().manual_seed(int(self.req.seed))
 
     def catch_up(self, tokens: Sequence[int]) -> None:
         """Hand the engine's new tokens to the policy, the way the loop does after choosing each one."""
@@ -94,6 +122,8 @@ class LiveRow:
                     self.finish(Finish.BACKEND_ERROR, f"the engine emitted {token} where {self.chosen[k]} was forced")
                 elif k >= len(self.chosen) and not self.done:
                     self.finish(Finish.BACKEND_ERROR, "the engine emitted a token no plan was made for")
+                elif k < len(self.out.steps) and self.on_token is not None:  # streamed once the engine took it
+                    self.on_token(token, self.out.steps[k].phase)
                 continue
             if self.done:
                 continue  # the EOS forced after a finish: not part of the output
@@ -118,10 +148,13 @@ class LiveRow:
     def edit(self, row: torch.Tensor, view: torch.Tensor | None, index: int) -> Entry | None:
         """Plan this step: the edit of the row at ``index`` of the batch's logits (None: leave it). Replacement
         scores are copied into ``row`` here; masks, bans and forced tokens are applied for the whole batch."""
-        if self.n_planned > self.n_seen:  # a plan whose token never came (a discarded partial-prefill sample)
-            self.finish(Finish.BACKEND_ERROR, "the engine skipped a planned step (chunked prefill must be off)")
+        if self.n_planned > self.n_seen and not self.done:  # a plan whose token never came
+            if self.n_seen == 0 and self.rebuild is not None:  # a partial prefill's discarded sample: plan again
+                self.restart()
+            else:
+                self.finish(Finish.BACKEND_ERROR, "the engine skipped a planned step (asynchronous scheduling?)")
         if self.done:
-            return Entry(index, forced=self.eos_id)
+            return Entry(index, forced=self.trailer.pop(0) if self.trailer else self.eos_id)
         if row.shape[-1] != self.n_logits:
             self.finish(Finish.BACKEND_ERROR, f"logits width {row.shape[-1]} != the tokenizer's {self.n_logits}")
             return Entry(index, forced=self.eos_id)
@@ -188,8 +221,6 @@ class LiveRow:
         self.n_planned += 1
         self.chosen.append(int(token))
         reason = cur.accept(int(token), forced, masked)
-        if self.on_token is not None:
-            self.on_token(int(token), cur.out.steps[-1].phase)
         if reason is not None:
             self.finish(reason)
         return Entry(index, forced=int(token))
@@ -212,7 +243,16 @@ def apply_rows(logits: torch.Tensor, rows: Sequence[tuple[LiveRow, int, torch.Te
     """Plan every row's step (``(row, its index in logits, its host copy or None)``) and edit the batch's logits
     in place with one batched application (:func:`~formtax.decoding.devicestep.apply_entries`): the mask fill and
     the edit cost the same few device operations at any batch size."""
-    entries = [e for row, index, view in rows if (e := row.edit(logits[index], view, index)) is not None]
+    entries = []
+    for row, index, view in rows:
+        try:
+            e = row.edit(logits[index], view, index)
+        except Exception as err:  # noqa: BLE001 - one row's fault ends that row alone, never the engine's step
+            log.warning("formtax: a row's policy raised (%s); that request ends with the error", err)
+            row.fail(err)
+            e = row.edit(logits[index], view, index)
+        if e is not None:
+            entries.append(e)
     apply_entries(logits, entries, rows[0][0].n_logits if rows else 0)
 
 
@@ -230,7 +270,7 @@ def processor_class() -> type:
         """Steps formtax policies for the requests :meth:`row_for` gives a row; leaves all others alone."""
 
         def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
-            self.by_index: dict[int, tuple[LiveRow, list[int]]] = {}
+            self.by_index: dict[int, tuple[LiveRow, list[int], Any]] = {}  # row, its engine tokens, its params
 
         def is_argmax_invariant(self) -> bool:
             return False  # it changes what greedy decoding picks: vLLM must call it for greedy rows too
@@ -240,7 +280,7 @@ def processor_class() -> type:
             request's arguments."""
             return None
 
-        def row_removed(self, row: LiveRow) -> None:
+        def row_removed(self, row: LiveRow, params: Any) -> None:
             """A row left the batch (finished, aborted, or preempted: it may be added again)."""
 
         def update_state(self, batch_update: BatchUpdate | None) -> None:
@@ -249,13 +289,13 @@ def processor_class() -> type:
             for index in batch_update.removed:
                 entry = self.by_index.pop(index, None)
                 if entry is not None:
-                    self.row_removed(entry[0])
+                    self.row_removed(entry[0], entry[2])
             for index, params, prompt, output in batch_update.added:
                 row = self.row_for(params, prompt)
                 if row is None:
                     self.by_index.pop(index, None)
                 else:
-                    self.by_index[index] = (row, output)  # ``output`` is the engine's live list of the row's tokens
+                    self.by_index[index] = (row, output, params)  # ``output``: the engine's live list of its tokens
             for a, b, direction in batch_update.moved:
                 entry_a = self.by_index.pop(a, None)
                 entry_b = self.by_index.pop(b, None)
@@ -269,14 +309,22 @@ def processor_class() -> type:
             computed in one call to the engine, the rows' logits move to the host in one transfer (on a GPU),
             each row plans, and one batched application edits the logits (:func:`apply_rows`)."""
             items = list(self.by_index.items())
-            for _index, (row, output) in items:
-                row.catch_up(output)
-            fill_masks([m for _i, (row, _o) in items if not row.done and (m := row.policy.mask_matcher()) is not None])
+            for _index, (row, output, _p) in items:
+                try:
+                    row.catch_up(output)
+                except Exception as err:  # noqa: BLE001 - that row alone ends (apply_rows)
+                    log.warning("formtax: a row's policy raised on its token (%s); that request ends", err)
+                    row.fail(err)
+            try:
+                fill_masks([m for _i, (row, _o, _p) in items
+                            if not row.done and (m := row.policy.mask_matcher()) is not None])
+            except Exception as err:  # noqa: BLE001 - each row then computes its own mask (and fails alone)
+                log.warning("formtax: the batched mask fill failed (%s); rows compute their own", err)
             views: list[torch.Tensor | None] = [None] * len(items)
             if items and logits.device.type != "cpu":
                 host = logits[[index for index, _ in items]].detach().cpu()
                 views = list(host.unbind(0))
-            apply_rows(logits, [(row, index, view) for (index, (row, _o)), view in zip(items, views, strict=True)])
+            apply_rows(logits, [(row, index, view) for (index, (row, _o, _p)), view in zip(items, views, strict=True)])
             return logits
 
     _PROCESSOR = PolicyLogitsProcessor

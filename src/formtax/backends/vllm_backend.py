@@ -27,12 +27,15 @@ What this backend cannot do: crop a row's cache (no KV_CROP), so the suffix stra
 before a run. Sampled live rows draw from their own seeded generators, as the loop does (the same draws on the
 same logits); sampled free and grammar rows use vLLM's seeded sampler: the same distribution, not the same draws.
 
-Engine settings that formtax needs are fixed: chunked prefill is off (a discarded partial-prefill sample would
-advance a policy), no asynchronous scheduling, the llguidance structured-output backend, prefix caching on.
+Engine settings that formtax needs are fixed: no asynchronous scheduling (a row is planned before the engine
+appends its previous token; the plugin refuses it at load), the llguidance structured-output backend, prefix
+caching on. Chunked prefill stays off for formtax's own engine as it was measured; the plugin's rows are correct
+under it too (a partial prefill's discarded sample replans the row: ``LiveRow.restart``).
 ``tensor_parallel_size``, ``distributed_executor_backend`` and any other ``vllm.LLM`` keyword pass through
 (``--tensor-parallel-size``, ``--engine-opt KEY=VALUE``). On CPU the KV cache is capped at 1 GiB unless
-``VLLM_CPU_KVCACHE_SPACE`` or ``kv_cache_memory_bytes`` says otherwise. Live rows report over a local socket
-(127.0.0.1): a Ray cluster across machines is not supported yet.
+``VLLM_CPU_KVCACHE_SPACE`` or ``kv_cache_memory_bytes`` says otherwise. Live rows report over an ``ipc://`` socket
+in a 0700 directory; for engines on other machines (Ray across nodes) ``report_bind`` / ``report_address`` (or
+``FORMTAX_VLLM_REPORT_BIND`` / ``FORMTAX_VLLM_REPORT_ADDRESS``) name a TCP address, and every report is signed.
 """
 
 from __future__ import annotations
@@ -47,7 +50,16 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from formtax.backends.model_files import DEFAULT_MODEL, ModelSource, resolve_model
-from formtax.backends.row_reports import Inbox, MemoryInbox, ZmqInbox, decode_report, ensure_secret, row_args
+from formtax.backends.row_reports import (
+    SECRET_ENV,
+    Inbox,
+    MemoryInbox,
+    ZmqInbox,
+    decode_report,
+    engine_environment,
+    ensure_secret,
+    row_args,
+)
 from formtax.constraints.spec import Constraint
 from formtax.decoding.engine import Backend, Batch, Capability, TokenizerInfo
 from formtax.decoding.loop import RowOutput, RowRequest, decode
@@ -106,8 +118,8 @@ def _on_cpu() -> bool:
 
 
 def _prepare_environment() -> None:
-    """Process-level settings read when vLLM starts an engine (set before it is imported): the recipes' secret,
-    which vLLM's engine processes inherit (backends/row_reports.py)."""
+    """Process-level settings read when vLLM starts an engine (set before it is imported). The recipes' secret is
+    made here and put in the environment only while the engine starts (row_reports.engine_environment)."""
     ensure_secret()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KVCACHE_GIB)
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout is the answer's (``--json``)
@@ -131,6 +143,7 @@ class VLLMBackend(RowEngine):
         self.dtype = dtype
         self.eos_id = min(tok.eos_ids)
         self._reports: Inbox | None = None
+        self.report: dict[str, str] = {}  # report_bind / report_address (backends/row_reports.py)
 
     @property
     def concurrent(self) -> bool:
@@ -162,25 +175,39 @@ class VLLMBackend(RowEngine):
         if _on_cpu():  # the engine's own processes compute on every core (as a server beside formtax would)
             for key, value in _server_cpu_env(True).items():
                 os.environ.setdefault(key, value)
+        report = {k: str(options.pop(k)) for k in ("report_bind", "report_address") if options.get(k)}
         src = resolve_model(name)
         engine = {**DEFAULT_ENGINE, **_platform_defaults(), **options, **FIXED_ENGINE}
         engine.update(model=src.path, tokenizer=src.path, dtype=dtype, logits_processors=[PLUGIN],
                       structured_outputs_config={"backend": "guidance"})
         log.info("starting vLLM %s on %s (%s)%s", vllm_version, src.path, dtype, " (async engine)" * async_engine)
-        if async_engine:
-            from formtax.backends.vllm_async import AsyncEngine
+        with engine_environment():  # the secret reaches the engine's processes only
+            if async_engine:
+                from formtax.backends.vllm_async import AsyncEngine
 
-            llm: Any = AsyncEngine(engine)
-        else:
-            llm = vllm.LLM(**engine)
+                llm: Any = AsyncEngine(engine)
+            else:
+                llm = vllm.LLM(**engine)
         tok = tokenizer_info(src.path)
         recorded = {k: v for k, v in engine.items() if k not in ("model", "tokenizer", "logits_processors")}
-        return cls(llm, tok, f"{src.model_id} [vllm {vllm_version}, {dtype}]", source=src, engine=recorded,
-                   dtype=dtype)
+        backend = cls(llm, tok, f"{src.model_id} [vllm {vllm_version}, {dtype}]", source=src, engine=recorded,
+                      dtype=dtype)
+        backend.report = report
+        return backend
 
     @property
     def tokenizer(self) -> TokenizerInfo:
         return self._tok
+
+    @property
+    def context_length(self) -> int | None:
+        """The engine's ``max_model_len`` (prompt plus output), as the engine resolved it."""
+        for owner in (getattr(self.llm, "llm_engine", None), getattr(self.llm, "engine", None)):
+            n = getattr(getattr(owner, "model_config", None), "max_model_len", None)
+            if isinstance(n, int) and n > 0:
+                return n
+        n = self.engine.get("max_model_len")
+        return int(n) if isinstance(n, int) and n > 0 else None
 
     @property
     def model_id(self) -> str:
@@ -256,7 +283,8 @@ class VLLMBackend(RowEngine):
         """Where this backend's live rows report (backends/row_reports.py): in memory when the engine steps them in
         this process, else a socket that vLLM's engine processes reach."""
         if self._reports is None:
-            self._reports = MemoryInbox() if self._engine_in_process() else ZmqInbox()
+            self._reports = MemoryInbox() if self._engine_in_process() else ZmqInbox(
+                self.report.get("report_bind"), self.report.get("report_address"))
         return self._reports
 
     def _engine_in_process(self) -> bool:
@@ -291,6 +319,7 @@ class VLLMBackend(RowEngine):
                 if row.recipe is None:
                     raise CapabilityError(f"vllm backend: a {type(row.policy).__name__} row has no recipe, so it "
                                           "cannot be built in vLLM's engine (RowRequest.recipe)")
+                self._inbox().expect(live[k])
                 if stream is not None:  # its tokens and phases come from the engine's row, as it takes them
                     self._inbox().listen(live[k], stream)
                 prompts.append(list(row.prompt_ids))
@@ -423,6 +452,7 @@ def serve(model: str | None = None, port: int | None = None, dtype: str = "float
            "--port", str(port), "--dtype", dtype, "--max-model-len", "4096", "--served-model-name", served,
            "--structured-outputs-config", json.dumps({"backend": "guidance"}), *platform, *extra_args]
     child_env = {**os.environ, **_server_cpu_env(_on_cpu()), **(env or {})}
+    child_env.pop(SECRET_ENV, None)  # a stock server is not formtax's engine: it never gets the recipes' secret
     out = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115 - closed in finally
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=child_env, start_new_session=True)
     url = f"http://127.0.0.1:{port}/v1"

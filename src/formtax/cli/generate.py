@@ -96,8 +96,8 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trigger", action="append", default=[], help="InWriting trigger token (repeatable)")
     p.add_argument("--no-constrain", action="store_true", help="same prompt and budget, no mask")
     p.add_argument("--no-closing", action="store_true",
-                   help="let a constrained answer run out of budget unfinished (default on transformers: closing "
-                        "mode, the answer always finishes inside --max-tokens; vLLM and servers do not close)")
+                   help="let a constrained answer run out of budget unfinished (default on transformers and vLLM: "
+                        "closing mode, the answer always finishes inside --max-tokens; servers do not close)")
     p.add_argument("--seed", type=int, default=None,
                    help="sampler seed (only matters when sampling; default: fresh entropy, recorded in the stats)")
     # the strategies' own flags (--tau, --beam-rule, --fem, --json-layout, ...), generated from their options models

@@ -44,6 +44,9 @@ How "a completion still fits" is decided (ours; llguidance exposes no shortest-c
 
 from __future__ import annotations
 
+import contextvars
+import hashlib
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -62,6 +65,26 @@ _UNUSABLE = np.iinfo(np.int64).max
 BEAM_WIDTH = 8  # states kept per depth
 EXPAND = 8  # tokens tried per state
 MAX_DEPTH = 512  # the longest witness searched for (tokens)
+
+SEARCH_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar("formtax_search_deadline",
+                                                                               default=None)
+"""A ``time.monotonic()`` past which a witness search gives up (:class:`SearchTimeout`); None: unbounded. Set by a
+caller that must not wait long (formtax's vLLM plugin checks a request on vLLM's API loop: vllm_rows.py)."""
+
+START_WITNESSES: contextvars.ContextVar[dict[str, list[int] | None] | None] = contextvars.ContextVar(
+    "formtax_start_witnesses", default=None)
+"""Start witnesses by :func:`grammar_key`: :func:`start_witness` records every one it gives into this dict when one
+is set, and takes one from it instead of searching (a process that checked a request hands its witnesses to the
+process that decodes it; each is checked by the engine before use)."""
+
+
+class SearchTimeout(TimeoutError):
+    """A witness search passed :data:`SEARCH_DEADLINE`."""
+
+
+def grammar_key(grammar: str) -> str:
+    """A short stable name of a grammar's text (for :data:`START_WITNESSES`)."""
+    return hashlib.sha256(grammar.encode()).hexdigest()[:24]
 
 
 @dataclass
@@ -183,10 +206,13 @@ def _beam(ll: llguidance.LLMatcher, tok: EngineTokenizer, max_depth: int, hints:
           symbols: bool) -> list[int] | None:
     """One beam search of :func:`search_witness`."""
     ranks = _ranks(tok)
+    deadline = SEARCH_DEADLINE.get()
     Node = tuple[llguidance.LLMatcher, bytes, list[int], bytes]  # matcher, its mask, token path, byte path
     frontier: list[Node] = [(ll, ll.compute_bitmask(), [], before[-64:])]
     found: list[int] | None = None
     for _ in range(max_depth):
+        if deadline is not None and time.monotonic() > deadline:
+            raise SearchTimeout("the witness search ran past its time bound")
         # every candidate of every state is tried for acceptance first (so a closing token never loses its
         # place in the beam to a longer path), then the beam takes the others round robin, each state's best
         # tokens first, one state per fingerprint
@@ -289,9 +315,20 @@ def start_witness(grammar: CompiledGrammar, n_logits: int) -> list[int] | None:
     """The witness from a compiled grammar's start state, searched once per (grammar, tokenizer)."""
     key = (grammar.grammar, grammar.tokenizer.key)
     hit = _START.get(key)
+    handed = START_WITNESSES.get()
+    name = grammar_key(grammar.grammar) if handed is not None else ""
     if hit is None:
-        hit = _START.put(key, (shortest_known(grammar.matcher(n_logits)),))
+        m = grammar.matcher(n_logits)
+        found: list[int] | None
+        if handed is not None and name in handed and (
+                (given := handed[name]) is None or fits(m.ll, [], given, int(grammar.tokenizer.ll.eos_token))):
+            found = given  # handed over by the process that checked the request, and verified here
+        else:
+            found = shortest_known(m)
+        hit = _START.put(key, (found,))
         _POOLS.put(key, WitnessPool([] if hit[0] is None else [hit[0]]))
+    if handed is not None:
+        handed[name] = None if hit[0] is None else list(hit[0])
     return None if hit[0] is None else list(hit[0])
 
 

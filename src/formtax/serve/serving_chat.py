@@ -107,8 +107,9 @@ class ChatServing(Serving):
                     message["function_call"] = calls[0]["function"]
                 else:
                     message["tool_calls"] = calls
-                # a call that ran into the budget says so, as OpenAI does: never a complete call
-                finish = "length" if finish == "length" else ("function_call" if legacy else "tool_calls")
+                # a call that ran into the budget says so, as OpenAI does (issue 47), though its arguments parse
+                ran_out = out.FINISH.get(res.finish_reason) == "length"
+                finish = "length" if ran_out else ("function_call" if legacy else "tool_calls")
         return {"index": index, "message": message, "finish_reason": finish,
                 "logprobs": out.chat_logprobs(self.backend.tokenizer, hooks.recorded) if hooks.logprobs else None,
                 "formtax": out.extension(res)}

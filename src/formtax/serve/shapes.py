@@ -67,9 +67,13 @@ def refused_answer(res: Result) -> bool:
 
 def finish(res: Result) -> str:
     """OpenAI's finish reason; ``"error"`` (vLLM's word for a request that ended in error) for an answer its check
-    refused (:func:`refused_answer`)."""
+    refused (:func:`refused_answer`). A constrained answer that is complete when the budget ends (closing mode
+    finishes it on the last token) is ``stop``: the answer is whole, and clients (instructor) read ``length`` as
+    cut (issue 57)."""
     if refused_answer(res):
         return "error"
+    if res.finish_reason == "length" and res.answer_text is not None and res.parse_ok:
+        return "stop"
     return FINISH.get(res.finish_reason, "stop")
 
 

@@ -526,11 +526,16 @@ class SinglePass(Strategy):
         unchecked = getattr(request.constraint, "unchecked_formats", ())
         if unchecked:  # a format no one checks: the answer's value for it is the model's word alone
             res.stats["formats_unchecked"] = list(unchecked)
-        read_answer(res, self.effective_constraint(request), constrained)
-        self.after_parse(res)
+        self.read(res, request, constrained)
         if out.finish_reason in ERROR_FINISHES:
             res.error = finish_error(out.finish_reason)
         return res
+
+    def read(self, res: Result, request: Request, constrained: bool) -> None:
+        """Read ``res``'s answer (``answer_text``, else its text): the oracle's check, then :meth:`after_parse`.
+        The one reader of assembly and of ``formtax.parse`` (strategies/reading.py)."""
+        read_answer(res, self.effective_constraint(request), constrained)
+        self.after_parse(res)
 
     def after_parse(self, res: Result) -> None:
         """A hook for strategies whose parsed value is a part of the constrained output."""
