@@ -44,14 +44,25 @@ How "a completion still fits" is decided (ours; llguidance exposes no shortest-c
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 import llguidance
 import numpy as np
 
 from formtax.cache import LRU
 from formtax.constraints.compile import CompiledGrammar, EngineTokenizer, Matcher
+from formtax.constraints.shortest import (
+    byte_matcher,
+    cached_shortest,
+    literal_bytes,
+    longest_token,
+    replay,
+    schema_strings,
+    spell,
+)
 
 # First bytes in the order the search prefers them: what closes a structure, then separators, then the shortest
 # values (digits before letters). Every other byte follows in byte order. Ours: a heuristic for which tokens a
@@ -62,6 +73,21 @@ _UNUSABLE = np.iinfo(np.int64).max
 BEAM_WIDTH = 8  # states kept per depth
 EXPAND = 8  # tokens tried per state
 MAX_DEPTH = 512  # the longest witness searched for (tokens)
+START_MS = 1000  # the time bound of a start witness's search (a request is refused past it)
+STEP_MS = 100  # the time bound of one search inside the decode loop (the token is refused past it)
+MAX_START_BYTES = 1 << 16  # the longest start witness searched for without a budget (bytes)
+
+
+class ClosingParse(StrEnum):
+    """What closing guarantees of an answer whose schema the grammar only approximates (``Result.stats
+    ["closing_parse"]``, absent for every other constraint, where the grammar is the whole check)."""
+
+    ORACLE = "oracle"  # closing keeps to answers the oracle accepts: the answer parses
+    GRAMMAR_ONLY = "grammar-only"  # no answer the oracle accepts was found within the budget: only the grammar
+
+
+Oracle = Callable[[bytes], bool]
+"""Whether a whole answer's bytes are an answer the oracle accepts (schemas the grammar only approximates)."""
 
 
 @dataclass
@@ -165,7 +191,8 @@ def completes(ll: llguidance.LLMatcher, tokens: Sequence[int]) -> bool:
 
 
 def search_witness(ll: llguidance.LLMatcher, tok: EngineTokenizer, max_depth: int = MAX_DEPTH,
-                   hints: tuple[bytes, ...] = (), before: bytes = b"") -> list[int] | None:
+                   hints: tuple[bytes, ...] = (), before: bytes = b"", deadline: float = float("inf")
+                   ) -> list[int] | None:
     """A short token sequence from ``ll``'s state to an accepting one (see the module docstring), or None when
     the beam search finds none within ``max_depth`` tokens. ``ll`` is not modified. ``hints``: the grammar's
     literals (:func:`grammar_hints`); ``before``: the text already generated (a hint it has begun continues).
@@ -175,18 +202,20 @@ def search_witness(ll: llguidance.LLMatcher, tok: EngineTokenizer, max_depth: in
         return []
     if ll.is_error():
         return None
-    found = _beam(ll, tok, max_depth, hints, before, symbols=False)
-    return found if found is not None else _beam(ll, tok, max_depth, hints, before, symbols=True)
+    found = _beam(ll, tok, max_depth, hints, before, False, deadline)
+    return found if found is not None else _beam(ll, tok, max_depth, hints, before, True, deadline)
 
 
 def _beam(ll: llguidance.LLMatcher, tok: EngineTokenizer, max_depth: int, hints: tuple[bytes, ...], before: bytes,
-          symbols: bool) -> list[int] | None:
+          symbols: bool, deadline: float) -> list[int] | None:
     """One beam search of :func:`search_witness`."""
     ranks = _ranks(tok)
     Node = tuple[llguidance.LLMatcher, bytes, list[int], bytes]  # matcher, its mask, token path, byte path
     frontier: list[Node] = [(ll, ll.compute_bitmask(), [], before[-64:])]
     found: list[int] | None = None
     for _ in range(max_depth):
+        if time.perf_counter() > deadline:
+            return None
         # every candidate of every state is tried for acceptance first (so a closing token never loses its
         # place in the beam to a longer path), then the beam takes the others round robin, each state's best
         # tokens first, one state per fingerprint
@@ -230,9 +259,45 @@ def _beam(ll: llguidance.LLMatcher, tok: EngineTokenizer, max_depth: int, hints:
     return found
 
 
+@dataclass
+class Witness:
+    """A search's outcome: ``tokens`` (None: no completion within the bound), ``timed_out`` where the time bound
+    stopped the search first (then None proves nothing: the refusal says so)."""
+
+    tokens: list[int] | None
+    timed_out: bool = False
+
+
+def find_witness(ll: llguidance.LLMatcher, tok: EngineTokenizer, grammar: str, before: bytes, max_tokens: int,
+                 ms: float, *, start: Callable[[], llguidance.LLMatcher] | None = None, hints: tuple[bytes, ...] = (),
+                 oracle: Oracle | None = None, oracle_key: str = "") -> Witness:
+    """The witness from ``ll``'s state (``before``: the bytes from the grammar's start that led there): the shortest
+    completion in bytes (:mod:`formtax.constraints.shortest`, at most what ``max_tokens`` tokens can carry), written in
+    ``tok``'s tokens and checked by ``ll``; the token beam only where those bytes cannot be written so. ``start``:
+    a byte matcher already in that state (else ``before`` is replayed); ``oracle``: only completions it accepts."""
+    deadline = time.perf_counter() + ms / 1000
+    max_bytes = min(max(0, max_tokens) * longest_token(tok), MAX_START_BYTES)
+    literals = [*hints, *schema_strings(oracle_key)] if oracle_key else list(hints)
+    found = cached_shortest(grammar, oracle_key, start or (lambda: replay(grammar, before)), before, max_bytes,
+                            deadline - 0.4 * ms / 1000, oracle, literal_bytes(literals), literals)
+    if found.timed_out and oracle is not None:
+        return Witness(None, timed_out=True)
+    if found.data is not None:
+        w = spell(ll, tok, [], found.data)
+        if w is not None or oracle is not None:
+            return Witness(w)
+    elif not (found.unusable or found.timed_out):
+        return Witness(None)
+    # bytes the model's tokens cannot write, a state the byte engine refused, or the byte search's time spent:
+    # the token beam, in the time that is left
+    w = search_witness(ll, tok, max(0, min(4 * max_tokens + 4, MAX_DEPTH)), hints, before[-64:], deadline)
+    return Witness(w, timed_out=w is None and time.perf_counter() > deadline)
+
+
 def shortest_known(matcher: Matcher, max_depth: int = MAX_DEPTH) -> list[int] | None:
-    """The witness from a per-request matcher's current state (an upper bound on the shortest completion)."""
-    return search_witness(matcher.ll, matcher.tokenizer, max_depth, matcher.hints)
+    """The witness from a fresh per-request matcher's start state (at most ``max_depth`` tokens)."""
+    return find_witness(matcher.ll, matcher.tokenizer, matcher.grammar, b"", max_depth, START_MS,
+                        hints=matcher.hints).tokens
 
 
 class WitnessPool:
@@ -282,17 +347,63 @@ def witness_pool(grammar: str, tok: EngineTokenizer) -> WitnessPool:
     return hit if hit is not None else WitnessPool()
 
 
-_START: LRU[tuple[str, str], tuple[list[int] | None]] = LRU(256)
+_START: LRU[tuple[str, str, str], Witness] = LRU(256)
+
+
+def start_search(grammar: CompiledGrammar, n_logits: int, limit: int | None = None, oracle: Oracle | None = None,
+                 oracle_key: str = "") -> Witness:
+    """The witness from a compiled grammar's start state. With ``limit`` the search looks no further than what
+    ``limit`` tokens can carry (so a hopeless budget is refused at once), then, where none fits, for the shortest
+    anyway under a short time bound (for the refusal's message). Found witnesses are kept per (grammar, tokenizer,
+    oracle) and fill the grammar's shared pool."""
+    tok = grammar.tokenizer
+    key = (grammar.grammar, tok.key, oracle_key)
+    hit = _START.get(key)
+    if hit is not None and hit.tokens is not None:
+        return hit
+    m = grammar.matcher(n_logits)
+    ms = START_MS
+    if limit is not None:
+        t0 = time.perf_counter()
+        bounded = find_witness(m.ll, tok, grammar.grammar, b"", limit, START_MS, hints=m.hints, oracle=oracle,
+                               oracle_key=oracle_key)
+        if bounded.tokens is not None and len(bounded.tokens) <= limit or bounded.timed_out:
+            return _keep(key, bounded)
+        ms = max(0.0, min(START_MS / 10, START_MS - 1000 * (time.perf_counter() - t0)))
+    found = find_witness(m.ll, tok, grammar.grammar, b"", MAX_DEPTH if limit is None else 4 * limit + 64, ms,
+                         hints=m.hints, oracle=oracle, oracle_key=oracle_key)
+    return _keep(key, found) if limit is None or found.tokens is not None else Witness(None)
+
+
+def _keep(key: tuple[str, str, str], found: Witness) -> Witness:
+    if found.tokens is not None:
+        _START.put(key, found)
+        _POOLS.put(key[:2], WitnessPool([found.tokens]))
+    return found
+
+
+def closing_oracle(constraint: object) -> tuple[Oracle | None, str]:
+    """The oracle closing keeps to for ``constraint`` and its cache key: a JSON schema the grammar only approximates
+    (spec.approximate_schema) is checked by its own validator, so closing steers to an answer that parses; every
+    other constraint is its grammar (no oracle)."""
+    from formtax.constraints.spec import JsonConstraint
+
+    if not isinstance(constraint, JsonConstraint) or not constraint.approximations:
+        return None, ""
+
+    def accept(data: bytes) -> bool:
+        try:
+            return constraint.validate(data.decode("utf-8")).ok
+        except UnicodeDecodeError:
+            return False
+
+    return accept, constraint.source
 
 
 def start_witness(grammar: CompiledGrammar, n_logits: int) -> list[int] | None:
     """The witness from a compiled grammar's start state, searched once per (grammar, tokenizer)."""
-    key = (grammar.grammar, grammar.tokenizer.key)
-    hit = _START.get(key)
-    if hit is None:
-        hit = _START.put(key, (shortest_known(grammar.matcher(n_logits)),))
-        _POOLS.put(key, WitnessPool([] if hit[0] is None else [hit[0]]))
-    return None if hit[0] is None else list(hit[0])
+    w = start_search(grammar, n_logits).tokens
+    return None if w is None else list(w)
 
 
 @dataclass
@@ -301,30 +412,49 @@ class Closer:
 
     ``limit`` is the number of tokens the policy may emit in all (its row's budget after any forced prefix);
     ``step`` counts from the same origin, so ``limit - step`` tokens are left at a step, the current one included.
+    ``oracle`` (a schema the grammar only approximates): every witness must also be an answer the oracle accepts,
+    so the answer closing steers to parses.
     """
 
     matcher: Matcher
     limit: int
     eos_ids: frozenset[int]
+    oracle: Oracle | None = None
+    oracle_key: str = ""
     witness: list[int] | None = None
     _known: bool = False
     _after: dict[int, list[int] | None] = field(default_factory=dict)
     searches: int = 0
     refused: int = 0
+    timed_out: int = 0  # searches the time bound stopped (their tokens were refused)
     pooled: int = 0  # witnesses taken from the pools instead of a search
     changed: int = 0  # steps at which the model's own choice was refused (0: closing stayed invisible)
     _first: bool = False
     text: bytes = b""  # the last bytes this policy emitted (for the hints)
+    prefix: bytearray = field(default_factory=bytearray)  # every byte this policy emitted (the search's state)
+    parse: ClosingParse | None = None  # set for an approximated schema: what closing guarantees of its answer
 
     def __post_init__(self) -> None:
         self._eos = int(self.matcher.tokenizer.ll.eos_token)
         self._shared = witness_pool(self.matcher.grammar, self.matcher.tokenizer)
         self._own = WitnessPool()  # the suffixes of the witnesses this row found
+        self._bytes: llguidance.LLMatcher | None = None  # a byte matcher, brought up to ``prefix`` when searched
+        self._synced = 0
+
+    def _decode(self, tokens: Sequence[int]) -> bytes:
+        return bytes(self.matcher.tokenizer.ll.decode_bytes(list(tokens)))
+
+    def _valid(self, after: bytes, witness: Sequence[int]) -> bool:
+        """The oracle's word on the answer ``after`` then ``witness`` would make (True without an oracle)."""
+        return self.oracle is None or self.oracle(bytes(self.prefix) + after + self._decode(witness))
 
     def _pooled(self, before: Sequence[int], left: int, skip: Sequence[int] | None = None) -> list[int] | None:
         """The shortest witness of the two pools that completes the state after ``before`` in ``left`` tokens."""
         ll = self.matcher.ll
         found = [w for pool in (self._shared, self._own) if (w := pool.first_fit(ll, before, self._eos, left, skip))]
+        if self.oracle is not None:
+            after = self._decode(before)
+            found = [w for w in found if self._valid(after, w)]
         if not found:
             return None
         self.pooled += 1
@@ -332,6 +462,8 @@ class Closer:
 
     def start_from(self, witness: list[int] | None) -> Closer:
         """Begin with a witness already known for the matcher's current state (e.g. :func:`start_witness`)."""
+        if witness is not None and not self._valid(b"", witness):
+            witness = None
         self.witness, self._known = witness, witness is not None
         self._shared = witness_pool(self.matcher.grammar, self.matcher.tokenizer)
         self._own.add(witness)
@@ -341,18 +473,31 @@ class Closer:
         if not self._known:
             self.witness = self._pooled([], self.limit)
             if self.witness is None:
-                self.witness = self._search(self.matcher.ll, self.limit)
+                self.witness = self._search(self.matcher.ll, self.limit, b"", START_MS)
             self._known = True
         return self.witness
 
-    def _search(self, ll: llguidance.LLMatcher, depth: int) -> list[int] | None:
+    def _state(self, after: bytes) -> llguidance.LLMatcher:
+        """A byte matcher in the state of ``prefix`` then ``after`` (the row's own one, brought up to date)."""
+        if self._bytes is None:
+            self._bytes = byte_matcher(self.matcher.grammar)
+        if self._synced < len(self.prefix):
+            self._bytes.consume_tokens(list(self.prefix[self._synced:]))
+            self._synced = len(self.prefix)
+        c = self._bytes.deep_copy()
+        if after:
+            c.consume_tokens(list(after))
+        return c
+
+    def _search(self, ll: llguidance.LLMatcher, left: int, after: bytes, ms: float = STEP_MS) -> list[int] | None:
+        """The witness from ``ll`` (the row's state, then ``after``), within ``left`` tokens, or None."""
         self.searches += 1
-        # the search counts its own (often single-byte) tokens; canonical retokenisation shortens its find, so
-        # it may look deeper than the tokens that are left
-        found = search_witness(ll, self.matcher.tokenizer, max(0, min(4 * depth + 4, MAX_DEPTH)),
-                               self.matcher.hints, self.text)
-        self._own.add(found)
-        return found
+        found = find_witness(ll, self.matcher.tokenizer, self.matcher.grammar, bytes(self.prefix) + after, left,
+                             ms, start=lambda: self._state(after), hints=self.matcher.hints, oracle=self.oracle,
+                             oracle_key=self.oracle_key)
+        self.timed_out += int(found.timed_out)
+        self._own.add(found.tokens)
+        return found.tokens
 
     def fallback(self) -> int:
         """The token to emit when the model's choices are all refused: the witness's next one (EOS once the
@@ -381,20 +526,22 @@ class Closer:
 
         The checks run cheapest first and stop at the first proof: the state after the token accepts (nothing
         more is needed); the current witness goes on after the token (its own first token, or replayed); a
-        pooled witness completes it; and only then a search from the state after the token, bounded by ``left``.
-        The search runs wherever the cheaper proofs fail, also where the budget binds: refusing a token without
-        it would veto answers that fit (issue 46)."""
+        pooled witness completes it; and only then a search from the state after the token, bounded by ``left``
+        (and by :data:`STEP_MS`). The search runs wherever the cheaper proofs fail, also where the budget binds:
+        refusing a token without it would veto answers that fit (issue 46). With an oracle every proof must also
+        be an answer it accepts."""
         if token in self.eos_ids:
-            return True
+            return self._valid(b"", [])
         ll, eos = self.matcher.ll, self._eos
+        after = self._decode([token]) if self.oracle is not None else b""
         w = self.current()
         if w and token == w[0] and len(w) - 1 <= left:
             self._after[token] = w[1:]
             return True
-        if w is not None and len(w) <= left and fits(ll, [token], w, eos):  # the common case: one engine call
-            self._after[token] = w
+        if w is not None and len(w) <= left and fits(ll, [token], w, eos) and self._valid(after, w):
+            self._after[token] = w  # the common case: one engine call
             return True
-        if fits(ll, [token], [], eos):  # an accepting state needs nothing more
+        if fits(ll, [token], [], eos) and self._valid(after, []):  # an accepting state needs nothing more
             self._after[token] = []
             return True
         pooled = self._pooled([token], left, skip=w)
@@ -407,9 +554,10 @@ class Closer:
         child = ll.deep_copy()
         if not child.consume_token(token):
             return False
-        self.text, before = self.text + self.matcher.tokenizer.ll.decode_bytes([token]), self.text
+        step = self._decode([token])
+        self.text, before = self.text + step, self.text
         try:
-            found = self._search(child, left)
+            found = self._search(child, left, step)
         finally:
             self.text = before
         ok = found is not None and len(found) <= left
@@ -419,7 +567,9 @@ class Closer:
 
     def advance(self, token: int) -> None:
         """The policy consumed ``token``: its witness (if :meth:`accept` computed one) becomes the current one."""
-        self.text = (self.text + self.matcher.tokenizer.ll.decode_bytes([token]))[-64:]
+        step = self._decode([token])
+        self.prefix += step
+        self.text = (self.text + step)[-64:]
         if token in self._after:
             self.witness, self._known = self._after[token], True
             if self.witness is None:

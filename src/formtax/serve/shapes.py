@@ -83,8 +83,14 @@ def reasoning_tokens(res: Result) -> int:
 
 
 def extension(res: Result) -> dict[str, Any]:
-    return {"strategy": res.strategy, "parsed": _jsonable(res.parsed), "parse_ok": res.parse_ok,
-            "finish_reason": res.finish_reason, "error": res.error, "token_ids": res.token_ids}
+    """The response's ``formtax`` field; ``closing_parse`` where closing mode ran on a schema the grammar only
+    approximates (``oracle``: closing kept to answers the oracle accepts; ``grammar-only``: it could not, and said so
+    before decoding)."""
+    out = {"strategy": res.strategy, "parsed": _jsonable(res.parsed), "parse_ok": res.parse_ok,
+           "finish_reason": res.finish_reason, "error": res.error, "token_ids": res.token_ids}
+    if res.stats.get("closing_parse"):
+        out["closing_parse"] = res.stats["closing_parse"]
+    return out
 
 
 def _jsonable(value: Any) -> Any:

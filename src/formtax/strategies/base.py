@@ -294,15 +294,32 @@ def refuse_empty_language(backend: Backend, constraint: Constraint) -> None:
 
 
 def refuse_no_completion(backend: Backend, constraint: Constraint, limit: int) -> None:
-    """Closing mode, before any model call: the answer must have a completion within ``limit`` tokens."""
-    from formtax.constraints.closing import start_witness
+    """Closing mode, before any model call: the answer must have a completion within ``limit`` tokens. A JSON
+    schema whose every instance takes more bytes than ``limit`` tokens can carry is refused at once
+    (constraints/closing_bound.py); otherwise the start witness decides, its search bounded in time (a request
+    whose search runs out of time is refused with that reason, never left to search for a minute)."""
+    from formtax.constraints.closing import START_MS, closing_oracle, start_search
+    from formtax.constraints.closing_bound import min_json_bytes
+    from formtax.constraints.shortest import longest_token
+    from formtax.constraints.spec import JsonConstraint
 
     tok = backend.tokenizer
-    w = start_witness(compile_grammar(constraint.grammar, tok.engine), tok.n_logits)
-    if w is None or len(w) > limit:
-        found = "none found" if w is None else f"the shortest found takes {len(w)}"
-        raise ConfigError(f"closing mode: no completion of {constraint.brief()!r} fits in {limit} tokens "
-                          f"({found}); raise max_tokens")
+    what = f"closing mode: no completion of {constraint.brief()!r} fits in {limit} tokens"
+    if isinstance(constraint, JsonConstraint):
+        need, most = min_json_bytes(constraint.schema), longest_token(tok.engine)
+        if need > limit * most:
+            raise ConfigError(f"{what} (every instance takes at least {need} bytes and one token carries at most "
+                              f"{most}); raise max_tokens")
+    oracle, key = closing_oracle(constraint)
+    w = start_search(compile_grammar(constraint.grammar, tok.engine), tok.n_logits, limit, oracle, key)
+    if w.tokens is None and oracle is not None and not w.timed_out:  # no answer the oracle accepts was found:
+        w = start_search(compile_grammar(constraint.grammar, tok.engine), tok.n_logits, limit)  # closing as before
+    if w.timed_out:
+        raise ConfigError(f"closing mode: closing could not prove a completion of {constraint.brief()!r} within "
+                          f"{START_MS} ms (budget {limit} tokens); raise max_tokens or turn closing off")
+    if w.tokens is None or len(w.tokens) > limit:
+        found = "none found" if w.tokens is None else f"the shortest found takes {len(w.tokens)}"
+        raise ConfigError(f"{what} ({found}); raise max_tokens")
 
 
 def request_sampling(request: Request) -> Sampling:
