@@ -27,7 +27,15 @@ _MAX_DEPTH = 64
 
 
 def _dumps(value: Any) -> int:
-    return len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())
+    """The fewest bytes ``value`` takes as JSON: a number may be written shorter than Python writes it (``-2.0`` as
+    ``-2``, equal under JSON Schema) and a container's members are not counted (brackets only)."""
+    if isinstance(value, bool) or value is None:
+        return 4
+    if isinstance(value, int | float):
+        return 1
+    if isinstance(value, list | dict):
+        return 2
+    return len(json.dumps(value, ensure_ascii=False).encode())
 
 
 def _pattern_width(pattern: str) -> int:
@@ -102,7 +110,8 @@ def _typed(s: dict[str, Any], root: Any, depth: int) -> int:
 def _array(s: dict[str, Any], root: Any, depth: int) -> int:
     n = s.get("minItems", 0)
     n = n if isinstance(n, int) and n > 0 else 0
-    prefix = s.get("prefixItems") if isinstance(s.get("prefixItems"), list) else []
+    found = s.get("prefixItems")
+    prefix: list[Any] = found if isinstance(found, list) else []
     items = s.get("items", True)
     each = [_bound(prefix[i] if i < len(prefix) else items, root, depth + 1) for i in range(min(n, 1 << 16))]
     return 2 + sum(each) + max(0, n - 1)
@@ -110,7 +119,8 @@ def _array(s: dict[str, Any], root: Any, depth: int) -> int:
 
 def _object(s: dict[str, Any], root: Any, depth: int) -> int:
     required = [k for k in s.get("required", []) if isinstance(k, str)] if isinstance(s.get("required"), list) else []
-    props = s.get("properties") if isinstance(s.get("properties"), dict) else {}
+    given = s.get("properties")
+    props: dict[str, Any] = given if isinstance(given, dict) else {}
     total = 2
     for k in dict.fromkeys(required):
         total += _dumps(k) + 1 + (_bound(props[k], root, depth + 1) if k in props else 1)

@@ -31,6 +31,7 @@ completion only if the oracle accepts its text; the search goes on past the othe
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import time
@@ -47,6 +48,8 @@ MAX_WIDTH = 48  # states kept per byte length
 MAX_ORACLE_CALLS = 512
 _ASCII_ORDER = b'"}])>' + b",:; \n." + b"0123456789" + b"abcdefghijklmnopqrstuvwxyz" + b"ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 ORDER = list(_ASCII_ORDER) + [b for b in range(256) if b not in _ASCII_ORDER]
+FREE_ORDER = list(b'"\\' + b"abcdefghijklmnopqrstuvwxyz0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ")
+FREE_ORDER += [b for b in ORDER if b not in FREE_ORDER]
 """Bytes in the order the search tries them (what closes a structure first): among completions of equal length the
 first found is kept, so this picks which of them the witness is."""
 
@@ -80,10 +83,8 @@ def schema_strings(source: str) -> list[bytes]:
             for x in v:
                 walk(x)
 
-    try:
+    with contextlib.suppress(ValueError):
         walk(json.loads(source))
-    except ValueError:
-        pass
     return [s for s in dict.fromkeys(out) if 0 < len(s) <= 64]
 
 
@@ -114,7 +115,15 @@ def candidates(bits: int, extra: int = 0) -> tuple[int, ...]:
         full = members == _CONTROL and part == members
         if part and (full or (members == _HIGH and bits & _LOWER == _LOWER)):
             keep = keep & ~members | (part & -part) | (part & extra)  # the lowest allowed member (and literals')
-    return _CANDIDATES.put((bits, extra), tuple(b for b in ORDER if keep >> b & 1))
+    free = bits & _LOWER == _LOWER and bits & _PUNCT == _PUNCT
+    order = FREE_ORDER if free else ORDER  # free text: letter and digit runs first (a pattern's counter needs them)
+    return _CANDIDATES.put((bits, extra), tuple(b for b in order if keep >> b & 1))
+
+
+def _kind(b: int) -> int:
+    """A byte's class, part of a state's fingerprint: states after ``"aa`` and ``"a}`` allow the same bytes under
+    ``.*[a-z]{3}.*`` and differ in how far the letter run has gone."""
+    return 0 if 97 <= b <= 122 else 1 if 65 <= b <= 90 else 2 if 48 <= b <= 57 else 3 if b < 128 else 4
 
 
 def push(stack: str, b: int) -> str:
@@ -144,7 +153,7 @@ class Found:
     when the deadline stopped it first (then None proves nothing)."""
 
     data: bytes | None
-    timed_out: bool = False
+    timed_out: bool = False  # stopped by its deadline or its work bound
     unusable: bool = False  # the byte engine refused the text that leads to the state (nothing is proved)
 
 
@@ -173,11 +182,13 @@ def is_json_document(grammar: str) -> bool:
 
 def shortest_bytes(start: llguidance.LLMatcher, before: bytes, max_bytes: int, deadline: float,
                    accept: Callable[[bytes], bool] | None = None, extra: int = 0, json_doc: bool = False,
-                   literals: Sequence[bytes] = ()) -> Found:
+                   literals: Sequence[bytes] = (), max_nodes: int = 1 << 30) -> Found:
     """The shortest byte string that takes ``start`` (a byte matcher, untouched) to an accepting state (module
     docstring). ``before``: the text that led to ``start`` (its bracket stack; the oracle reads it whole).
     ``json_doc`` (:func:`is_json_document`): the search is an A* whose lower bound is the number of brackets and
     quotes left open (admissible and consistent: a byte opens or closes at most one), so nested detours wait.
+    ``max_nodes``: the states it may expand, a bound on its work that, unlike the deadline, does not depend on the
+    machine's load (so an output never does); past either it stops with ``timed_out``.
     ``literals`` (the grammar's, and with an oracle the schema's strings): a state's progress along them is part of
     its fingerprint, so ``"t`` on the way to ``"then"`` is not merged with ``"a``."""
     prefixes = {lit[:k] for lit in literals for k in range(1, len(lit) + 1)}
@@ -199,7 +210,7 @@ def shortest_bytes(start: llguidance.LLMatcher, before: bytes, max_bytes: int, d
     nodes: list[tuple[llguidance.LLMatcher, int, str, int, int, bytes, bytes]] = [
         (start, _bits(start), root, 0, -1, b"", at)]
     buckets: dict[int, deque[int]] = {len(root) if json_doc else 0: deque([0])}
-    seen: set[tuple[int, int, str, bytes]] = {(0, nodes[0][1], root, at)}
+    seen: set[tuple[int, int, str, bytes, int]] = {(0, nodes[0][1], root, at, -1)}
     width: dict[int, int] = {}
     oracle_calls = popped = 0
 
@@ -219,7 +230,7 @@ def shortest_bytes(start: llguidance.LLMatcher, before: bytes, max_bytes: int, d
         if not queue:
             del buckets[f]
         popped += 1
-        if popped % 32 == 0 and time.perf_counter() > deadline:
+        if popped > max_nodes or (popped % 32 == 0 and time.perf_counter() > deadline):
             return Found(None, timed_out=True)
         ll, bits, stack, length, _, _, at = nodes[i]
         if ll.is_accepting():
@@ -242,7 +253,7 @@ def shortest_bytes(start: llguidance.LLMatcher, before: bytes, max_bytes: int, d
             child_stack, child_at = stack_of(added, stack), at
             for c in added if longest else b"":
                 child_at = progress(child_at, c)
-            key = (n, child_bits, child_stack, child_at)
+            key = (n, child_bits, child_stack, child_at, _kind(added[-1]))
             g = n + (len(child_stack) if json_doc else 0)
             if g <= max_bytes and key not in seen and width.get(n, 0) < MAX_WIDTH:
                 seen.add(key)
@@ -266,7 +277,7 @@ timed out is never kept."""
 
 def cached_shortest(grammar: str, oracle: str, start: Callable[[], llguidance.LLMatcher], before: bytes,
                     max_bytes: int, deadline: float, accept: Callable[[bytes], bool] | None = None,
-                    extra: int = 0, literals: Sequence[bytes] = ()) -> Found:
+                    extra: int = 0, literals: Sequence[bytes] = (), max_nodes: int = 1 << 30) -> Found:
     """:func:`shortest_bytes` from the state ``before`` leads to, through the cache: a completion found within a
     bound serves every bound it fits; a proof that none exists within a bound serves every smaller bound."""
     key = (grammar, oracle, hashlib.blake2b(before, digest_size=16).digest(), accept is not None)
@@ -277,7 +288,8 @@ def cached_shortest(grammar: str, oracle: str, start: Callable[[], llguidance.LL
             return hit.found if len(d) <= max_bytes else Found(None)
         if hit.bound >= max_bytes:  # none within a larger bound: none within this one
             return hit.found
-    found = shortest_bytes(start(), before, max_bytes, deadline, accept, extra, is_json_document(grammar), literals)
+    found = shortest_bytes(start(), before, max_bytes, deadline, accept, extra, is_json_document(grammar), literals,
+                           max_nodes)
     if not (found.timed_out or found.unusable):
         _FOUND.put(key, _Entry(found, max_bytes))
     return found

@@ -312,8 +312,8 @@ def refuse_no_completion(backend: Backend, constraint: Constraint, limit: int) -
                               f"{most}); raise max_tokens")
     oracle, key = closing_oracle(constraint)
     w = start_search(compile_grammar(constraint.grammar, tok.engine), tok.n_logits, limit, oracle, key)
-    if w.tokens is None and oracle is not None and not w.timed_out:  # no answer the oracle accepts was found:
-        w = start_search(compile_grammar(constraint.grammar, tok.engine), tok.n_logits, limit)  # closing as before
+    if (w.tokens is None or len(w.tokens) > limit) and oracle is not None:  # no answer the oracle accepts found:
+        w = start_search(compile_grammar(constraint.grammar, tok.engine), tok.n_logits, limit)  # the grammar's own
     if w.timed_out:
         raise ConfigError(f"closing mode: closing could not prove a completion of {constraint.brief()!r} within "
                           f"{START_MS} ms (budget {limit} tokens); raise max_tokens or turn closing off")
