@@ -11,15 +11,15 @@ How "a completion still fits" is decided (ours; llguidance exposes no shortest-c
   per request. After the model's token ``t``: if ``t`` is the witness's first token, the rest is a witness; else
   the old witness is replayed after ``t`` on a copy (inside a JSON string any character keeps ``"}`` valid, so
   this is the common case and costs microseconds); only when that fails is a new one searched.
-* the search is a beam search over tokens from ``deep_copy``'d matchers, breadth first (depth = tokens), states
-  at one depth deduplicated by their full-vocabulary allowed mask and the literals the path has begun (a strong
-  fingerprint, not a perfect one: ``[{...}`` and ``{...}`` both allow only ``}``, and keeping the first loses the
-  shorter; a bracket balance in the fingerprint fixed that case but cost 8-12% of closing's time and lost other
-  witnesses, so it is not used), each state expanding its allowed tokens shortest first,
-  structural characters (quotes, brackets, separators) before digits and letters. Any witness it returns is
-  real (the matcher accepted every token), so the guarantee rests on the witness, not on the search being
-  optimal: the witness is an *upper bound* on the shortest completion. On a byte-level vocabulary it is the
-  shortest completion for the grammars in ``tests/core/test_closing.py`` (checked by brute-force enumeration).
+* the search (issue 58) finds the shortest completion in bytes, A* over the grammar compiled for the byte
+  tokenizer (:mod:`formtax.constraints.shortest`), and writes it in the model's tokens (canonical tokenisation,
+  checked by the engine); the token beam of :mod:`formtax.constraints.beam` runs only where that cannot be done.
+  Searches are bounded in work (states expanded) and, as a backstop, in time; a JSON schema whose every instance
+  needs more bytes than the budget can carry is refused before anything compiles
+  (:mod:`formtax.constraints.closing_bound`). Any witness is real (the engine accepted every token), so the
+  guarantee rests on the witness, not on the search being optimal.
+* on a schema the grammar only approximates, every witness must also be an answer the oracle accepts
+  (:func:`closing_oracle`), so the answer closing steers to parses (``Result.stats["closing_parse"]``).
 * witnesses are pooled (:class:`WitnessPool`): a state whose own witness does not replay first tries, shortest
   first, every suffix of the grammar's start witness (shared by every row and request of one compiled grammar)
   and of the witnesses the row itself found. A check is one ``validate_tokens([token, *witness, EOS])`` on the
