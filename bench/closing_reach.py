@@ -16,7 +16,6 @@ flagged ``closing_parse: grammar-only`` before decoding). ``p95_s``: the 95th pe
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
