@@ -65,7 +65,7 @@ from formtax.constraints.shortest import (
 )
 
 START_MS = 1000  # the time bound of a start witness's search (a request is refused past it)
-STEP_MS = 250  # the time bound of one search inside the decode loop (the token is refused past it)
+STEP_MS = 1000  # the time bound of one search inside the decode loop (the token is refused past it)
 START_NODES = 20_000  # the states a start witness's byte search may expand
 STEP_NODES = 2_000  # the states one byte search inside the decode loop may expand
 """The work bounds come first: they do not depend on the machine's load, so neither does an output; the time
@@ -116,6 +116,7 @@ def find_witness(ll: llguidance.LLMatcher, tok: EngineTokenizer, grammar: str, b
         return Witness(None)
     # bytes the model's tokens cannot write, a state the byte engine refused, or the byte search's time spent:
     # the token beam, in the time that is left
+    deadline = max(deadline, time.perf_counter() + 0.4 * ms / 1000)  # the beam's own share, whatever came before
     w = search_witness(ll, tok, max(0, min(4 * max_tokens + 4, MAX_DEPTH)), hints, before[-64:], deadline)
     return Witness(w, timed_out=w is None and time.perf_counter() > deadline)
 
