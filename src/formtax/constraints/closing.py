@@ -64,7 +64,7 @@ from formtax.constraints.shortest import (
     spell,
 )
 
-START_MS = 1000  # the time bound of a start witness's search (a request is refused past it)
+START_MS = 2000  # the time bound of a start witness's search (a request is refused past it)
 STEP_MS = 1000  # the time bound of one search inside the decode loop (the token is refused past it)
 START_NODES = 20_000  # the states a start witness's byte search may expand
 STEP_NODES = 2_000  # the states one byte search inside the decode loop may expand
@@ -105,7 +105,7 @@ def find_witness(ll: llguidance.LLMatcher, tok: EngineTokenizer, grammar: str, b
     max_bytes = min(max(0, max_tokens) * longest_token(tok), MAX_START_BYTES)
     literals = [*hints, *schema_strings(oracle_key)] if oracle_key else list(hints)
     found = cached_shortest(grammar, oracle_key, start or (lambda: replay(grammar, before)), before, max_bytes,
-                            deadline - 0.4 * ms / 1000, oracle, literal_bytes(literals), literals, max_nodes)
+                            deadline - 0.5 * ms / 1000, oracle, literal_bytes(literals), literals, max_nodes)
     if found.timed_out and oracle is not None:
         return Witness(None, timed_out=True)
     if found.data is not None:
@@ -116,7 +116,7 @@ def find_witness(ll: llguidance.LLMatcher, tok: EngineTokenizer, grammar: str, b
         return Witness(None)
     # bytes the model's tokens cannot write, a state the byte engine refused, or the byte search's time spent:
     # the token beam, in the time that is left
-    deadline = max(deadline, time.perf_counter() + 0.4 * ms / 1000)  # the beam's own share, whatever came before
+    deadline = max(deadline, time.perf_counter() + 0.5 * ms / 1000)  # the beam's own share, whatever came before
     w = search_witness(ll, tok, max(0, min(4 * max_tokens + 4, MAX_DEPTH)), hints, before[-64:], deadline)
     return Witness(w, timed_out=w is None and time.perf_counter() > deadline)
 

@@ -45,6 +45,7 @@ from formtax.cache import LRU
 from formtax.constraints.compile import EngineTokenizer, _byte_engine_tokenizer, compile_grammar
 
 MAX_WIDTH = 48  # states kept per byte length
+MAX_RUN = 16  # the longest run of one byte class a fingerprint tells apart
 MAX_ORACLE_CALLS = 512
 _ASCII_ORDER = b'"}])>' + b",:; \n." + b"0123456789" + b"abcdefghijklmnopqrstuvwxyz" + b"ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 ORDER = list(_ASCII_ORDER) + [b for b in range(256) if b not in _ASCII_ORDER]
@@ -123,7 +124,24 @@ def candidates(bits: int, extra: int = 0) -> tuple[int, ...]:
 def _kind(b: int) -> int:
     """A byte's class, part of a state's fingerprint: states after ``"aa`` and ``"a}`` allow the same bytes under
     ``.*[a-z]{3}.*`` and differ in how far the letter run has gone."""
-    return 0 if 97 <= b <= 122 else 1 if 65 <= b <= 90 else 2 if 48 <= b <= 57 else 3 if b < 128 else 4
+    return 0 if 97 <= b <= 122 or 65 <= b <= 90 or 48 <= b <= 57 else 1 if b < 128 else 2
+
+
+def _run(data: bytes, kind: int, length: int) -> tuple[int, int]:
+    """The class of the last byte and how many bytes of that class end the text (at most :data:`MAX_RUN`): part
+    of a state's fingerprint, since a counter (``[0-9a-f]{8}``, ``[a-z]{3,40}``) leaves the allowed set unchanged
+    while it counts."""
+    for b in data:
+        k = _kind(b)
+        kind, length = k, (min(length + 1, MAX_RUN) if k == kind else 1)
+    return kind, length
+
+
+def _since_quote(data: bytes, before: int) -> int:
+    """Bytes since the last ``"`` (at most 64): where two states allow the same bytes at the same length, how far
+    into its string each one is (a uuid's second group against its first)."""
+    at = data.rfind(b'"')
+    return min(64, before + len(data) if at < 0 else len(data) - at - 1)
 
 
 def push(stack: str, b: int) -> str:
@@ -207,10 +225,11 @@ def shortest_bytes(start: llguidance.LLMatcher, before: bytes, max_bytes: int, d
     root, at = stack_of(before), b""
     for c in before[-longest:] if longest else b"":
         at = progress(at, c)
-    nodes: list[tuple[llguidance.LLMatcher, int, str, int, int, bytes, bytes]] = [
-        (start, _bits(start), root, 0, -1, b"", at)]
+    run0 = (*_run(before, -1, 0), _since_quote(before, 0))
+    nodes: list[tuple[llguidance.LLMatcher, int, str, int, int, bytes, bytes, tuple[int, int, int]]] = [
+        (start, _bits(start), root, 0, -1, b"", at, run0)]
     buckets: dict[int, deque[int]] = {len(root) if json_doc else 0: deque([0])}
-    seen: set[tuple[int, int, str, bytes, int]] = {(0, nodes[0][1], root, at, -1)}
+    seen: set[tuple[int, int, str, bytes, tuple[int, int, int]]] = {(0, nodes[0][1], root, at, run0)}
     width: dict[int, int] = {}
     oracle_calls = popped = 0
 
@@ -232,7 +251,7 @@ def shortest_bytes(start: llguidance.LLMatcher, before: bytes, max_bytes: int, d
         popped += 1
         if popped > max_nodes or (popped % 32 == 0 and time.perf_counter() > deadline):
             return Found(None, timed_out=True)
-        ll, bits, stack, length, _, _, at = nodes[i]
+        ll, bits, stack, length, _, _, at, run = nodes[i]
         if ll.is_accepting():
             if accept is None:
                 return Found(path(i))
@@ -253,12 +272,13 @@ def shortest_bytes(start: llguidance.LLMatcher, before: bytes, max_bytes: int, d
             child_stack, child_at = stack_of(added, stack), at
             for c in added if longest else b"":
                 child_at = progress(child_at, c)
-            key = (n, child_bits, child_stack, child_at, _kind(added[-1]))
+            child_run = (*_run(added, run[0], run[1]), _since_quote(added, run[2]))
+            key = (n, child_bits, child_stack, child_at, child_run)
             g = n + (len(child_stack) if json_doc else 0)
             if g <= max_bytes and key not in seen and width.get(n, 0) < MAX_WIDTH:
                 seen.add(key)
                 width[n] = width.get(n, 0) + 1
-                nodes.append((child, child_bits, child_stack, n, i, added, child_at))
+                nodes.append((child, child_bits, child_stack, n, i, added, child_at, child_run))
                 buckets.setdefault(g, deque()).append(len(nodes) - 1)
     return Found(None)
 
