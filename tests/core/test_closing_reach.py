@@ -113,3 +113,14 @@ def test_exact_schemas_carry_no_closing_parse_flag():
     r = formtax.generate(FakeBackend(random_logits(seed=0)), "q", "constrained", {"type": "integer"}, max_tokens=4,
                          raw=True)
     assert "closing_parse" not in r.stats
+
+
+def test_the_server_response_carries_the_closing_parse_flag():
+    from formtax.serve.shapes import extension
+
+    schema = {"type": "integer", "not": {"const": 0}}
+    r = formtax.generate(FakeBackend(random_logits(seed=0)), "q", "constrained", schema, max_tokens=3, raw=True)
+    assert extension(r)["closing_parse"] == "oracle"
+    exact = formtax.generate(FakeBackend(random_logits(seed=0)), "q", "constrained", {"type": "integer"},
+                             max_tokens=3, raw=True)
+    assert "closing_parse" not in extension(exact)
