@@ -11,15 +11,15 @@ How "a completion still fits" is decided (ours; llguidance exposes no shortest-c
   per request. After the model's token ``t``: if ``t`` is the witness's first token, the rest is a witness; else
   the old witness is replayed after ``t`` on a copy (inside a JSON string any character keeps ``"}`` valid, so
   this is the common case and costs microseconds); only when that fails is a new one searched.
-* the search is a beam search over tokens from ``deep_copy``'d matchers, breadth first (depth = tokens), states
-  at one depth deduplicated by their full-vocabulary allowed mask and the literals the path has begun (a strong
-  fingerprint, not a perfect one: ``[{...}`` and ``{...}`` both allow only ``}``, and keeping the first loses the
-  shorter; a bracket balance in the fingerprint fixed that case but cost 8-12% of closing's time and lost other
-  witnesses, so it is not used), each state expanding its allowed tokens shortest first,
-  structural characters (quotes, brackets, separators) before digits and letters. Any witness it returns is
-  real (the matcher accepted every token), so the guarantee rests on the witness, not on the search being
-  optimal: the witness is an *upper bound* on the shortest completion. On a byte-level vocabulary it is the
-  shortest completion for the grammars in ``tests/core/test_closing.py`` (checked by brute-force enumeration).
+* the search (issue 58) finds the shortest completion in bytes, A* over the grammar compiled for the byte
+  tokenizer (:mod:`formtax.constraints.shortest`), and writes it in the model's tokens (canonical tokenisation,
+  checked by the engine); the token beam of :mod:`formtax.constraints.beam` runs only where that cannot be done.
+  Searches are bounded in work (states expanded) and, as a backstop, in time; a JSON schema whose every instance
+  needs more bytes than the budget can carry is refused before anything compiles
+  (:mod:`formtax.constraints.closing_bound`). Any witness is real (the engine accepted every token), so the
+  guarantee rests on the witness, not on the search being optimal.
+* on a schema the grammar only approximates, every witness must also be an answer the oracle accepts
+  (:func:`closing_oracle`), so the answer closing steers to parses (``Result.stats["closing_parse"]``).
 * witnesses are pooled (:class:`WitnessPool`): a state whose own witness does not replay first tries, shortest
   first, every suffix of the grammar's start witness (shared by every row and request of one compiled grammar)
   and of the witnesses the row itself found. A check is one ``validate_tokens([token, *witness, EOS])`` on the
@@ -47,33 +47,55 @@ from __future__ import annotations
 import contextvars
 import hashlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 import llguidance
-import numpy as np
 
 from formtax.cache import LRU
+from formtax.constraints.beam import MAX_DEPTH, search_witness
 from formtax.constraints.compile import CompiledGrammar, EngineTokenizer, Matcher
+from formtax.constraints.shortest import (
+    byte_matcher,
+    cached_shortest,
+    literal_bytes,
+    longest_token,
+    replay,
+    schema_strings,
+    spell,
+)
 
-# First bytes in the order the search prefers them: what closes a structure, then separators, then the shortest
-# values (digits before letters). Every other byte follows in byte order. Ours: a heuristic for which tokens a
-# short completion is likely to start with; any order gives a valid witness.
-_PREFERRED = b'"}])>' + b",:; \n." + b"0123456789" + b"abcdefghijklmnopqrstuvwxyz" + b"ABCDEFGHIJKLMNOPQRSTUVWXYZ"
-_PREFERRED_ORDER = {b: i for i, b in enumerate(_PREFERRED)}
-_UNUSABLE = np.iinfo(np.int64).max
-BEAM_WIDTH = 8  # states kept per depth
-EXPAND = 8  # tokens tried per state
-MAX_DEPTH = 512  # the longest witness searched for (tokens)
+START_MS = 2000  # the time bound of a start witness's search (a request is refused past it)
+STEP_MS = 1000  # the time bound of one search inside the decode loop (the token is refused past it)
+START_NODES = 20_000  # the states a start witness's byte search may expand
+STEP_NODES = 2_000  # the states one byte search inside the decode loop may expand
+"""The work bounds come first: they do not depend on the machine's load, so neither does an output; the time
+bounds are a backstop for states that are slow to expand (huge grammars)."""
+MAX_START_BYTES = 1 << 16  # the longest start witness searched for without a budget (bytes)
+
+
+class ClosingParse(StrEnum):
+    """What closing guarantees of an answer whose schema the grammar only approximates (``Result.stats
+    ["closing_parse"]``, absent for every other constraint, where the grammar is the whole check)."""
+
+    ORACLE = "oracle"  # closing keeps to answers the oracle accepts: the answer parses
+    GRAMMAR_ONLY = "grammar-only"  # no answer the oracle accepts was found within the budget: only the grammar
+
+
+Oracle = Callable[[bytes], bool]
+"""Whether a whole answer's bytes are an answer the oracle accepts (schemas the grammar only approximates)."""
+
 
 SEARCH_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar("formtax_search_deadline",
                                                                                default=None)
-"""A ``time.monotonic()`` past which a witness search gives up (:class:`SearchTimeout`); None: unbounded. Set by a
-caller that must not wait long (formtax's vLLM plugin checks a request on vLLM's API loop: vllm_rows.py)."""
+"""A ``time.monotonic()`` past which a witness search gives up (:class:`SearchTimeout`); None: only the search's own
+bounds. Set by a caller that must not wait long (formtax's vLLM plugin checks a request on vLLM's API loop:
+integrations/vllm_rows.py)."""
 
 START_WITNESSES: contextvars.ContextVar[dict[str, list[int] | None] | None] = contextvars.ContextVar(
     "formtax_start_witnesses", default=None)
-"""Start witnesses by :func:`grammar_key`: :func:`start_witness` records every one it gives into this dict when one
+"""Start witnesses by :func:`grammar_key`: :func:`start_search` records every one it finds into this dict when one
 is set, and takes one from it instead of searching (a process that checked a request hands its witnesses to the
 process that decodes it; each is checked by the engine before use)."""
 
@@ -87,178 +109,60 @@ def grammar_key(grammar: str) -> str:
     return hashlib.sha256(grammar.encode()).hexdigest()[:24]
 
 
-@dataclass
-class _Ranks:
-    """Per tokenizer: every token's search rank (byte length first, then the preference of its first byte);
-    special tokens are never part of a witness. ``ids``: token bytes -> id, to find the tokens that spell a hint."""
-
-    rank: np.ndarray
-    vocab: int
-    ids: dict[bytes, int]
-    symbols: np.ndarray  # the single-byte tokens of ASCII punctuation, in byte order
-    top: LRU[tuple[bytes, int], tuple[int, ...]] = field(default_factory=lambda: LRU(512))
-    """A mask's ``k`` best-ranked allowed tokens, by the mask's bytes: a search meets the same state's mask again
-    and again (inside a string every state allows the same tokens), and ranking the whole vocabulary was most of
-    its cost (issue 44's profile: 166 us a call at 49k tokens)."""
-
-
-_RANKS: LRU[str, _Ranks] = LRU(8)
-
-
-def _ranks(tok: EngineTokenizer) -> _Ranks:
-    hit = _RANKS.get(tok.key)
-    if hit is not None:
-        return hit
-    order = {b: i for i, b in enumerate(_PREFERRED)}
-    n = tok.vocab_size
-    rank = np.full(n, _UNUSABLE, dtype=np.int64)
-    ids: dict[bytes, int] = {}
-    for i in range(n):
-        if tok.ll.is_special_token(i):
-            continue
-        b = tok.ll.decode_bytes([i])
-        if b:
-            rank[i] = len(b) * 1024 + order.get(b[0], len(_PREFERRED) + b[0])
-            ids.setdefault(b, i)
-    symbols = np.array([ids[bytes([c])] for c in range(33, 127) if not chr(c).isalnum() and bytes([c]) in ids],
-                       dtype=np.int64)
-    return _RANKS.put(tok.key, _Ranks(rank, n, ids, symbols))
-
-
-
-
-def _continuations(path: bytes, hints: tuple[bytes, ...]) -> frozenset[bytes]:
-    """What the hints say may come next after ``path``: the rest of every hint the path has begun."""
-    out = set()
-    for h in hints:
-        for k in range(min(len(h) - 1, len(path)), 0, -1):
-            if path.endswith(h[:k]):
-                out.add(h[k:])
-                break
-    return frozenset(out)
-
-
-def _allowed(mask: bytes, t: int) -> bool:
-    """Bit ``t`` of an llguidance bitmask (32-bit little-endian words: byte ``t // 8``, bit ``t % 8``)."""
-    return bool(mask[t >> 3] >> (t & 7) & 1)
-
-
-def _ranked(mask: bytes, ranks: _Ranks, k: int) -> tuple[int, ...]:
-    """The ``k`` best-ranked allowed tokens of ``mask``, best first (cached in ``ranks.top``)."""
-    key = (mask, k)
-    hit = ranks.top.get(key)
-    if hit is not None:
-        return hit
-    bits = np.unpackbits(np.frombuffer(mask, dtype=np.uint8), bitorder="little")[: ranks.vocab]
-    ids = np.flatnonzero(bits)
-    ids = ids[ranks.rank[ids] != _UNUSABLE]
-    if len(ids) > k:
-        ids = ids[np.argpartition(ranks.rank[ids], k)[:k]]
-    return ranks.top.put(key, tuple(int(i) for i in ids[np.argsort(ranks.rank[ids], kind="stable")]))
-
-
-def _candidates(mask: bytes, ranks: _Ranks, k: int, path: bytes, hints: tuple[bytes, ...],
-                symbols: bool = False) -> list[int]:
-    hinted: list[int] = []
-    # a literal the path has begun goes on first (shortest first); then fresh literals, those whose first byte
-    # closes something first (the byte order of _PREFERRED: '"' before ' '), so a space literal of the answer
-    # does not keep every state of the beam inside a string or a whitespace run; sorted fully, never by set order
-    begun = _continuations(path, hints)
-    order = _PREFERRED_ORDER
-    fresh = sorted(set(hints) - begun, key=lambda h: (order.get(h[0], len(order) + h[0]), len(h), h))
-    for c in sorted(begun, key=lambda h: (len(h), h)) + fresh:
-        for j in range(len(c), 0, -1):  # the longest token first: fewer tokens
-            t = ranks.ids.get(c[:j])
-            if t is not None and t < ranks.vocab and _allowed(mask, t) and t not in hinted:
-                hinted.append(t)
-    # with ``symbols``, every allowed single-symbol token too: a structure often moves on only at a symbol the
-    # ranking puts late (an email's "@", a URI's "/"), which a state allowing many letters would never try
-    marks = [int(t) for t in ranks.symbols if _allowed(mask, int(t)) and int(t) not in hinted] if symbols else []
-    rest = [i for i in _ranked(mask, ranks, k) if i not in hinted]
-    best = (hinted + rest)[: max(k, len(hinted[:k]) + k // 2)]
-    return best + [t for t in marks if t not in best]
-
-
-def completes(ll: llguidance.LLMatcher, tokens: Sequence[int]) -> bool:
-    """Whether ``tokens`` take a copy of ``ll`` to an accepting state (``ll`` itself is untouched)."""
-    if ll.validate_tokens(list(tokens)) < len(tokens):  # checked first: a refused consume logs a warning
-        return False
-    c = ll.deep_copy()
-    return all(c.consume_token(t) for t in tokens) and bool(c.is_accepting())
-
-
-def search_witness(ll: llguidance.LLMatcher, tok: EngineTokenizer, max_depth: int = MAX_DEPTH,
-                   hints: tuple[bytes, ...] = (), before: bytes = b"") -> list[int] | None:
-    """A short token sequence from ``ll``'s state to an accepting one (see the module docstring), or None when
-    the beam search finds none within ``max_depth`` tokens. ``ll`` is not modified. ``hints``: the grammar's
-    literals (:func:`grammar_hints`); ``before``: the text already generated (a hint it has begun continues).
-    The beam first tries each state's best-ranked tokens; only where that finds nothing does it search again
-    with every allowed symbol as well (an email's "@"), so the common search costs what it did."""
-    if ll.is_accepting():
-        return []
-    if ll.is_error():
-        return None
-    found = _beam(ll, tok, max_depth, hints, before, symbols=False)
-    return found if found is not None else _beam(ll, tok, max_depth, hints, before, symbols=True)
-
-
-def _beam(ll: llguidance.LLMatcher, tok: EngineTokenizer, max_depth: int, hints: tuple[bytes, ...], before: bytes,
-          symbols: bool) -> list[int] | None:
-    """One beam search of :func:`search_witness`."""
-    ranks = _ranks(tok)
+def _caller_bound(ms: float) -> float:
+    """``ms`` cut to what :data:`SEARCH_DEADLINE` leaves; :class:`SearchTimeout` once it has passed."""
     deadline = SEARCH_DEADLINE.get()
-    Node = tuple[llguidance.LLMatcher, bytes, list[int], bytes]  # matcher, its mask, token path, byte path
-    frontier: list[Node] = [(ll, ll.compute_bitmask(), [], before[-64:])]
-    found: list[int] | None = None
-    for _ in range(max_depth):
-        if deadline is not None and time.monotonic() > deadline:
-            raise SearchTimeout("the witness search ran past its time bound")
-        # every candidate of every state is tried for acceptance first (so a closing token never loses its
-        # place in the beam to a longer path), then the beam takes the others round robin, each state's best
-        # tokens first, one state per fingerprint
-        children: list[list[tuple[llguidance.LLMatcher, list[int], bytes]]] = []
-        for node, mask, path, text in frontier:
-            mine = []
-            for t in _candidates(mask, ranks, EXPAND, text, hints, symbols):
-                child = node.deep_copy()
-                if not child.consume_token(t):
-                    continue
-                if child.is_accepting():
-                    found = path + [t]
-                    break
-                mine.append((child, path + [t], text + tok.ll.decode_bytes([t])))
-            if found is not None:
-                break
-            children.append(mine)
-        if found is not None:
-            break
-        seen: set[tuple[bytes, frozenset[bytes]]] = set()
-        nxt: list[Node] = []
-        for j in range(max((len(c) for c in children), default=0)):
-            for mine in children:
-                if j >= len(mine) or len(nxt) >= BEAM_WIDTH:
-                    continue
-                child, cpath, ctext = mine[j]
-                cmask = child.compute_bitmask()
-                key = (cmask, _continuations(ctext, hints))
-                if key in seen:
-                    continue
-                seen.add(key)
-                nxt.append((child, cmask, cpath, ctext[-64:]))
-        if not nxt:
-            break
-        frontier = nxt
-    if found is None:
-        return None
-    canonical = tok.ll.tokenize_bytes(tok.ll.decode_bytes(found))  # often fewer tokens than the search's path
-    if len(canonical) < len(found) and completes(ll, canonical):
-        return list(canonical)
-    return found
+    if deadline is None:
+        return ms
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise SearchTimeout("the witness search ran past its caller's time bound")
+    return min(ms, 1000 * left)
+
+
+@dataclass
+class Witness:
+    """A search's outcome: ``tokens`` (None: no completion within the bound), ``timed_out`` where the time bound
+    stopped the search first (then None proves nothing: the refusal says so)."""
+
+    tokens: list[int] | None
+    timed_out: bool = False
+
+
+def find_witness(ll: llguidance.LLMatcher, tok: EngineTokenizer, grammar: str, before: bytes, max_tokens: int,
+                 ms: float, *, start: Callable[[], llguidance.LLMatcher] | None = None, hints: tuple[bytes, ...] = (),
+                 oracle: Oracle | None = None, oracle_key: str = "", max_nodes: int = STEP_NODES) -> Witness:
+    """The witness from ``ll``'s state (``before``: the bytes from the grammar's start that led there): the shortest
+    completion in bytes (:mod:`formtax.constraints.shortest`, at most what ``max_tokens`` tokens can carry), written in
+    ``tok``'s tokens and checked by ``ll``; the token beam only where those bytes cannot be written so. ``start``:
+    a byte matcher already in that state (else ``before`` is replayed); ``oracle``: only completions it accepts."""
+    ms = _caller_bound(ms)
+    deadline = time.perf_counter() + ms / 1000
+    max_bytes = min(max(0, max_tokens) * longest_token(tok), MAX_START_BYTES)
+    literals = [*hints, *schema_strings(oracle_key)] if oracle_key else list(hints)
+    found = cached_shortest(grammar, oracle_key, start or (lambda: replay(grammar, before)), before, max_bytes,
+                            deadline - 0.5 * ms / 1000, oracle, literal_bytes(literals), literals, max_nodes)
+    if found.timed_out and oracle is not None:
+        return Witness(None, timed_out=True)
+    if found.data is not None:
+        w = spell(ll, tok, [], found.data)
+        if w is not None or oracle is not None:
+            return Witness(w)
+    elif not (found.unusable or found.timed_out):
+        return Witness(None)
+    # bytes the model's tokens cannot write, a state the byte engine refused, or the byte search's time spent:
+    # the token beam, in the time that is left
+    deadline = max(deadline, time.perf_counter() + 0.5 * ms / 1000)  # the beam's own share, whatever came before
+    w = search_witness(ll, tok, max(0, min(4 * max_tokens + 4, MAX_DEPTH)), hints, before[-64:], deadline)
+    if w is None and time.perf_counter() > deadline:
+        _caller_bound(0.0)  # the caller's bound ran out: say so (SearchTimeout), not "no completion"
+    return Witness(w, timed_out=w is None and time.perf_counter() > deadline)
 
 
 def shortest_known(matcher: Matcher, max_depth: int = MAX_DEPTH) -> list[int] | None:
-    """The witness from a per-request matcher's current state (an upper bound on the shortest completion)."""
-    return search_witness(matcher.ll, matcher.tokenizer, max_depth, matcher.hints)
+    """The witness from a fresh per-request matcher's start state (at most ``max_depth`` tokens)."""
+    return find_witness(matcher.ll, matcher.tokenizer, matcher.grammar, b"", max_depth, START_MS,
+                        hints=matcher.hints, max_nodes=START_NODES).tokens
 
 
 class WitnessPool:
@@ -308,28 +212,79 @@ def witness_pool(grammar: str, tok: EngineTokenizer) -> WitnessPool:
     return hit if hit is not None else WitnessPool()
 
 
-_START: LRU[tuple[str, str], tuple[list[int] | None]] = LRU(256)
+_START: LRU[tuple[str, str, str], Witness] = LRU(256)
+
+
+def start_search(grammar: CompiledGrammar, n_logits: int, limit: int | None = None, oracle: Oracle | None = None,
+                 oracle_key: str = "") -> Witness:
+    """The witness from a compiled grammar's start state. With ``limit`` the search looks no further than what
+    ``limit`` tokens can carry (so a hopeless budget is refused at once), then, where none fits, for the shortest
+    anyway under a short time bound (for the refusal's message). Found witnesses are kept per (grammar, tokenizer,
+    oracle) and fill the grammar's shared pool."""
+    tok = grammar.tokenizer
+    key = (grammar.grammar, tok.key, oracle_key)
+    handed = START_WITNESSES.get()
+    name = grammar_key(grammar.grammar + "\0" + oracle_key) if handed is not None else ""
+    if handed is not None and handed.get(name) is not None:
+        given = handed[name]
+        assert given is not None
+        if fits(grammar.matcher(n_logits).ll, [], given, int(tok.ll.eos_token)):  # verified here, then trusted
+            return _keep(key, Witness(list(given)))
+    found = _start_search(grammar, n_logits, key, limit, oracle, oracle_key)
+    if handed is not None and found.tokens is not None:
+        handed[name] = list(found.tokens)
+    return found
+
+
+def _start_search(grammar: CompiledGrammar, n_logits: int, key: tuple[str, str, str], limit: int | None,
+                  oracle: Oracle | None, oracle_key: str) -> Witness:
+    tok = grammar.tokenizer
+    hit = _START.get(key)
+    if hit is not None and hit.tokens is not None:
+        return hit
+    m = grammar.matcher(n_logits)
+    ms: float = START_MS
+    if limit is not None:
+        t0 = time.perf_counter()
+        bounded = find_witness(m.ll, tok, grammar.grammar, b"", limit, START_MS, hints=m.hints, oracle=oracle,
+                               oracle_key=oracle_key, max_nodes=START_NODES)
+        if bounded.tokens is not None and len(bounded.tokens) <= limit or bounded.timed_out:
+            return _keep(key, bounded)
+        ms = max(0.0, min(START_MS / 10, START_MS - 1000 * (time.perf_counter() - t0)))
+    found = find_witness(m.ll, tok, grammar.grammar, b"", MAX_DEPTH if limit is None else 4 * limit + 64, ms,
+                         hints=m.hints, oracle=oracle, oracle_key=oracle_key, max_nodes=START_NODES // 10)
+    return _keep(key, found) if limit is None or found.tokens is not None else Witness(None)
+
+
+def _keep(key: tuple[str, str, str], found: Witness) -> Witness:
+    if found.tokens is not None:
+        _START.put(key, found)
+        _POOLS.put(key[:2], WitnessPool([found.tokens]))
+    return found
+
+
+def closing_oracle(constraint: object) -> tuple[Oracle | None, str]:
+    """The oracle closing keeps to for ``constraint`` and its cache key: a JSON schema the grammar only approximates
+    (spec.approximate_schema) is checked by its own validator, so closing steers to an answer that parses; every
+    other constraint is its grammar (no oracle)."""
+    from formtax.constraints.spec import JsonConstraint
+
+    if not isinstance(constraint, JsonConstraint) or not constraint.approximations:
+        return None, ""
+
+    def accept(data: bytes) -> bool:
+        try:
+            return constraint.validate(data.decode("utf-8")).ok
+        except UnicodeDecodeError:
+            return False
+
+    return accept, constraint.source
 
 
 def start_witness(grammar: CompiledGrammar, n_logits: int) -> list[int] | None:
     """The witness from a compiled grammar's start state, searched once per (grammar, tokenizer)."""
-    key = (grammar.grammar, grammar.tokenizer.key)
-    hit = _START.get(key)
-    handed = START_WITNESSES.get()
-    name = grammar_key(grammar.grammar) if handed is not None else ""
-    if hit is None:
-        m = grammar.matcher(n_logits)
-        found: list[int] | None
-        if handed is not None and name in handed and (
-                (given := handed[name]) is None or fits(m.ll, [], given, int(grammar.tokenizer.ll.eos_token))):
-            found = given  # handed over by the process that checked the request, and verified here
-        else:
-            found = shortest_known(m)
-        hit = _START.put(key, (found,))
-        _POOLS.put(key, WitnessPool([] if hit[0] is None else [hit[0]]))
-    if handed is not None:
-        handed[name] = None if hit[0] is None else list(hit[0])
-    return None if hit[0] is None else list(hit[0])
+    w = start_search(grammar, n_logits).tokens
+    return None if w is None else list(w)
 
 
 @dataclass
@@ -338,30 +293,49 @@ class Closer:
 
     ``limit`` is the number of tokens the policy may emit in all (its row's budget after any forced prefix);
     ``step`` counts from the same origin, so ``limit - step`` tokens are left at a step, the current one included.
+    ``oracle`` (a schema the grammar only approximates): every witness must also be an answer the oracle accepts,
+    so the answer closing steers to parses.
     """
 
     matcher: Matcher
     limit: int
     eos_ids: frozenset[int]
+    oracle: Oracle | None = None
+    oracle_key: str = ""
     witness: list[int] | None = None
     _known: bool = False
     _after: dict[int, list[int] | None] = field(default_factory=dict)
     searches: int = 0
     refused: int = 0
+    timed_out: int = 0  # searches the time bound stopped (their tokens were refused)
     pooled: int = 0  # witnesses taken from the pools instead of a search
     changed: int = 0  # steps at which the model's own choice was refused (0: closing stayed invisible)
     _first: bool = False
     text: bytes = b""  # the last bytes this policy emitted (for the hints)
+    prefix: bytearray = field(default_factory=bytearray)  # every byte this policy emitted (the search's state)
+    parse: ClosingParse | None = None  # set for an approximated schema: what closing guarantees of its answer
 
     def __post_init__(self) -> None:
         self._eos = int(self.matcher.tokenizer.ll.eos_token)
         self._shared = witness_pool(self.matcher.grammar, self.matcher.tokenizer)
         self._own = WitnessPool()  # the suffixes of the witnesses this row found
+        self._bytes: llguidance.LLMatcher | None = None  # a byte matcher, brought up to ``prefix`` when searched
+        self._synced = 0
+
+    def _decode(self, tokens: Sequence[int]) -> bytes:
+        return bytes(self.matcher.tokenizer.ll.decode_bytes(list(tokens)))
+
+    def _valid(self, after: bytes, witness: Sequence[int]) -> bool:
+        """The oracle's word on the answer ``after`` then ``witness`` would make (True without an oracle)."""
+        return self.oracle is None or self.oracle(bytes(self.prefix) + after + self._decode(witness))
 
     def _pooled(self, before: Sequence[int], left: int, skip: Sequence[int] | None = None) -> list[int] | None:
         """The shortest witness of the two pools that completes the state after ``before`` in ``left`` tokens."""
         ll = self.matcher.ll
         found = [w for pool in (self._shared, self._own) if (w := pool.first_fit(ll, before, self._eos, left, skip))]
+        if self.oracle is not None:
+            after = self._decode(before)
+            found = [w for w in found if self._valid(after, w)]
         if not found:
             return None
         self.pooled += 1
@@ -369,6 +343,8 @@ class Closer:
 
     def start_from(self, witness: list[int] | None) -> Closer:
         """Begin with a witness already known for the matcher's current state (e.g. :func:`start_witness`)."""
+        if witness is not None and not self._valid(b"", witness):
+            witness = None
         self.witness, self._known = witness, witness is not None
         self._shared = witness_pool(self.matcher.grammar, self.matcher.tokenizer)
         self._own.add(witness)
@@ -378,18 +354,32 @@ class Closer:
         if not self._known:
             self.witness = self._pooled([], self.limit)
             if self.witness is None:
-                self.witness = self._search(self.matcher.ll, self.limit)
+                self.witness = self._search(self.matcher.ll, self.limit, b"", START_MS, START_NODES)
             self._known = True
         return self.witness
 
-    def _search(self, ll: llguidance.LLMatcher, depth: int) -> list[int] | None:
+    def _state(self, after: bytes) -> llguidance.LLMatcher:
+        """A byte matcher in the state of ``prefix`` then ``after`` (the row's own one, brought up to date)."""
+        if self._bytes is None:
+            self._bytes = byte_matcher(self.matcher.grammar)
+        if self._synced < len(self.prefix):
+            self._bytes.consume_tokens(list(self.prefix[self._synced:]))
+            self._synced = len(self.prefix)
+        c = self._bytes.deep_copy()
+        if after:
+            c.consume_tokens(list(after))
+        return c
+
+    def _search(self, ll: llguidance.LLMatcher, left: int, after: bytes, ms: float = STEP_MS,
+                nodes: int = STEP_NODES) -> list[int] | None:
+        """The witness from ``ll`` (the row's state, then ``after``), within ``left`` tokens, or None."""
         self.searches += 1
-        # the search counts its own (often single-byte) tokens; canonical retokenisation shortens its find, so
-        # it may look deeper than the tokens that are left
-        found = search_witness(ll, self.matcher.tokenizer, max(0, min(4 * depth + 4, MAX_DEPTH)),
-                               self.matcher.hints, self.text)
-        self._own.add(found)
-        return found
+        found = find_witness(ll, self.matcher.tokenizer, self.matcher.grammar, bytes(self.prefix) + after, left,
+                             ms, start=lambda: self._state(after), hints=self.matcher.hints, oracle=self.oracle,
+                             oracle_key=self.oracle_key, max_nodes=nodes)
+        self.timed_out += int(found.timed_out)
+        self._own.add(found.tokens)
+        return found.tokens
 
     def fallback(self) -> int:
         """The token to emit when the model's choices are all refused: the witness's next one (EOS once the
@@ -418,20 +408,22 @@ class Closer:
 
         The checks run cheapest first and stop at the first proof: the state after the token accepts (nothing
         more is needed); the current witness goes on after the token (its own first token, or replayed); a
-        pooled witness completes it; and only then a search from the state after the token, bounded by ``left``.
-        The search runs wherever the cheaper proofs fail, also where the budget binds: refusing a token without
-        it would veto answers that fit (issue 46)."""
+        pooled witness completes it; and only then a search from the state after the token, bounded by ``left``
+        (and by :data:`STEP_MS`). The search runs wherever the cheaper proofs fail, also where the budget binds:
+        refusing a token without it would veto answers that fit (issue 46). With an oracle every proof must also
+        be an answer it accepts."""
         if token in self.eos_ids:
-            return True
+            return self._valid(b"", [])
         ll, eos = self.matcher.ll, self._eos
+        after = self._decode([token]) if self.oracle is not None else b""
         w = self.current()
         if w and token == w[0] and len(w) - 1 <= left:
             self._after[token] = w[1:]
             return True
-        if w is not None and len(w) <= left and fits(ll, [token], w, eos):  # the common case: one engine call
-            self._after[token] = w
+        if w is not None and len(w) <= left and fits(ll, [token], w, eos) and self._valid(after, w):
+            self._after[token] = w  # the common case: one engine call
             return True
-        if fits(ll, [token], [], eos):  # an accepting state needs nothing more
+        if fits(ll, [token], [], eos) and self._valid(after, []):  # an accepting state needs nothing more
             self._after[token] = []
             return True
         pooled = self._pooled([token], left, skip=w)
@@ -444,9 +436,10 @@ class Closer:
         child = ll.deep_copy()
         if not child.consume_token(token):
             return False
-        self.text, before = self.text + self.matcher.tokenizer.ll.decode_bytes([token]), self.text
+        step = self._decode([token])
+        self.text, before = self.text + step, self.text
         try:
-            found = self._search(child, left)
+            found = self._search(child, left, step)
         finally:
             self.text = before
         ok = found is not None and len(found) <= left
@@ -461,7 +454,9 @@ class Closer:
 
     def advance(self, token: int) -> None:
         """The policy consumed ``token``: its witness (if :meth:`accept` computed one) becomes the current one."""
-        self.text = (self.text + self.matcher.tokenizer.ll.decode_bytes([token]))[-64:]
+        step = self._decode([token])
+        self.prefix += step
+        self.text = (self.text + step)[-64:]
         if token in self._after:
             self.witness, self._known = self._after[token], True
             if self.witness is None:

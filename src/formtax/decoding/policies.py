@@ -133,8 +133,19 @@ class ConstrainedPolicy(Policy):
     def budget_exhausted(self) -> str:
         return Finish.LENGTH if self.matcher.accepting else Finish.LENGTH_INCOMPLETE
 
+    def with_start(self, witness: list[int]) -> ConstrainedPolicy:
+        """Closing mode begins from ``witness`` (a completion of the start state); returns the policy."""
+        assert self.closer is not None
+        self.closer.start_from(witness)
+        return self
+
     def row_stats(self) -> dict[str, Any]:
-        return {} if self.closer is None else {"closing_changed_tokens": self.closer.changed}
+        if self.closer is None:
+            return {}
+        out: dict[str, Any] = {"closing_changed_tokens": self.closer.changed}
+        if self.closer.parse is not None:  # an approximated schema: what closing's guarantee covers
+            out["closing_parse"] = str(self.closer.parse)
+        return out
 
     def mask_matcher(self) -> Matcher | None:
         return self.matcher

@@ -101,11 +101,17 @@ def reasoning_tokens(res: Result) -> int:
 
 
 def extension(res: Result) -> dict[str, Any]:
+    """The response's ``formtax`` field; ``closing_parse`` where closing mode ran on a schema the grammar only
+    approximates (``oracle``: closing kept to answers the oracle accepts; ``grammar-only``: it could not, and said so
+    before decoding); ``unchecked`` where a part of the answer's check could not be decided in its time bound; the
+    error of an answer its check refused (:func:`refused_answer`)."""
     error_text = res.error or (f"the answer failed its check: {res.parse_error}" if refused_answer(res) else None)
     out = {"strategy": res.strategy, "parsed": _jsonable(res.parsed), "parse_ok": res.parse_ok,
            "finish_reason": res.finish_reason, "error": error_text, "token_ids": res.token_ids}
     if res.stats.get("oracle_unchecked"):
         out["unchecked"] = res.stats["oracle_unchecked"]
+    if res.stats.get("closing_parse"):
+        out["closing_parse"] = res.stats["closing_parse"]
     return out
 
 

@@ -182,6 +182,9 @@ class Strategy(ABC):
                 raise ConfigError(f"strategy {self.name!r} needs an answer constraint (--answer)")
             if r.max_tokens <= 0:
                 raise ConfigError(f"max_tokens must be positive, got {r.max_tokens}")
+            target = self.closing_target(backend, r) if r.closing and r.constrain else None
+            if target is not None:  # before anything compiles: a hopeless budget costs a walk over the schema
+                refuse_below_bound(self.answer_backend(backend), *target)
             if self.requires_constraint and r.constraint is not None:
                 refuse_empty_language(backend, r.constraint)
             need = self.closing_min_budget(backend, r) if r.closing and r.constrain else self.min_budget(r)
@@ -190,7 +193,6 @@ class Strategy(ABC):
                     f"strategy {self.name!r}: max_tokens={r.max_tokens} cannot fit the answer, which needs up to "
                     f"{need} tokens; raise max_tokens"
                 )
-            target = self.closing_target(backend, r) if r.closing and r.constrain else None
             if target is not None:
                 refuse_no_completion(self.answer_backend(backend), *target)
 
@@ -293,16 +295,41 @@ def refuse_empty_language(backend: Backend, constraint: Constraint) -> None:
         raise ConstraintError(f"constraint {constraint.brief()!r} matches nothing: no output can satisfy it")
 
 
+def refuse_below_bound(backend: Backend, constraint: Constraint, limit: int) -> None:
+    """Closing mode: a JSON schema whose every instance takes more bytes than ``limit`` tokens can carry is refused
+    at once, before its grammar is compiled (constraints/closing_bound.py)."""
+    from formtax.constraints.closing_bound import min_json_bytes
+    from formtax.constraints.shortest import longest_token
+    from formtax.constraints.spec import JsonConstraint
+
+    if isinstance(constraint, JsonConstraint):
+        need, most = min_json_bytes(constraint.schema), longest_token(backend.tokenizer.engine)
+        if need > limit * most:
+            raise ConfigError(f"closing mode: no completion of {constraint.brief()!r} fits in {limit} tokens (every "
+                              f"instance takes at least {need} bytes and one token carries at most {most}); raise "
+                              "max_tokens")
+
+
 def refuse_no_completion(backend: Backend, constraint: Constraint, limit: int) -> None:
-    """Closing mode, before any model call: the answer must have a completion within ``limit`` tokens."""
-    from formtax.constraints.closing import start_witness
+    """Closing mode, before any model call: the answer must have a completion within ``limit`` tokens. A JSON
+    schema whose every instance takes more bytes than ``limit`` tokens can carry is refused at once
+    (constraints/closing_bound.py); otherwise the start witness decides, its search bounded in time (a request
+    whose search runs out of time is refused with that reason, never left to search for a minute)."""
+    from formtax.constraints.closing import START_MS, closing_oracle, start_search
 
     tok = backend.tokenizer
-    w = start_witness(compile_grammar(constraint.grammar, tok.engine), tok.n_logits)
-    if w is None or len(w) > limit:
-        found = "none found" if w is None else f"the shortest found takes {len(w)}"
-        raise ConfigError(f"closing mode: no completion of {constraint.brief()!r} fits in {limit} tokens "
-                          f"({found}); raise max_tokens")
+    what = f"closing mode: no completion of {constraint.brief()!r} fits in {limit} tokens"
+    refuse_below_bound(backend, constraint, limit)
+    oracle, key = closing_oracle(constraint)
+    w = start_search(compile_grammar(constraint.grammar, tok.engine), tok.n_logits, limit, oracle, key)
+    if (w.tokens is None or len(w.tokens) > limit) and oracle is not None:  # no answer the oracle accepts found:
+        w = start_search(compile_grammar(constraint.grammar, tok.engine), tok.n_logits, limit)  # the grammar's own
+    if w.timed_out:
+        raise ConfigError(f"closing mode: closing could not prove a completion of {constraint.brief()!r} within "
+                          f"{START_MS} ms (budget {limit} tokens); raise max_tokens or turn closing off")
+    if w.tokens is None or len(w.tokens) > limit:
+        found = "none found" if w.tokens is None else f"the shortest found takes {len(w.tokens)}"
+        raise ConfigError(f"{what} ({found}); raise max_tokens")
 
 
 def request_sampling(request: Request) -> Sampling:

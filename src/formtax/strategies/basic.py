@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from formtax.constraints.closing import start_witness
+from formtax.constraints.closing import ClosingParse, closing_oracle, start_search, start_witness
 from formtax.constraints.compile import compile_grammar
 from formtax.constraints.jsonkeys import KeyGuard, quote_tokens
 from formtax.constraints.jsonreason import (
@@ -46,7 +46,16 @@ def constrained_policy(backend: Backend, constraint: Constraint, phase: str = Ph
     policy = ConstrainedPolicy(compiled.matcher(tok.n_logits), tok.eos_ids, phase=phase, closing_limit=closing_limit,
                                keys=key_guard(tok.engine, constraint))
     if policy.closer is not None:
-        policy.closer.start_from(start_witness(compiled, tok.n_logits))
+        closer = policy.closer
+        oracle, key = closing_oracle(constraint)
+        if oracle is not None:  # an approximated schema: keep to answers the oracle accepts where one fits
+            w = start_search(compiled, tok.n_logits, closing_limit, oracle, key).tokens
+            if w is not None and closing_limit is not None and len(w) <= closing_limit:
+                closer.oracle, closer.oracle_key = oracle, key
+                closer.parse = ClosingParse.ORACLE
+                return policy.with_start(w)
+            closer.parse = ClosingParse.GRAMMAR_ONLY  # said before decoding: only the grammar is kept
+        closer.start_from(start_witness(compiled, tok.n_logits))
     return policy
 
 
