@@ -49,6 +49,18 @@ class Task(ABC):
     GSM8K and SummEval take Deco-G's key phrase placed anywhere (REASON_KEYPHRASE), and so do the natural-language
     baselines beside them (runner.grid.deco_g_baselines)."""
     key_phrase: ClassVar[str] = KEY_PHRASE
+    answer_prefix: ClassVar[str] = ANSWER_PREFIX
+    """The task's own answer line, less the answer (issue 60: each task declares it): the REASON_ANSWER and
+    ANSWER_ONLY formats end with ``answer_prefix + <answer>``, which the strict parser, paper 003's format-level
+    rate (``report.load.format_ok``) and the report read. ``The answer is: `` by default; SummEval's is
+    ``The rating is ``."""
+
+    @property
+    def answer_lines(self) -> dict[str, str]:
+        """The answer line(s) this task's outputs are read by, per output format that has one (the report's
+        task notes and ``formtax ls tasks`` show them)."""
+        return {OutputFormat.REASON_ANSWER.value: self.answer_prefix + "<answer>",
+                OutputFormat.REASON_KEYPHRASE.value: self.key_phrase + "<answer>"}
     """The REASON_KEYPHRASE format's phrase: "The final answer is " (GSM8K, paper 001 section 4.1); SummEval's is
     "The rating is " (section 4.3)."""
 
@@ -128,7 +140,7 @@ class Task(ABC):
             return "answer-json:" + slot
         if output_format is OutputFormat.REASON_KEYPHRASE:
             return self.key_phrase + slot
-        return slot if output_format is OutputFormat.JSON else ANSWER_PREFIX + slot
+        return slot if output_format is OutputFormat.JSON else self.answer_prefix + slot
 
     def messages(
         self, item: Item, output_format: OutputFormat, task_variant: int, format_variant: int, shots: Sequence[Item]
