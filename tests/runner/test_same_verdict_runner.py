@@ -6,7 +6,6 @@ prompt, so where the FEM keeps the script the two records hold the same text."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 
 import pytest
 import torch

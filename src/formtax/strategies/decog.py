@@ -34,8 +34,8 @@ from typing import Any, ClassVar
 import torch
 
 from formtax.cache import LRU
-from formtax.constraints.spec import ChoiceConstraint, Constraint, TemplateConstraint
 from formtax.constraints.finalanswer import final_answer
+from formtax.constraints.spec import ChoiceConstraint, Constraint, TemplateConstraint
 from formtax.constraints.template import Slot, Template, key_phrase_of
 from formtax.decoding.engine import Backend
 from formtax.decoding.loop import Policy, RowOutput
