@@ -1,0 +1,105 @@
+"""Issue 60 ("numbers a reviewer accepts"), point by point, on the scripted fake backend through the real runner:
+a model that writes a given text per prompt, the run, the report and ``verify``, as the audit did."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from formtax.backends.fake import EOS, N_LOGITS, FakeBackend
+from formtax.constraints import parse_spec
+from formtax.constraints.jsonreason import JsonReasonAnswer
+from formtax.records import read_records
+from formtax.report import verify_report, write_report
+from formtax.runner import RunConfig, run
+
+ASSISTANT = 259
+
+
+def writes(choose: Callable[[str], str], model_id: str = "fake-scripted") -> FakeBackend:
+    """A model that writes ``choose(prompt)`` after the prompt, then EOS; under a mask, the allowed token it likes
+    best (the script's where allowed)."""
+    targets: dict[tuple[int, ...], list[int]] = {}
+
+    def fn(seq: Sequence[int]) -> torch.Tensor:
+        start = max(i for i, t in enumerate(seq) if t == ASSISTANT) + 1
+        key = tuple(seq[:start])
+        if key not in targets:
+            targets[key] = list(choose(bytes(t for t in key if t < 256).decode("utf-8", "replace")).encode())
+        target, gen = targets[key], list(seq[start:])
+        logits = torch.zeros(N_LOGITS)
+        k = len(gen)
+        logits[target[k] if k < len(target) and gen == target[:k] else EOS] = 30.0
+        return logits
+
+    return FakeBackend(fn, model_id=model_id)
+
+
+# -- point 1: each task's own answer line --------------------------------------------------------------------
+
+
+def test_summeval_outputs_in_its_answer_line_count_as_parsed(tmp_path: Path, data_dir: Path) -> None:
+    """``formtax run --task summeval --strategies free,constrained --limit 2``: the constrained outputs ``The
+    rating is N`` were strict ``no_answer`` (parse 0%, format 0%); the task's own answer line is now read."""
+    cfg = RunConfig(task="summeval", strategies=["free", "constrained"], backend="fake", limit=2, max_tokens=48,
+                    data_dir=str(data_dir))
+    assert run(cfg, tmp_path, backend=writes(lambda p: "Well organised.\nThe rating is 3")).errors == 0
+    recs = read_records(tmp_path)
+    assert {r.strategy for r in recs} == {"free", "constrained"}
+    constrained = [r for r in recs if r.strategy == "constrained"]
+    assert all(r.text.startswith("The rating is ") for r in constrained)
+    assert all(r.parses["strict"].status == "ok" for r in recs), [(r.text, r.parses) for r in recs]
+    write_report(tmp_path, n_resamples=50)
+    acc = pd.read_csv(tmp_path / "tables" / "accuracy.csv").set_index("strategy")
+    assert (acc["parse_rate_strict"] == 1.0).all() and (acc["parse_rate_format"] == 1.0).all()
+    assert verify_report(tmp_path) == []
+
+
+def test_summeval_lenient_reads_the_score_not_the_scale(tmp_path: Path, data_dir: Path) -> None:
+    cfg = RunConfig(task="summeval", strategies=["free"], backend="fake", limit=1, max_tokens=48,
+                    data_dir=str(data_dir))
+    run(cfg, tmp_path, backend=writes(lambda p: "I rated it as a 3 out of 5"))
+    (rec,) = read_records(tmp_path)
+    assert rec.parses["strict"].status == "no_answer" and rec.parses["lenient"].value == "3"
+
+
+# -- point 2 (JSON): NaN, Infinity and repeated keys -----------------------------------------------------------
+
+
+JSON_TEXTS = {
+    '{"reason": "x", "answer": NaN}': "no_answer",
+    '{"reason": "x", "answer": -Infinity}': "no_answer",
+    '{"reason": "x", "answer": 3, "answer": 28}': "no_answer",
+    '{"reason": "x", "answer": -0}': "invalid",
+    '{"reason": "x", "answer": 28}': "ok",
+}
+
+
+def test_json_nan_infinity_and_repeated_keys_are_not_format_ok(tmp_path: Path) -> None:
+    texts = list(JSON_TEXTS)
+    seen: dict[str, str] = {}
+
+    def choose(prompt: str) -> str:
+        return seen.setdefault(prompt, texts[len(seen) % len(texts)])
+
+    cfg = RunConfig(task="arith", strategies=["json@none"], backend="fake", limit=len(texts), max_tokens=64)
+    assert run(cfg, tmp_path, backend=writes(choose)).errors == 0
+    recs = read_records(tmp_path)
+    assert sorted(r.text for r in recs) == sorted(texts)
+    for r in recs:
+        assert r.parses["strict"].status == JSON_TEXTS[r.text], r.text
+    write_report(tmp_path, n_resamples=50)
+    acc = pd.read_csv(tmp_path / "tables" / "accuracy.csv")
+    assert acc.loc[0, "parse_rate_format"] == 2 / 5  # -0 has the shape (invalid spelling); 28 parses
+    assert verify_report(tmp_path) == []
+
+
+def test_the_fc_oracle_refuses_nan_and_repeated_keys() -> None:
+    fc = JsonReasonAnswer(parse_spec("number-or:{str}"), reason_tokens=64)
+    assert fc.validate('{"reason": "x", "answer": 3}').ok
+    for text in ('{"reason": "x", "answer": NaN}', '{"reason": "x", "answer": Infinity}',
+                 '{"reason": "x", "answer": 3, "answer": 28}'):
+        assert not fc.validate(text).ok, text
