@@ -3,6 +3,7 @@ a model that writes a given text per prompt, the run, the report and ``verify``,
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -103,3 +104,89 @@ def test_the_fc_oracle_refuses_nan_and_repeated_keys() -> None:
     for text in ('{"reason": "x", "answer": NaN}', '{"reason": "x", "answer": Infinity}',
                  '{"reason": "x", "answer": 3, "answer": 28}'):
         assert not fc.validate(text).ok, text
+
+
+# -- point 3: a run that grows, then is interrupted --------------------------------------------------------------
+
+
+class Crash(FakeBackend):
+    """The scripted model, killed (KeyboardInterrupt) when its n-th batch starts."""
+
+    def __init__(self, inner: FakeBackend, n: int) -> None:
+        super().__init__(inner.fn, model_id=inner.model_id)
+        self.n = n
+
+    def new_batch(self, prompts):  # type: ignore[no-untyped-def]
+        if len(self.batches) >= self.n:
+            raise KeyboardInterrupt
+        return super().new_batch(prompts)
+
+
+def answer_line(prompt: str) -> str:
+    return "Adding up.\nThe answer is: 7"
+
+
+def _grow(out: Path, first: dict[str, object], second: dict[str, object], crash_after: int) -> list[str]:
+    base: dict[str, object] = dict(task="arith", backend="fake", limit=8, batch_size=2, max_tokens=64)
+    run(RunConfig(**{**base, **first}), out, backend=writes(answer_line))  # type: ignore[arg-type]
+    with contextlib.suppress(KeyboardInterrupt):
+        run(RunConfig(**{**base, **second}), out, backend=Crash(writes(answer_line), crash_after))  # type: ignore[arg-type]
+    write_report(out, n_resamples=50)
+    findings = pd.read_csv(out / "tables" / "findings.csv").set_index("finding")["sentence"]
+    assert verify_report(out) == []
+    return [str(findings["incomplete"]), str(findings["parse"])]
+
+
+def test_a_run_grown_by_a_strategy_then_interrupted_counts_against_the_whole_grid(tmp_path: Path, capsys) -> None:
+    from formtax.cli.main import main
+
+    incomplete, _ = _grow(tmp_path, {"strategies": ["free", "short", "inwriting"]},
+                          {"strategies": ["free", "short", "inwriting", "constrained"]}, crash_after=1)
+    assert incomplete.startswith("Incomplete run (status interrupted): 26 of 32 requests recorded; "
+                                 "partial: constrained (2 of 8).")
+    assert main(["verify", str(tmp_path)]) == 0
+    assert "26 of 32 requests recorded" in capsys.readouterr().out
+
+
+def test_a_run_grown_by_seeds_then_interrupted_names_the_seeds_it_lacks(tmp_path: Path) -> None:
+    incomplete, parse = _grow(tmp_path, {"strategies": ["free", "constrained"], "seeds": 2},
+                              {"strategies": ["free", "constrained"], "seeds": 4}, crash_after=5)
+    # 32 first, then free's 16 new requests in 8 batches: killed at the 6th, after 10 of them
+    assert incomplete.startswith("Incomplete run (status interrupted): 42 of 64 requests recorded; partial: "
+                                 "constrained (16 of 32; seed 2: 0 of 8, seed 3: 0 of 8); free (26 of 32; seed 3: "
+                                 "2 of 8).")
+    # the header counts what is scored: free over 4 runs, constrained over 2
+    assert "x 2-4 runs (constrained 2, free 4)" in parse
+
+
+# -- point 4: compare pairs items by content -------------------------------------------------------------------
+
+
+def _jsonl_run(tmp_path: Path, name: str, questions: list[tuple[str, int]]) -> Path:
+    import json
+
+    from formtax.cli.main import main
+
+    items = tmp_path / f"{name}.jsonl"
+    items.write_text("".join(json.dumps({"question": q, "answer": a}) + "\n" for q, a in questions),
+                     encoding="utf-8")
+    out = tmp_path / name
+    assert main(["run", "--task", f"jsonl:{items}", "--answer-spec", "{int:0..}", "--strategies", "free",
+                 "--backend", "fake", "--max-tokens", "24", "--out", str(out)]) == 0
+    return out
+
+
+def test_compare_refuses_items_that_share_an_id_but_not_their_content(tmp_path: Path, capsys) -> None:
+    """Two JSONL tasks without ``id`` fields (ids are line numbers) were compared item by item over different
+    questions; compare now refuses them, naming the item, as ``report A B`` does."""
+    from formtax.cli.main import main
+
+    a = _jsonl_run(tmp_path, "a", [("What is 1 + 1?", 2), ("What is 2 + 2?", 4), ("What is 3 + 3?", 6)])
+    b = _jsonl_run(tmp_path, "b", [("What is 5 + 5?", 10), ("What is 6 + 6?", 12), ("What is 7 + 7?", 14)])
+    same = _jsonl_run(tmp_path, "same", [("What is 1 + 1?", 2), ("What is 2 + 2?", 4), ("What is 3 + 3?", 6)])
+    capsys.readouterr()
+    assert main(["compare", str(a), str(b), "--replicates", "50"]) != 0
+    err = capsys.readouterr().err
+    assert "cannot compare: item jsonl/1 differs" in err and "3 item(s) share an id" in err
+    assert main(["compare", str(a), str(same), "--replicates", "50"]) == 0
+    assert "3 items" in capsys.readouterr().out

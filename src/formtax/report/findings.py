@@ -95,12 +95,15 @@ def resolve_baseline(df: pd.DataFrame, wanted: str | None, manifest: dict[str, A
 
 @dataclass(frozen=True)
 class RunExtent:
-    """What a run set out to record, from its manifest: its status, the requests it planned (the first session's
-    pending count) and its strategies as ``--strategies`` listed them."""
+    """What a run set out to record, from its manifest: its status, the requests it planned and its strategies as
+    ``--strategies`` listed them. ``planned`` is the union of every session's grid (a run only grows, so it is the
+    last session's whole grid), ``planned_by`` the same per strategy (as recorded) and seed; manifests written
+    before sessions recorded their grid give the first session's pending count and no ``planned_by``."""
 
     status: str
     planned: int
     strategies: tuple[str, ...]
+    planned_by: dict[str, dict[int, int]] | None = None
 
 
 def run_extent(manifest: dict[str, Any] | None) -> RunExtent | None:
@@ -110,30 +113,59 @@ def run_extent(manifest: dict[str, Any] | None) -> RunExtent | None:
     if not sessions:
         return None
     listed = tuple(str(s).strip() for s in ((manifest or {}).get("config") or {}).get("strategies") or [])
-    return RunExtent(str((manifest or {}).get("status", "")), int(sessions[0]["pending"]), listed)
+    status = str((manifest or {}).get("status", ""))
+    with_grid = [s for s in sessions if s.get("planned") is not None]
+    if not with_grid:
+        return RunExtent(status, int(sessions[0]["pending"]), listed)
+    last = with_grid[-1]
+    by = {str(k): {int(seed): int(n) for seed, n in v.items()} for k, v in (last.get("planned_by") or {}).items()}
+    return RunExtent(status, int(last["planned"]), listed, by or None)
 
 
-def incomplete_sentence(accuracy: pd.DataFrame, extent: RunExtent | None) -> str | None:
+def recorded_counts(df: pd.DataFrame) -> dict[tuple[str, int], int]:
+    """Records per (strategy, seed) of a frame of :func:`~formtax.report.load_records`."""
+    if df.empty:
+        return {}
+    return {(str(k[0]), int(k[1])): int(n) for k, n in df.groupby(["strategy", "seed"]).size().items()}
+
+
+def incomplete_sentence(accuracy: pd.DataFrame, extent: RunExtent | None,
+                        recorded: dict[tuple[str, int], int] | None = None) -> str | None:
     """The warning that opens the findings of a run that did not record all it planned (issue 49): how many
-    requests of how many, the strategies with no records and those with fewer than their share; None when the
-    run is complete."""
+    requests of how many, the strategies with no records and those with fewer than their share, naming the seeds
+    they lack (issue 60: counted against the union of every session's grid, so a run that grew and was then
+    interrupted says "26 of 32"); None when the run is complete."""
     if extent is None:
         return None
     from formtax.runner.grid import as_listed
 
     counts = {str(r.strategy): int(r.n_records) for r in accuracy.itertuples(index=False)}
-    recorded = sum(counts.values())
-    if recorded >= extent.planned and extent.status in ("", "complete"):
+    recorded_n = sum(counts.values())
+    if recorded_n >= extent.planned and extent.status in ("", "complete"):
         return None
-    share = extent.planned // max(1, len(extent.strategies)) if extent.strategies else 0
-    by_listed = {s: sum(n for name, n in counts.items() if name == s or as_listed(name) == s)
-                 for s in extent.strategies}
-    missing = [s for s, n in by_listed.items() if n == 0]
-    partial = [f"{s} ({n} of {share})" for s, n in by_listed.items() if 0 < n < share]
+    missing: list[str] = []
+    partial: list[str] = []
+    if extent.planned_by is not None:
+        got = recorded or {}
+        for name, by_seed in extent.planned_by.items():
+            n, want = sum(got.get((name, seed), 0) for seed in by_seed), sum(by_seed.values())
+            if n == 0:
+                missing.append(name)
+            elif n < want:
+                short = [f"seed {seed}: {got.get((name, seed), 0)} of {k}" for seed, k in sorted(by_seed.items())
+                         if got.get((name, seed), 0) < k]
+                seeds = f"; {', '.join(short)}" if len(by_seed) > 1 else ""
+                partial.append(f"{name} ({n} of {want}{seeds})")
+    else:
+        share = extent.planned // max(1, len(extent.strategies)) if extent.strategies else 0
+        by_listed = {s: sum(n for name, n in counts.items() if name == s or as_listed(name) == s)
+                     for s in extent.strategies}
+        missing = [s for s, n in by_listed.items() if n == 0]
+        partial = [f"{s} ({n} of {share})" for s, n in by_listed.items() if 0 < n < share]
     parts = [f"no records for {', '.join(missing)}"] if missing else []
-    parts += [f"partial: {', '.join(partial)}"] if partial else []
+    parts += [f"partial: {'; '.join(partial)}"] if partial else []
     detail = f"; {'; '.join(parts)}" if parts else ""
-    return (f"Incomplete run (status {extent.status or 'unknown'}): {recorded} of {extent.planned} requests "
+    return (f"Incomplete run (status {extent.status or 'unknown'}): {recorded_n} of {extent.planned} requests "
             f"recorded{detail}. The findings below describe only what was recorded.")
 
 
@@ -162,24 +194,22 @@ def gains_sentence(rows: pd.DataFrame) -> str | None:
 
 
 def findings_table(accuracy: pd.DataFrame, paired: pd.DataFrame, baseline: str | None,
-                   extent: RunExtent | None = None, decomposition: pd.DataFrame | None = None) -> pd.DataFrame:
+                   extent: RunExtent | None = None, decomposition: pd.DataFrame | None = None,
+                   recorded: dict[tuple[str, int], int] | None = None) -> pd.DataFrame:
     """The findings of every task (module docstring); an incomplete run's open with :func:`incomplete_sentence`;
     a plan with constraint levels adds paper 003's gains (:func:`gains_sentence`)."""
     rows: list[dict[str, Any]] = []
-    warning = incomplete_sentence(accuracy, extent)
+    warning = incomplete_sentence(accuracy, extent, recorded)
     if warning is not None:
         tasks = sorted(accuracy["task"].astype(str).unique())
         rows.append({"task": tasks[0] if tasks else "", "finding": "incomplete", "sentence": warning})
     for task in sorted(accuracy["task"].astype(str).unique()):
         acc = accuracy[accuracy["task"] == task]
-        n = int(acc["n_items_used"].max()) if len(acc) else 0
-        runs = int(acc["n_runs"].max()) if len(acc) else 0
         by_parse = acc.sort_values(["parse_rate_strict", "strategy"], ascending=[False, True], kind="stable")
         rates = ", ".join(_rate(str(r.strategy), r.parse_rate_strict, r.parse_rate_strict_low,
                                 r.parse_rate_strict_high) for r in by_parse.itertuples(index=False))
-        runs_word = "run" if runs == 1 else "runs"
         rows.append({"task": task, "finding": "parse",
-                     "sentence": f"Strict parse rate ({n} items x {runs} {runs_word}, 95% intervals): {rates}."})
+                     "sentence": f"Strict parse rate ({extent_words(acc)}, 95% intervals): {rates}."})
         fmt = acc[acc["parse_rate_format"].notna()].sort_values(["parse_rate_format", "strategy"],
                                                                 ascending=[False, True], kind="stable")
         if len(fmt):
@@ -208,6 +238,19 @@ def findings_table(accuracy: pd.DataFrame, paired: pd.DataFrame, baseline: str |
             if gains is not None:
                 rows.append({"task": task, "finding": "gains", "sentence": gains})
     return pd.DataFrame(rows, columns=FINDINGS_COLUMNS)
+
+
+def extent_words(acc: pd.DataFrame) -> str:
+    """What the task's rates stand on, as scored (issue 60): ``8 items x 4 runs``; where strategies were scored
+    over different numbers of runs (a seed missing for some), each strategy's count: ``8 items x 3-4 runs (free
+    4, constrained 3)``."""
+    n = int(acc["n_items_used"].max()) if len(acc) else 0
+    runs = {str(r.strategy): int(r.n_runs) for r in acc.itertuples(index=False)}
+    lo, hi = (min(runs.values()), max(runs.values())) if runs else (0, 0)
+    if lo == hi:
+        return f"{n} items x {hi} {'run' if hi == 1 else 'runs'}"
+    each = ", ".join(f"{s} {k}" for s, k in runs.items())
+    return f"{n} items x {lo}-{hi} runs ({each})"
 
 
 ALPHA = 0.05

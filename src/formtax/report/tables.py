@@ -321,13 +321,13 @@ def compute_tables(
     applies to the accuracy, decomposition and paired intervals; the paper-specific analyses (abstention,
     EAE) keep their paper's rule (:data:`formtax.stats.DEFAULT_RESAMPLING`).
     """
-    from formtax.report.findings import findings_table
+    from formtax.report.findings import findings_table, recorded_counts
 
     accuracy, tokens, timing = accuracy_table(df, n_resamples, seed, resampling), tokens_table(df), timing_table(df)
     paired = paired_table(df, n_resamples, seed, resampling, baseline)
     decomposition = decomposition_table(df, n_resamples, seed, resampling)
     tables = {
-        "findings": findings_table(accuracy, paired, baseline, extent, decomposition),
+        "findings": findings_table(accuracy, paired, baseline, extent, decomposition, recorded_counts(df)),
         "summary": summary_table(df, accuracy, tokens, timing),
         "accuracy": accuracy,
         "runs": runs_table(df),

@@ -308,7 +308,8 @@ def _run(config: RunConfig, out_dir: Path, progress: Callable[[int, int], None] 
     manifest["status"] = "running"
     manifest["resumptions"].append({"at": time.strftime("%Y-%m-%dT%H:%M:%S"), "pending": len(pending),
                                     "batch_size": config.batch_size, "device": config.device,
-                                    "machine": machine_load()})
+                                    "machine": machine_load(), "planned": len(planned),
+                                    "planned_by": planned_by(planned)})
     save_manifest(out_dir, manifest)
 
     n_done = summary.skipped
@@ -354,6 +355,16 @@ def _run(config: RunConfig, out_dir: Path, progress: Callable[[int, int], None] 
         save_manifest(out_dir, manifest)
     summary.wall_s = time.perf_counter() - t_start
     return summary
+
+
+def planned_by(planned: Sequence[Planned]) -> dict[str, dict[str, int]]:
+    """The grid's requests per strategy (as recorded) and seed: what an incomplete run's findings count against
+    (report/findings.py); seeds as strings, JSON's keys."""
+    out: dict[str, dict[str, int]] = {}
+    for p in planned:
+        by_seed = out.setdefault(p.spec.spec, {})
+        by_seed[str(p.seed)] = by_seed.get(str(p.seed), 0) + 1
+    return out
 
 
 def _hypotheses_lock(config: RunConfig, manifest: dict[str, Any] | None, has_records: bool, out_dir: Path
