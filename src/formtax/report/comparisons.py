@@ -80,7 +80,7 @@ PAIRED_COLUMNS = [
     "task", "strategy", "baseline", "n_items", "n_runs", "n_pairs", "n_items_dropped", "n_unscored",
     "drop_reasons", "acc_strategy", "acc_baseline", "diff", "diff_low", "diff_high", "n_only_strategy",
     "n_only_baseline", "items_strategy_better", "items_baseline_better", "paired_p", "paired_test",
-    "confidence", "interval_method", "n_resamples",
+    "confidence", "interval_method", "interval_used", "n_resamples",
 ]  # fmt: skip
 
 _ORIENTED = {"strategy_a": "strategy", "strategy_b": "baseline", "acc_a": "acc_strategy", "acc_b": "acc_baseline",
@@ -209,12 +209,12 @@ def _paired_row(
             acc_a=float(mat_a.mean()), acc_b=float(mat_b.mean()), diff=interval.estimate,
             diff_low=interval.low, diff_high=interval.high,
             b01=b01, b10=b10, items_a_better=test.a_better, items_b_better=test.b_better,
-            paired_p=test.p_value,
+            paired_p=test.p_value, interval_used=interval.method,
         )  # fmt: skip
     else:
         row.update(
             acc_a=NAN, acc_b=NAN, diff=NAN, diff_low=NAN, diff_high=NAN, b01=NAN, b10=NAN, items_a_better=NAN,
-            items_b_better=NAN, paired_p=NAN
+            items_b_better=NAN, paired_p=NAN, interval_used=""
         )
     row.update(
         paired_test=PAIRED_TEST, confidence=CONFIDENCE,

@@ -97,7 +97,7 @@ def write_report(
     (tables_dir / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
 
     figures = write_figures(tables, run_dir / FIGURES_DIR, baseline)
-    ctx = ReportContext(df=df, meta=meta, manifest=manifest, figures=figures)
+    ctx = ReportContext(df=df, meta=meta, manifest=manifest, figures=figures, tables=tables)
     report_md = run_dir / "report.md"
     report_md.write_text(render_markdown(tables, ctx), encoding="utf-8")
     (run_dir / "report.html").write_text(render_html(tables, ctx, drill_items), encoding="utf-8")
