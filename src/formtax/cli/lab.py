@@ -225,6 +225,9 @@ def _report_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     p.add_argument("--drill-items", type=int, default=500,
                    help="items shown with every output in report.html's Items section (0: none)")
+    p.add_argument("--p-adjust", default="holm", choices=["holm", "bonferroni", "none"],
+                   help="multiple-comparison adjustment of each task's baseline comparisons, printed beside the raw "
+                        "p-values and used for the call 'distinguishable' (default: holm)")
     p.add_argument("--baseline", default=None,
                    help="the strategy the findings and the report's comparisons are against (default: the run's "
                         "first strategy); every pair stays in tables/paired.csv")
@@ -254,7 +257,8 @@ def _report(args: argparse.Namespace) -> Path:
     else:
         target = args.run_dirs[0]
     return write_report(target, n_resamples=args.replicates, seed=args.seed,
-                        resampling=Resampling(args.resample), drill_items=args.drill_items, baseline=args.baseline)
+                        resampling=Resampling(args.resample), drill_items=args.drill_items, baseline=args.baseline,
+                        p_adjust=args.p_adjust)
 
 
 @command("report", _report_args, "write report.md/.html, tables/*.csv and figures/*.png from records.jsonl "

@@ -315,7 +315,7 @@ def outcomes_table(df: pd.DataFrame) -> pd.DataFrame:
 
 def compute_tables(
     df: pd.DataFrame, n_resamples: int = 10_000, seed: int = 0, resampling: Resampling = DEFAULT_RESAMPLING,
-    baseline: str | None = None, extent: RunExtent | None = None,
+    baseline: str | None = None, extent: RunExtent | None = None, p_adjust: str = "holm",
 ) -> dict[str, pd.DataFrame]:
     """Every report table from a frame of :func:`~formtax.report.load_records`, keyed by CSV file stem.
     ``baseline``: the strategy the findings compare against (:mod:`formtax.report.findings`); ``extent``: what
@@ -325,13 +325,14 @@ def compute_tables(
     applies to the accuracy, decomposition and paired intervals; the paper-specific analyses (abstention,
     EAE) keep their paper's rule (:data:`formtax.stats.DEFAULT_RESAMPLING`).
     """
-    from formtax.report.findings import findings_table, recorded_counts
+    from formtax.report.findings import budget_table, findings_table, recorded_counts
 
     accuracy, tokens, timing = accuracy_table(df, n_resamples, seed, resampling), tokens_table(df), timing_table(df)
     paired = paired_table(df, n_resamples, seed, resampling, baseline)
     decomposition = decomposition_table(df, n_resamples, seed, resampling)
     tables = {
-        "findings": findings_table(accuracy, paired, baseline, extent, decomposition, recorded_counts(df)),
+        "findings": findings_table(accuracy, paired, baseline, extent, decomposition, recorded_counts(df), p_adjust,
+                                   budget_table(df)),
         "summary": summary_table(df, accuracy, tokens, timing),
         "accuracy": accuracy,
         "runs": runs_table(df),

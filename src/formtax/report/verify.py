@@ -221,7 +221,8 @@ def verify_report(run_dir: Path) -> list[str]:
     from formtax.report.write import read_manifest
 
     expected = compute_tables(df, n_resamples=n_resamples, seed=seed, resampling=resampling,
-                              baseline=meta.get("baseline"), extent=run_extent(read_manifest(run_dir)))
+                              baseline=meta.get("baseline"), extent=run_extent(read_manifest(run_dir)),
+                              p_adjust=str(meta.get("p_adjust") or "none"))
     problems += check_findings(run_dir, expected)
     for name, table in expected.items():
         csv_path = tables_dir / f"{name}.csv"
