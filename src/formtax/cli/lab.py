@@ -68,6 +68,10 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reasoning-tokens", type=int, default=None,
                    help="the reasoning budget of InWriting, JSON and NL-to-Format at every constraint level "
                         "(paper 003's max_preamble_tokens: 600); each level's answer reserve is added on top")
+    p.add_argument("--same-reasoning", action="store_true",
+                   help="give every strategy the same reasoning budget (--reasoning-tokens, else --max-tokens): free "
+                        "reasons and answers in it, JSON, InWriting and NL-to-Format get their answer's reserve on "
+                        "top (default: each strategy reasons in --max-tokens less its own answer reserve)")
     p.add_argument("--json-layout", choices=["flexible", "compact"], default="flexible",
                    help="json strategy: JSON whitespace wherever a parser allows it (default; paper 003's schema) "
                         "or json.dumps' compact spelling")
@@ -147,7 +151,7 @@ def run_cmd(args: argparse.Namespace) -> int:
                     seeds=args.seeds, seeding=args.seeding, prompt_variants=args.prompt_variants, shots=args.shots,
                     prompt_style=args.prompt_style, system_prompt=args.system_prompt,
                     max_tokens=256 if args.max_tokens is None else args.max_tokens,
-                    reasoning_tokens=args.reasoning_tokens,
+                    reasoning_tokens=args.reasoning_tokens, same_reasoning=args.same_reasoning,
                     reasoning_floor=DEFAULT_REASONING_FLOOR if args.max_tokens is None else 0,
                     batch_size=args.batch_size, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                     min_p=args.min_p, model_defaults=args.model_defaults, thinking=args.thinking,

@@ -103,7 +103,9 @@ def planned_budget(task: Task, p: Planned, config: RunConfig) -> dict[str, int]:
     ``config.reasoning_tokens``, or else ``max_tokens`` minus the largest overhead among the strategy's levels in
     the grid for this item (FC's reserve is the larger; the unconstrained level's is VC's, which reads its answer).
     ``max_tokens`` is then R plus this level's own overhead. Ours: a forced RC prefix is reasoning text and
-    counts inside R. Other strategies get ``max_tokens`` whole.
+    counts inside R. Other strategies get ``max_tokens`` whole. With ``config.same_reasoning`` every strategy's
+    reasoning budget is the same R (``reasoning_tokens``, else ``max_tokens``): a strategy without an answer phase
+    writes reasoning and answer in R, the others get their answer's reserve on top (issue 60).
     """
     if p.budget is not None:
         return p.budget
@@ -111,6 +113,11 @@ def planned_budget(task: Task, p: Planned, config: RunConfig) -> dict[str, int]:
     options = strategy_options(p, config)
     probe = Request(prompt=p.messages, constraint=p.constraint(), max_tokens=config.max_tokens, options=options)
     overhead = strategy.answer_overhead(probe) if probe.constraint is not None else None
+    if config.same_reasoning:  # issue 60: one reasoning budget for every strategy of the grid
+        reasoning = config.reasoning_tokens if config.reasoning_tokens is not None else config.max_tokens
+        p.budget = ({"reasoning_tokens": reasoning, "max_tokens": reasoning} if overhead is None else
+                    {"reasoning_tokens": reasoning, "answer_tokens": overhead, "max_tokens": reasoning + overhead})
+        return p.budget
     if overhead is None:
         p.budget = {"max_tokens": config.max_tokens}
         return p.budget
