@@ -271,3 +271,27 @@ def test_same_reasoning_gives_every_strategy_one_reasoning_budget(tmp_path: Path
     assert {r.budget["reasoning_tokens"] for r in recs} == {64}
     assert all(r.budget["max_tokens"] > 64 for r in recs if r.strategy == "json@none")
     assert "budgets" not in f.index  # the same budget, nothing forced: nothing to state
+
+
+# -- point 7: verify re-parses and re-scores every output ----------------------------------------------------------
+
+
+def test_verify_catches_a_hand_set_score_and_a_hand_set_parse(tmp_path: Path) -> None:
+    import json
+
+    cfg = RunConfig(task="arith", strategies=["free"], backend="fake", limit=3, max_tokens=32)
+    run(cfg, tmp_path, backend=writes(lambda p: "I think it is 7."))
+    write_report(tmp_path, n_resamples=50)
+    assert verify_report(tmp_path) == []
+    path = tmp_path / "records.jsonl"
+    lines = path.read_text(encoding="utf-8").splitlines()
+    first = json.loads(lines[0])
+    assert first["parses"]["strict"]["status"] == "no_answer" and first["scores"]["strict"] is False
+    first["scores"]["strict"] = True  # a hand-set score
+    second = json.loads(lines[1])
+    second["parses"]["strict"] = {"status": "ok", "value": second["gold"], "raw": second["gold"]}  # a hand-set parse
+    path.write_text("\n".join([json.dumps(first), json.dumps(second), *lines[2:]]) + "\n", encoding="utf-8")
+    problems = verify_report(tmp_path)
+    assert any("record 1 " in p and "its strict score is True but its text scores False" in p for p in problems)
+    assert any("record 2 " in p and "its strict parse is ok" in p and "its text reads no_answer None" in p
+               for p in problems)
