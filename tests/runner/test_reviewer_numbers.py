@@ -58,6 +58,8 @@ def test_summeval_outputs_in_its_answer_line_count_as_parsed(tmp_path: Path, dat
     acc = pd.read_csv(tmp_path / "tables" / "accuracy.csv").set_index("strategy")
     assert (acc["parse_rate_strict"] == 1.0).all() and (acc["parse_rate_format"] == 1.0).all()
     assert verify_report(tmp_path) == []
+    findings = pd.read_csv(tmp_path / "tables" / "findings.csv").set_index("finding")["sentence"]
+    assert findings["scope"].startswith("SummEval evaluates articles A0-A89: 90 of paper 001's 100 articles")
 
 
 def test_summeval_lenient_reads_the_score_not_the_scale(tmp_path: Path, data_dir: Path) -> None:
@@ -158,6 +160,8 @@ def test_a_run_grown_by_seeds_then_interrupted_names_the_seeds_it_lacks(tmp_path
                                  "2 of 8).")
     # the header counts what is scored: free over 4 runs, constrained over 2
     assert "x 2-4 runs (constrained 2, free 4)" in parse
+    findings = pd.read_csv(tmp_path / "tables" / "findings.csv").set_index("finding")["sentence"]
+    assert "runs per item and fewer than 20 items the exact intervals are conservative" in findings["scope"]
 
 
 # -- point 4: compare pairs items by content -------------------------------------------------------------------

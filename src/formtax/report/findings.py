@@ -245,6 +245,9 @@ def findings_table(accuracy: pd.DataFrame, paired: pd.DataFrame, baseline: str |
                    if baseline is not None and baseline in set(acc["strategy"].astype(str)) else None)
         if against is not None and baseline is not None:
             rows.append({"task": task, "finding": "baseline", "sentence": _against(against, baseline, p_adjust)})
+        note = scope_sentence(task, acc)
+        if note is not None:
+            rows.append({"task": task, "finding": "scope", "sentence": note})
         low = low_parse_sentence(acc, against, baseline)
         if low is not None:
             rows.append({"task": task, "finding": "low_parse", "sentence": low})
@@ -337,6 +340,33 @@ def _against(rows: pd.DataFrame, baseline: str, p_adjust: str = "holm") -> str:
         return f"{head}: no difference is distinguishable from 0 ({rest})."
     others = "the other one is" if len(same) == 1 else f"the other {len(same)} are"
     return f"{head}: {'; '.join(parts)}; {others} not distinguishable from 0 ({rest})."
+
+
+def scope_sentence(task: str, acc: pd.DataFrame) -> str | None:
+    """What a reader must know about the numbers' basis (issue 60): the task's evaluated set where it is not the
+    whole benchmark (:attr:`Task.evaluated_set`), and, below 20 items with several runs, that the exact intervals
+    are conservative (a per-item mean over runs varies less than one Bernoulli draw: docs/calibration.md)."""
+    from formtax.errors import ConfigError
+    from formtax.stats.exact import SMALL_ITEMS
+    from formtax.tasks import get_task
+
+    parts = []
+    try:
+        scope = get_task(task).evaluated_set
+    except ConfigError:  # a pooled label (TASK | MODEL) or a task module not imported here
+        scope = ""
+    if scope:
+        parts.append(scope)
+    n = int(acc["n_items_used"].max()) if len(acc) else 0
+    runs = int(acc["n_runs"].max()) if len(acc) else 0
+    if 0 < n < SMALL_ITEMS and runs > 1:
+        parts.append(f"with {runs} runs per item and fewer than {SMALL_ITEMS} items the exact intervals are "
+                     "conservative (a per-item mean over runs varies less than one Bernoulli draw), so an interval "
+                     "can include 0 where the exact paired test rejects (docs/calibration.md)")
+    if not parts:
+        return None
+    text = "; ".join(parts)
+    return text[0].upper() + text[1:] + "."
 
 
 def low_parse_sentence(acc: pd.DataFrame, against: pd.DataFrame | None, baseline: str | None) -> str | None:

@@ -49,18 +49,14 @@ class Task(ABC):
     GSM8K and SummEval take Deco-G's key phrase placed anywhere (REASON_KEYPHRASE), and so do the natural-language
     baselines beside them (runner.grid.deco_g_baselines)."""
     key_phrase: ClassVar[str] = KEY_PHRASE
+    evaluated_set: ClassVar[str] = ""
+    """What the evaluation covers where it is not the whole benchmark, in a sentence the report's findings print
+    (issue 60: SummEval evaluates 90 of paper 001's 100 articles); empty for the whole benchmark."""
     answer_prefix: ClassVar[str] = ANSWER_PREFIX
     """The task's own answer line, less the answer (issue 60: each task declares it): the REASON_ANSWER and
     ANSWER_ONLY formats end with ``answer_prefix + <answer>``, which the strict parser, paper 003's format-level
     rate (``report.load.format_ok``) and the report read. ``The answer is: `` by default; SummEval's is
     ``The rating is ``."""
-
-    @property
-    def answer_lines(self) -> dict[str, str]:
-        """The answer line(s) this task's outputs are read by, per output format that has one (the report's
-        task notes and ``formtax ls tasks`` show them)."""
-        return {OutputFormat.REASON_ANSWER.value: self.answer_prefix + "<answer>",
-                OutputFormat.REASON_KEYPHRASE.value: self.key_phrase + "<answer>"}
     """The REASON_KEYPHRASE format's phrase: "The final answer is " (GSM8K, paper 001 section 4.1); SummEval's is
     "The rating is " (section 4.3)."""
 

@@ -126,6 +126,9 @@ class SummEvalTask(IntegerTask):
     fem_output_format: ClassVar[OutputFormat] = OutputFormat.REASON_KEYPHRASE
     key_phrase: ClassVar[str] = RATING_PREFIX
     answer_prefix: ClassVar[str] = RATING_PREFIX
+    evaluated_set: ClassVar[str] = (
+        "SummEval evaluates articles A0-A89: 90 of paper 001's 100 articles (1440 of 1600 summaries x 4 aspects); "
+        "A90-A99 are held out as the shot pool and for FEM distillation")
     vc_min: ClassVar[int | None] = 1
     vc_max: ClassVar[int | None] = 5
     folder: ClassVar[str] = "summeval"
