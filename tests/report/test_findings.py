@@ -258,6 +258,8 @@ def test_paper_003s_gains_with_their_std_are_a_finding() -> None:
         "Paper 003's gains (strict accuracy, mean +- std over runs, 95% paired intervals): inwriting: format +0.20 "
         "+- 0.04 [0.05, 0.35], validity +0.00 [-0.10, 0.10], total +0.20 +- 0.05 [0.02, 0.33].")
     assert gains_sentence(dec.iloc[0:0]) is None
+    one_run = dec.assign(format_gain_std=nan, total_gain_std=nan)  # issue 60: no "mean +- std" at one run
+    assert gains_sentence(one_run).startswith("Paper 003's gains (strict accuracy, one run, no spread over runs, 95%")
     acc = pd.DataFrame([{"task": "t", "strategy": "inwriting@vc", "n_items_used": 5, "n_runs": 1, "acc_strict": 0.4,
                          "acc_strict_low": 0.1, "acc_strict_high": 0.8, "parse_rate_strict": 1.0,
                          "parse_rate_strict_low": 0.5, "parse_rate_strict_high": 1.0, "parse_rate_format": 1.0,

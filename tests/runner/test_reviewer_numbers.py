@@ -299,3 +299,45 @@ def test_verify_catches_a_hand_set_score_and_a_hand_set_parse(tmp_path: Path) ->
     assert any("record 1 " in p and "its strict score is True but its text scores False" in p for p in problems)
     assert any("record 2 " in p and "its strict parse is ok" in p and "its text reads no_answer None" in p
                for p in problems)
+
+
+# -- the smaller points ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("change", [{"seeds": 0}, {"strategies": ["free", "nosuchstrategy"]}])
+def test_a_refused_run_leaves_no_directory_behind(tmp_path: Path, change: dict[str, object]) -> None:
+    from formtax.errors import ConfigError
+
+    out = tmp_path / "run"
+    with pytest.raises(ConfigError):
+        run(RunConfig(**{"task": "arith", "strategies": ["free"], "backend": "fake", "limit": 2, **change}), out)  # type: ignore[arg-type]
+    assert not out.exists()
+
+
+def test_a_regex_answer_spec_for_a_jsonl_task_is_named_as_such(tmp_path: Path, capsys) -> None:
+    from formtax.cli.main import main
+
+    items = tmp_path / "i.jsonl"
+    items.write_text('{"question": "q", "answer": 1}\n', encoding="utf-8")
+    assert main(["run", "--task", f"jsonl:{items}", "--answer-spec", "regex:[0-9]+", "--strategies", "free", "--backend", "fake",
+                 "--out", str(tmp_path / "run")]) != 0
+    err = capsys.readouterr().err
+    assert "is a regex: constraint" in err and "has no slot" not in err
+
+
+def test_shots_from_a_whole_file_say_what_to_do(tmp_path: Path, capsys) -> None:
+    from formtax.cli.main import main
+
+    items = tmp_path / "i.jsonl"
+    items.write_text("".join(f'{{"question": "What is {i}?", "answer": {i}}}\n' for i in range(3)), encoding="utf-8")
+    assert main(["run", "--task", f"jsonl:{items}", "--answer-spec", "{int:0..}", "--shots", "2", "--strategies", "free", "--backend", "fake",
+                 "--out", str(tmp_path / "run")]) != 0
+    assert "--shots-file" in capsys.readouterr().err
+
+
+def test_generate_takes_a_system_prompt(capsys) -> None:
+    from formtax.cli.main import main
+
+    assert main(["generate", "--backend", "fake", "--max-tokens", "4", "--system-prompt", "", "hi"]) == 0
+    assert main(["generate", "--backend", "fake", "--max-tokens", "4", "--raw", "--system-prompt", "x", "hi"]) != 0
+    assert "--system-prompt applies to chat prompts" in capsys.readouterr().err

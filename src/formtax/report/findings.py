@@ -178,6 +178,7 @@ def gains_sentence(rows: pd.DataFrame) -> str | None:
     measures as ``mean +- std`` over runs (seed x prompt variant; std n/a at one run) with its 95% paired interval;
     None when the task's plan has no levels."""
     parts = []
+    any_std = False
     for r in rows.itertuples(index=False):
         gains = []
         for name, label in (("format_gain", "format"), ("validity_gain", "validity"), ("reasoning_gain", "reasoning"),
@@ -187,14 +188,15 @@ def gains_sentence(rows: pd.DataFrame) -> str | None:
                 continue
             std = getattr(r, f"{name}_std")
             spread = "" if std is None or (isinstance(std, float) and math.isnan(std)) else f" +- {_dec(std)}"
+            any_std = any_std or bool(spread)
             gains.append(f"{label} {_num(value)}{spread} [{_dec(getattr(r, f'{name}_low'))}, "
                          f"{_dec(getattr(r, f'{name}_high'))}]")
         if gains:
             parts.append(f"{r.base_strategy}: {', '.join(gains)}")
     if not parts:
         return None
-    return ("Paper 003's gains (strict accuracy, mean +- std over runs, 95% paired intervals): "
-            + "; ".join(parts) + ".")
+    how = "mean +- std over runs" if any_std else "one run, no spread over runs"  # issue 60: no "+- std" at one run
+    return f"Paper 003's gains (strict accuracy, {how}, 95% paired intervals): " + "; ".join(parts) + "."
 
 
 def findings_table(accuracy: pd.DataFrame, paired: pd.DataFrame, baseline: str | None,

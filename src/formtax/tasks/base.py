@@ -229,8 +229,10 @@ class Task(ABC):
             return []
         pool = [item for item in self._cached_shot_pool() if item.id not in exclude_ids]
         if len(pool) < n:
+            hint = ("; the shot pool is the task's own items and the run evaluates all of them: give a shot file "
+                    "(--shots-file) or hold items out with --limit" if not pool else "")
             raise DataError(
-                f"{self.name}: asked for {n} shots but only {len(pool)} items remain outside the excluded ids"
+                f"{self.name}: asked for {n} shots but only {len(pool)} items remain outside the evaluated ones{hint}"
             )
         order = np.random.default_rng(seed).permutation(len(pool))[:n]
         return [pool[int(i)] for i in order]
