@@ -54,14 +54,15 @@ def _items(task: Task, config: Mapping[str, Any]) -> dict[str, Item]:
         needs = task._needs_data() and bool(task.data_files(Path(".")))
         return {it.id: it for it in task.load(resolve_data_dir(Path(data_dir) if data_dir else None) if needs
                                                else None)}
-    except (FormtaxError, OSError) as e:  # no data here: items rebuilt from the records (id and gold)
-        log.info("re-parsing %s without its data (%s): items from the records", task.name, e)
+    except (FormtaxError, OSError) as e:  # no data here: its records are left to the tables
+        log.info("records of %s are not re-parsed: its data is not here (%s)", task.name, e)
         return {}
 
 
 def reparse_problems(records: Sequence[Record], manifest: Mapping[str, Any] | None) -> list[str]:
-    """Every record whose stored parses or scores differ from what its text reads now, as one line each; records
-    of a task that cannot be built here (a pooled label, a task module not imported) are left to the tables."""
+    """Every record whose stored parses or scores differ from what its text reads now, as one line each. Records
+    whose item cannot be rebuilt here (a pooled label, a task module not imported, data not on this machine, an item
+    whose gold differs from the data's) are left to the tables; the reparse never guesses an item."""
     config = (manifest or {}).get("config") or {}
     tasks: dict[str, tuple[Task, dict[str, Item]] | None] = {}
     problems: list[str] = []
@@ -79,13 +80,16 @@ def reparse_problems(records: Sequence[Record], manifest: Mapping[str, Any] | No
         if built is None:
             continue
         task, items = built
-        item = items.get(rec.item_id) or Item(id=rec.item_id, question="", gold=rec.gold)
+        item = items.get(rec.item_id)
+        if item is None or item.gold != rec.gold:  # not this machine's item (no data here, or other data)
+            continue
         try:
             alone = parse_strategy_spec(rec.strategy).strategy.answer_alone
-        except FormtaxError:
+            parses, scores = read_output(task, item, rec.text, rec.answer_text, rec.output_format, alone,
+                                         bool((rec.stats or {}).get("constraint_ignored")))
+        except (FormtaxError, KeyError, ValueError) as e:  # a record this formtax cannot read again: the tables
+            log.info("record %d (%s) is not re-parsed: %s", n, rec.request_id, e)
             continue
-        parses, scores = read_output(task, item, rec.text, rec.answer_text, rec.output_format, alone,
-                                     bool((rec.stats or {}).get("constraint_ignored")))
         where = f"records.jsonl record {n} (request {rec.request_id})"
         for name, got in parses.items():
             stored = rec.parses.get(name)
