@@ -304,7 +304,7 @@ def test_verify_catches_a_hand_set_score_and_a_hand_set_parse(tmp_path: Path) ->
 # -- the smaller points ------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("change", [{"seeds": 0}, {"strategies": ["free", "nosuchstrategy"]}])
+@pytest.mark.parametrize("change", [{"seeds": 0}, {"strategies": ["free", "nosuchstrategy"]}, {"task": "nosuchtask"}])
 def test_a_refused_run_leaves_no_directory_behind(tmp_path: Path, change: dict[str, object]) -> None:
     from formtax.errors import ConfigError
 
