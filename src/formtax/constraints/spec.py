@@ -42,9 +42,11 @@ import jsonschema
 import llguidance
 
 from formtax.constraints.bounded_re import bounded_checks
+from formtax.constraints.finalanswer import answer_after
 from formtax.constraints.formats import CHECKED_FORMATS, schema_validator
 from formtax.constraints.template import (
     Template,
+    key_phrase_of,
     lark_string,
     parse_template,
 )
@@ -162,7 +164,8 @@ class TemplateConstraint(Constraint):
         that opens with :data:`ANSWER_LINE` (``The answer is: {int}``, paper 003's answer line) names a line: the
         last non-empty line, stripped, must be the template, with one optional trailing period, so ``The answer is:
         5\nBecause 2+3=5.`` has no answer. Any other template (a key phrase such as ``The final answer is {int}``,
-        or a bare slot) is read at its last occurrence anywhere, as the strict key-phrase parser reads it."""
+        or a bare slot) is read at its last occurrence anywhere, as the strict key-phrase parser reads it: a phrase and
+        one word-like slot by the shared final-answer rule (:mod:`formtax.constraints.finalanswer`)."""
         first = self.template.parts[0] if self.template.parts else None
         if isinstance(first, str) and first.startswith(ANSWER_LINE):
             lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
@@ -172,6 +175,12 @@ class TemplateConstraint(Constraint):
                 if vals is not None:
                     return Validation(True, vals[0] if len(vals) == 1 else vals)
             return Validation(False, error=f"the last line is not the template {self.source!r}")
+        phrase = key_phrase_of(self.template)
+        if phrase is not None:  # the one final-answer rule every strategy's reader shares (issue 60)
+            raw = answer_after(text, phrase)
+            if raw is None:
+                return Validation(False, error=f"no occurrence of template {self.source!r}")
+            return self.validate(phrase + raw)
         found = self.template.search_last(text)
         if found is None:
             return Validation(False, error=f"no occurrence of template {self.source!r}")
@@ -328,10 +337,17 @@ class ChoiceConstraint(Constraint):
         return {"enum": list(self.options)}
 
 
+def refuse_constant(name: str) -> Any:
+    """A json ``parse_constant``: ``NaN``, ``Infinity`` and ``-Infinity`` are not JSON (RFC 8259 has no such
+    numbers), though ``json.loads`` reads them; a JSONDecodeError, as for any other text that is not JSON."""
+    raise json.JSONDecodeError(f"{name} is not a JSON number (RFC 8259)", name, 0)
+
+
 def load_json(text: str) -> Any:
     """``json.loads`` that refuses repeated keys (:class:`DuplicateKey`), which ``json.loads`` would merge into the
-    last one: ``{"a": 1, "a": "x"}`` is no valid answer to a schema whatever its last value."""
-    return json.loads(text, object_pairs_hook=no_duplicate_keys)
+    last one: ``{"a": 1, "a": "x"}`` is no valid answer to a schema whatever its last value; and ``NaN`` /
+    ``Infinity`` (:func:`refuse_constant`), which jsonschema would take for numbers."""
+    return json.loads(text, object_pairs_hook=no_duplicate_keys, parse_constant=refuse_constant)
 
 
 def schema_error(e: jsonschema.SchemaError) -> str:

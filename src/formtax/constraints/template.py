@@ -39,6 +39,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from formtax.constraints.finalanswer import word_slot
 from formtax.errors import ConstraintError
 
 _NEEDS_JSON_ESCAPE = re.compile(r'["\\\x00-\x1f\x7f]')
@@ -407,6 +408,15 @@ def parse_template(source: str) -> Template:
 
 
 DIGIT_CONTINUATION = re.compile(r"[.,]?[0-9]")
+
+
+def key_phrase_of(template: Template) -> str | None:
+    """The key phrase of a template that is a phrase then one word-like slot (``The final answer is {int}``), whose
+    answers the shared final-answer rule reads (:mod:`formtax.constraints.finalanswer`); None for any other."""
+    parts = template.parts
+    if len(parts) != 2 or not isinstance(parts[0], str) or not isinstance(parts[1], Slot) or not parts[0].strip():
+        return None
+    return parts[0] if word_slot(parts[1].kind, parts[1].options) else None
 
 
 def continues_number(text: str, end: int) -> bool:

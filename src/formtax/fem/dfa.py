@@ -20,8 +20,11 @@ The language, precisely: a token string ``y`` (no special tokens) is accepted if
 (with the whitespace ending the phrase before it, or without) are a whole number of tokens, between the slot's token
 bounds*. ``PREFIX`` is ``""`` (``prefix="none"``), empty or
 anything ending in a newline (``"line"``: the template is the last line, the ``reason-answer`` format), or anything
-(``"any"``); ``SUFFIX`` is ``""`` or anything (``"any"``: the key phrase must *appear*, e.g. GSM8K's
-``The final answer is {int}`` anywhere in the text). Special tokens (EOS included) lead to the dead state; the
+(``"any"``); ``SUFFIX`` is ``""``, anything (``"any"``), or ``"word"``: closing punctuation or emphasis
+(``. , ; : ! ? * _``), then the end or whitespace and anything, so the slot's answer is a whole word as the
+shared final-answer rule reads it (:mod:`formtax.constraints.finalanswer`); Deco-G's placement ``anywhere`` (the
+key phrase must *appear*, e.g. GSM8K's ``The final answer is {int}`` anywhere in the text) uses it, so
+``... is 19%`` is not the format (issue 60). Special tokens (EOS included) lead to the dead state; the
 policy allows EOS itself only in accepting states.
 """
 
@@ -55,7 +58,9 @@ from formtax.fem.automata import (
 )
 
 PREFIXES = ("none", "line", "any")
-SUFFIXES = ("none", "any")
+SUFFIXES = ("none", "any", "word")
+WORD_END = b".,;:!?*_"  # what may close an answer word (constraints/finalanswer.py's TRAILING)
+WORD_SPACE = b" \t\n\r\x0b\x0c"
 UNREACHABLE = np.iinfo(np.int32).max // 2
 
 
@@ -193,7 +198,7 @@ class FormatSpec:
             out.append(re.escape(phrases[k].encode()))
             out.append(b"(" + slot.py_regex().encode() + b")")
         out.append(re.escape(phrases[-1].encode()))
-        out.append(rb".*" if self.suffix == "any" else b"")
+        out.append({"any": rb".*", "word": rb"[.,;:!?*_]*(?:[ \t\n\r\x0b\x0c].*)?"}.get(self.suffix, b""))
         return b"".join(out)
 
 
@@ -226,6 +231,9 @@ def _piece_node(spec: FormatSpec, i: int, phrase: str) -> Node:
     parts.append(lit(phrase))
     if i == len(spec.phrases()) - 1 and spec.suffix == "any":
         parts.append(star(ANY_BYTE))
+    elif i == len(spec.phrases()) - 1 and spec.suffix == "word":
+        parts.append(star(byteset(WORD_END)))
+        parts.append(opt(cat(byteset(WORD_SPACE), star(ANY_BYTE))))
     return cat(*parts)
 
 

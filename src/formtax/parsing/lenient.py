@@ -2,14 +2,15 @@
 
 Stages, tried in this order; the first that yields a normalisable answer wins:
 
-1. **Answer marker**: the last "the (final) answer is" (any case, optional colon) — the rest of that line, or the
+1. **Answer marker**: the last "the (final) answer is" (any case, optional colon), or the task's own answer line or
+   key phrase (:attr:`Task.answer_prefix`, :attr:`Task.key_phrase`: SummEval's "The rating is") — the rest of that line, or the
    next non-empty line when the line ends there. Markdown emphasis, quotes and one trailing period are
    stripped; if the whole remainder does not normalise, the first candidate of the task's kind inside it is
    tried (see stage 3).
 2. **JSON**: an object with an ``answer`` key inside a Markdown code fence, else anywhere in the text (the last
    such object wins).
 3. **Kind fallback** over the whole text, last occurrence wins: integers — the last number (commas and ``$``
-   allowed); choice tasks — the last standalone label, as ``(B)``, ``B)``, ``**B**``, "answer: B",
+   allowed; a denominator after ``out of`` or ``/`` is not one); choice tasks — the last standalone label, as ``(B)``, ``B)``, ``**B**``, "answer: B",
    "option B", or a line holding only the label (word labels such as IMDb's: the last label word);
    letters — the last word with exactly the slot's number of letters.
 
@@ -31,7 +32,8 @@ from formtax.tasks.kinds import ChoiceTask
 
 _MARKER_RE = re.compile(r"the\s+(?:final\s+)?answer\s+is\s*:?[ \t]*", re.IGNORECASE)
 _FENCE_RE = re.compile(r"```[A-Za-z]*[ \t]*\n(.*?)```", re.DOTALL)
-_NUMBER_RE = re.compile(r"(?<![\w.])[-\u2212]?\$?\s?\d(?:[\d,]*\d)?(?:\.\d+)?(?![\w])")
+# a denominator ("3 out of 5", "4/5") is no answer candidate: the score is the number before it (issue 60)
+_NUMBER_RE = re.compile(r"(?<![\w.])(?<!out of )(?<!/)[-\u2212]?\$?\s?\d(?:[\d,]*\d)?(?:\.\d+)?(?![\w])")
 _WORD_RE = re.compile(r"[A-Za-z]+")
 _LETTERS_SLOT_RE = re.compile(r"\{letters:(\d+)\}")
 _DECORATION = "*_`\"'\u201c\u201d\u2018\u2019 \t"
@@ -89,8 +91,18 @@ def _candidates(text: str, task: Task, item: Item) -> list[tuple[int, str]]:
     return sorted(found)
 
 
+def _marker_re(task: Task) -> re.Pattern[str]:
+    """The answer markers: the generic one, and the task's own answer line and key phrase when they differ."""
+    own = {p.strip().rstrip(":").strip() for p in (task.answer_prefix, task.key_phrase)}
+    extra = sorted(o for o in own if o and not _MARKER_RE.fullmatch(o + " "))
+    if not extra:
+        return _MARKER_RE
+    alt = "|".join(re.escape(o) for o in extra)
+    return re.compile(rf"(?:{_MARKER_RE.pattern}|(?:{alt})\s*:?[ \t]*)", re.IGNORECASE)
+
+
 def _marker_stage(text: str, task: Task, item: Item) -> ParseResult:
-    matches = list(_MARKER_RE.finditer(text))
+    matches = list(_marker_re(task).finditer(text))
     if not matches:
         return NO_ANSWER
     rest = text[matches[-1].end() :]

@@ -1,16 +1,20 @@
 """The strict parser: accepts exactly the output format the prompt asked for, nothing more.
 
-- REASON_ANSWER: the last non-empty line (stripped) must be ``The answer is: <answer>``, with one optional
+- REASON_ANSWER: the last non-empty line (stripped) must be the task's answer line (:attr:`Task.answer_prefix`
+  and the answer: ``The answer is: <answer>``, SummEval's ``The rating is <answer>``), with one optional
   trailing period (a sentence end, not part of the answer). Case and the prefix are exact.
 - ANSWER_ONLY: the whole stripped output must be that single line.
 - JSON: the whole stripped output must be one JSON object whose keys are exactly ``reason`` (a string) and
   ``answer``. Whitespace inside the JSON is fine; a Markdown code fence or any text around the object is not
   (paper 003 A.4.3 counts both as failures, since a schema-constrained decoder could never produce them).
-  The answer may be a JSON string or number.
+  The answer may be a JSON string or number. ``NaN``, ``Infinity`` and ``-Infinity`` (not JSON, RFC 8259) and a
+  repeated key (``{"answer": 3, "answer": 28}``, which ``json.loads`` would merge into its last value) are no
+  object: ``no_answer``, as the FC oracle (:func:`formtax.constraints.spec.load_json`) refuses them.
 - REASON_KEYPHRASE (Deco-G's format): the last key phrase (:attr:`Task.key_phrase`: ``The final answer is `` on
-  GSM8K, ``The rating is `` on SummEval) anywhere in the text, followed
-  by the answer: the run of non-space characters after it, less one trailing period or comma (ours: the
-  phrase's answers are single words, numbers here, and a sentence may go on after them).
+  GSM8K, ``The rating is `` on SummEval) anywhere in the text, followed by the answer, read by the one rule that
+  Deco-G's answer span shares (:mod:`formtax.constraints.finalanswer`: the run of non-space characters after it,
+  less leading emphasis and trailing sentence punctuation and emphasis), so a decog record and a free record with
+  the same text always get the same verdict (issue 60).
 - REASON_JSON / ANSWER_JSON (paper 003's JSON answer form): the output must end with the object
   ``{"answer": <answer>}`` and nothing after it (after free reasoning, or alone); the same answer rules as JSON.
 
@@ -25,28 +29,28 @@ from __future__ import annotations
 
 import json
 
+from formtax.constraints.finalanswer import answer_after
 from formtax.constraints.jsontail import trailing_json_object
+from formtax.constraints.spec import DuplicateKey, no_duplicate_keys, refuse_constant
 from formtax.parsing.common import from_json_answer, from_raw, strip_trailing_period
 from formtax.parsing.result import NO_ANSWER, ParseResult
-from formtax.tasks.base import ANSWER_PREFIX, Item, OutputFormat, Task
+from formtax.tasks.base import Item, OutputFormat, Task
 
 
 def _answer_line(line: str, task: Task) -> ParseResult:
-    if not line.startswith(ANSWER_PREFIX):
+    prefix = task.answer_prefix
+    if not line.startswith(prefix):
         return NO_ANSWER
-    raw = strip_trailing_period(line[len(ANSWER_PREFIX) :]).strip()
+    raw = strip_trailing_period(line[len(prefix) :]).strip()
     if not raw:
         return ParseResult("invalid", None, raw)
     return from_raw(task, raw, strict=True)
 
 
 def _key_phrase(text: str, task: Task) -> ParseResult:
-    at = text.rfind(task.key_phrase)
-    if at < 0:
+    raw = answer_after(text, task.key_phrase)
+    if raw is None:
         return NO_ANSWER
-    word = text[at + len(task.key_phrase):].split(maxsplit=1)
-    raw = word[0].removesuffix(",") if word else ""
-    raw = strip_trailing_period(raw) if raw.endswith(".") else raw
     if not raw:
         return ParseResult("invalid", None, raw)
     return from_raw(task, raw, strict=True)
@@ -59,13 +63,15 @@ class _Literal(str):
 
 
 def _load(text: str) -> object:
-    return json.loads(text, parse_int=_Literal, parse_float=_Literal)
+    """The JSON value of ``text``, numbers as written; NaN / Infinity and repeated keys refused (ValueError)."""
+    return json.loads(text, parse_int=_Literal, parse_float=_Literal, parse_constant=refuse_constant,
+                      object_pairs_hook=no_duplicate_keys)
 
 
 def _json_object(text: str, task: Task) -> ParseResult:
     try:
         obj = _load(text)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, DuplicateKey):
         return NO_ANSWER
     if (not isinstance(obj, dict) or set(obj) != {"reason", "answer"} or not isinstance(obj["reason"], str)
             or isinstance(obj["reason"], _Literal)):  # a number is not a reason
@@ -79,7 +85,10 @@ def _answer_object(text: str, task: Task, whole: bool) -> ParseResult:
     found = trailing_json_object(text)
     if found is None or (whole and found != text):
         return NO_ANSWER
-    obj = _load(found)
+    try:
+        obj = _load(found)
+    except (json.JSONDecodeError, DuplicateKey):
+        return NO_ANSWER
     if not isinstance(obj, dict) or set(obj) != {"answer"}:
         return NO_ANSWER
     return from_json_answer(task, obj["answer"], strict=True)

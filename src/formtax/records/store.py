@@ -26,9 +26,13 @@ RECORDS = "records.jsonl"
 MANIFEST = "manifest.json"
 
 
-def read_records(path: Path) -> list[Record]:
-    """Every complete record in ``path``; a malformed complete line is an error naming its number."""
+def read_records(path: Path | str) -> list[Record]:
+    """Every complete record in ``path``; a malformed complete line is an error naming its number. ``path`` may be
+    a string, and a run directory stands for its ``records.jsonl`` (``read_records("runs/x")``, issue 60)."""
     out: list[Record] = []
+    path = Path(path)
+    if path.is_dir():
+        path = path / RECORDS
     if not path.exists():
         return out
     with path.open("rb") as f:

@@ -10,6 +10,11 @@ boundary where no item differs, the paired percentile bootstrap elsewhere) and t
 (McNemar's exact test where the scores are 0/1, a sign-flip test on the per-item differences otherwise), as
 :mod:`formtax.report.comparisons` does. Each run's configuration is named by what sets it apart from
 the first (:func:`config_differences`).
+
+Items are paired by content, not by id alone (issue 60): two JSONL tasks without ``id`` fields both number their
+items by line, so an id names different questions in the two runs. An item whose id both runs hold but whose
+content (its ``item_hash``: id, question, gold and choices) differs is refused, as ``report A B`` refuses to pool
+it, naming the item.
 """
 
 from __future__ import annotations
@@ -67,6 +72,25 @@ def _item_means(cell: pd.DataFrame) -> pd.Series:
     return scored.groupby("item_id")["score_strict"].mean()
 
 
+def item_contents(side: Side) -> dict[tuple[str, str], str]:
+    """Per (task, item id), the item's content hash as the run recorded it."""
+    if "record" not in side.records.columns:
+        return {}
+    return {(str(r.task), str(r.item_id)): str(r.item_hash) for r in side.records["record"]}
+
+
+def check_same_items(first: Side, other: Side) -> None:
+    """Refuse two runs that hold the same item id with different content (module docstring)."""
+    a, b = item_contents(first), item_contents(other)
+    differ = sorted(k for k in set(a) & set(b) if a[k] != b[k])
+    if differ:
+        task, item = differ[0]
+        raise ConfigError(f"cannot compare: item {task}/{item} differs ({first.label}: item_hash {a[differ[0]][:12]}; "
+                          f"{other.label}: item_hash {b[differ[0]][:12]}); {len(differ)} item(s) share an id but not "
+                          "their question or gold (a JSONL task without ids numbers its lines), so they cannot be "
+                          "paired")
+
+
 def ablation_table(sides: list[Side], n_resamples: int = 10_000, seed: int = 0) -> pd.DataFrame:
     """Every run after the first against the first (module docstring)."""
     if len(sides) < 2:
@@ -74,6 +98,7 @@ def ablation_table(sides: list[Side], n_resamples: int = 10_000, seed: int = 0) 
     first = sides[0]
     rows: list[dict[str, Any]] = []
     for other in sides[1:]:
+        check_same_items(first, other)
         differs = config_differences(first.config, other.config)
         cells = sorted(set(map(tuple, first.records[["task", "strategy"]].astype(str).to_numpy()))
                        & set(map(tuple, other.records[["task", "strategy"]].astype(str).to_numpy())))

@@ -80,7 +80,7 @@ PAIRED_COLUMNS = [
     "task", "strategy", "baseline", "n_items", "n_runs", "n_pairs", "n_items_dropped", "n_unscored",
     "drop_reasons", "acc_strategy", "acc_baseline", "diff", "diff_low", "diff_high", "n_only_strategy",
     "n_only_baseline", "items_strategy_better", "items_baseline_better", "paired_p", "paired_test",
-    "confidence", "interval_method", "n_resamples",
+    "confidence", "interval_method", "interval_used", "n_resamples", "diff_lenient", "paired_p_lenient",
 ]  # fmt: skip
 
 _ORIENTED = {"strategy_a": "strategy", "strategy_b": "baseline", "acc_a": "acc_strategy", "acc_b": "acc_baseline",
@@ -187,6 +187,22 @@ def decomposition_table(
     return frame(rows, DECOMPOSITION_COLUMNS)
 
 
+def _lenient_pair(cell_a: pd.DataFrame, cell_b: pd.DataFrame, seed: int) -> dict[str, float]:
+    """The same comparison under the lenient parser, on the items complete under both parsers (issue 60: where a
+    strategy's strict parse rate is low, its strict difference is a format effect, and the findings put the
+    lenient one beside it): ``diff_lenient`` and the same per-item paired test's ``paired_p_lenient``."""
+    items, runs = _common([cell_a, cell_b])
+    if not items or not runs:
+        return {"diff_lenient": NAN, "paired_p_lenient": NAN}
+    mats = [score_matrix(c, col, items, runs) for col in ("score_strict", "score_lenient") for c in (cell_a, cell_b)]
+    kept, _ = complete_cases(*mats)
+    if not kept or kept[0].shape[0] == 0:
+        return {"diff_lenient": NAN, "paired_p_lenient": NAN}
+    la, lb = kept[2], kept[3]
+    return {"diff_lenient": float(la.mean() - lb.mean()),
+            "paired_p_lenient": paired_item_test(la, lb, seed=seed).p_value}
+
+
 def _paired_row(
     task: str, a: str, b: str, group: pd.DataFrame, n_resamples: int, seed: int, resampling: Resampling
 ) -> dict[str, Any]:
@@ -209,12 +225,13 @@ def _paired_row(
             acc_a=float(mat_a.mean()), acc_b=float(mat_b.mean()), diff=interval.estimate,
             diff_low=interval.low, diff_high=interval.high,
             b01=b01, b10=b10, items_a_better=test.a_better, items_b_better=test.b_better,
-            paired_p=test.p_value,
+            paired_p=test.p_value, interval_used=interval.method,
         )  # fmt: skip
+        row.update(_lenient_pair(cell_a, cell_b, seed))
     else:
         row.update(
             acc_a=NAN, acc_b=NAN, diff=NAN, diff_low=NAN, diff_high=NAN, b01=NAN, b10=NAN, items_a_better=NAN,
-            items_b_better=NAN, paired_p=NAN
+            items_b_better=NAN, paired_p=NAN, interval_used="", diff_lenient=NAN, paired_p_lenient=NAN
         )
     row.update(
         paired_test=PAIRED_TEST, confidence=CONFIDENCE,

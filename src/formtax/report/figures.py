@@ -16,14 +16,15 @@ from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 FIGURES: dict[str, str] = {
-    "parse": "Parse rate per strategy, 95% bootstrap intervals: strict (the task's strict parser) and format-level "
-             "(paper 003's: the requested shape, whatever the answer's spelling), per task.",
-    "accuracy": "Strict accuracy per strategy, 95% percentile bootstrap intervals (items x runs), per task.",
-    "paired": "Differences in strict accuracy against the baseline (strategy - baseline), 95% paired bootstrap "
-              "intervals.",
+    "parse": "Parse rate per strategy, 95% intervals ({intervals}): strict (the task's strict parser) and "
+             "format-level (paper 003's: the requested shape, whatever the answer's spelling), per task.",
+    "accuracy": "Strict accuracy per strategy, 95% intervals over items x runs ({intervals}), per task.",
+    "paired": "Differences in strict accuracy against the baseline (strategy - baseline), 95% paired intervals "
+              "({intervals}).",
     "tokens": "Mean generated tokens per phase (scored records), stacked, per task and strategy.",
 }
-"""Figure file stems and captions, in report order."""
+"""Figure file stems and captions, in report order; ``{intervals}`` becomes the interval methods the figure's rows
+actually used (report/render.py's ``methods_used``)."""
 
 
 def _no_data(ax: Axes, what: str) -> None:

@@ -7,7 +7,8 @@ import html
 import json
 import math
 import re
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -83,12 +84,37 @@ class ReportContext:
     meta: dict[str, Any]
     manifest: dict[str, Any] | None
     figures: dict[str, Path]
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
 
 
-def _captions() -> dict[str, str]:
+def methods_used(table: pd.DataFrame | None, resampling: str = "") -> str:
+    """The interval methods a table's rows actually used (its ``interval_used`` column), with how many rows took
+    each (issue 60: below 20 items the intervals are exact, not bootstrap, and every footer and caption says
+    so): ``clopper-pearson (items) (3 rows), percentile-bootstrap (1 row)``."""
+    if table is None or "interval_used" not in table.columns:
+        return "the rule in interval_method"
+    counts: Counter[str] = Counter()
+    for value in table["interval_used"]:
+        if isinstance(value, str) and value:
+            counts.update(dict.fromkeys(value.split("; "), 1))
+    if not counts:
+        return "none (no interval computed)"
+    parts = []
+    for method, n in counts.items():
+        how = f" resampling {resampling}" if "bootstrap" in method and resampling else ""
+        parts.append(f"{method}{how} ({n} row{'' if n == 1 else 's'})")
+    return ", ".join(parts)
+
+
+def _captions(tables: dict[str, pd.DataFrame] | None = None) -> dict[str, str]:
+    """Figure captions; the generic figures name the interval methods their rows actually used (issue 60)."""
     from formtax.report.analyses import analyses
 
-    return {**FIGURES, **{n: a.figure_caption for n, a in analyses().items() if a.figure is not None}}
+    tables = tables or {}
+    used = {"parse": methods_used(tables.get("accuracy")), "accuracy": methods_used(tables.get("accuracy")),
+            "paired": methods_used(tables.get("paired"))}
+    own = {stem: caption.replace("{intervals}", used.get(stem, "")) for stem, caption in FIGURES.items()}
+    return {**own, **{n: a.figure_caption for n, a in analyses().items() if a.figure is not None}}
 
 
 def _description(name: str) -> str:
@@ -137,12 +163,13 @@ def footer(name: str, table: pd.DataFrame, ctx: ReportContext) -> str:
         )
     method = {
         "findings": f"{confidence} intervals and paired tests of the accuracy and paired tables",
-        "summary": f"{confidence} percentile bootstrap resampling {resampling} (the accuracy table's)",
-        "accuracy": f"{confidence} percentile bootstrap resampling {resampling}",
-        "decomposition": f"{confidence} paired percentile bootstrap over common items x runs ({resampling}; "
-        "gains jointly)",
-        "paired": f"{confidence} paired percentile bootstrap ({resampling}); p-value: per-item sign-flip test "
-        "(McNemar's exact test at one run)",
+        "summary": f"{confidence}, as the accuracy table's rows used: "
+                   f"{methods_used(ctx.tables.get('accuracy'), resampling)}",
+        "accuracy": f"{confidence}, as the rows used: {methods_used(table, resampling)}",
+        "decomposition": f"{confidence} by the rule in interval_method (exact below 20 items, else paired "
+        f"percentile bootstrap over common items x runs, {resampling}; gains jointly)",
+        "paired": f"{confidence}, as the rows used: {methods_used(table, resampling)}; p-value: per-item "
+        "sign-flip test (McNemar's exact test at one run)",
         "runs": "none (mean and sample std, ddof=1, over runs)",
         "tokens": "none (means over scored records)",
         "timing": "none (mean, median, total over scored records)",
@@ -280,7 +307,7 @@ def render_markdown(tables: dict[str, pd.DataFrame], ctx: ReportContext) -> str:
     if HEADLINE in tables:
         out += [footer(HEADLINE, tables[HEADLINE], ctx), ""]
     out += ["## Figures", ""]
-    for stem, caption in _captions().items():
+    for stem, caption in _captions(tables).items():
         if stem in ctx.figures:
             out += [f"![{stem}](figures/{ctx.figures[stem].name})", "", caption, ""]
     shown, empty = split_tables(tables, baseline)
@@ -353,7 +380,7 @@ def render_html(tables: dict[str, pd.DataFrame], ctx: ReportContext, drill_items
     if HEADLINE in tables:
         parts.append(f'<p class="footer">{html.escape(footer(HEADLINE, tables[HEADLINE], ctx))}</p>')
     parts.append('<h2 id="figures">Figures</h2>')
-    for stem, caption in _captions().items():
+    for stem, caption in _captions(tables).items():
         if stem in ctx.figures:
             data = base64.b64encode(ctx.figures[stem].read_bytes()).decode("ascii")
             parts += [

@@ -57,7 +57,7 @@ ACCURACY_COLUMNS = [
     "acc_lenient", "acc_lenient_low", "acc_lenient_high",
     "parse_rate_strict", "parse_rate_strict_low", "parse_rate_strict_high",
     "parse_rate_format", "parse_rate_format_low", "parse_rate_format_high",
-    "confidence", "interval_method", "resampling", "n_resamples",
+    "confidence", "interval_method", "interval_used", "resampling", "n_resamples",
 ]  # fmt: skip
 
 RUNS_COLUMNS = [
@@ -86,13 +86,15 @@ def _cells(df: pd.DataFrame) -> list[tuple[str, str, pd.DataFrame]]:
 
 
 def _interval(
-    matrix: np.ndarray, n_resamples: int, seed: int, resampling: Resampling
+    matrix: np.ndarray, n_resamples: int, seed: int, resampling: Resampling, used: list[str] | None = None
 ) -> tuple[float, float, float]:
     """The mean's interval by the report's rule (:func:`formtax.stats.rules.mean_interval`: exact below 20 items,
-    Wilson at 0 and 1, the percentile bootstrap elsewhere)."""
+    Wilson at 0 and 1, the percentile bootstrap elsewhere); the method it took is appended to ``used``."""
     if matrix.shape[0] == 0:
         return NAN, NAN, NAN
     result = mean_interval(matrix, n_resamples, seed, resampling, CONFIDENCE)
+    if used is not None and result.method not in used:
+        used.append(result.method)
     return result.estimate, result.low, result.high
 
 
@@ -157,6 +159,7 @@ def accuracy_table(
             "n_items_dropped": n_dropped,
             "drop_reasons": _why(df, task, present, runs, basis[task]) if n_dropped else "",
         }
+        used: list[str] = []  # the methods this row's intervals took (issue 60: footers name what was used)
         for name, matrix in (
             ("acc_strict", strict),
             ("acc_lenient", lenient),
@@ -164,11 +167,12 @@ def accuracy_table(
             ("parse_rate_format", format_ok),  # paper 003's parse rate: the format's shape (report/load.format_ok)
         ):
             row[name], row[f"{name}_low"], row[f"{name}_high"] = _interval(
-                matrix, n_resamples, seed, resampling
+                matrix, n_resamples, seed, resampling, used
             )
         row.update(
             confidence=CONFIDENCE,
             interval_method=MEAN_RULE,
+            interval_used="; ".join(used),
             resampling=Resampling(resampling).value,
             n_resamples=n_resamples,
         )
@@ -311,7 +315,7 @@ def outcomes_table(df: pd.DataFrame) -> pd.DataFrame:
 
 def compute_tables(
     df: pd.DataFrame, n_resamples: int = 10_000, seed: int = 0, resampling: Resampling = DEFAULT_RESAMPLING,
-    baseline: str | None = None, extent: RunExtent | None = None,
+    baseline: str | None = None, extent: RunExtent | None = None, p_adjust: str = "holm",
 ) -> dict[str, pd.DataFrame]:
     """Every report table from a frame of :func:`~formtax.report.load_records`, keyed by CSV file stem.
     ``baseline``: the strategy the findings compare against (:mod:`formtax.report.findings`); ``extent``: what
@@ -321,13 +325,14 @@ def compute_tables(
     applies to the accuracy, decomposition and paired intervals; the paper-specific analyses (abstention,
     EAE) keep their paper's rule (:data:`formtax.stats.DEFAULT_RESAMPLING`).
     """
-    from formtax.report.findings import findings_table
+    from formtax.report.findings import budget_table, findings_table, recorded_counts
 
     accuracy, tokens, timing = accuracy_table(df, n_resamples, seed, resampling), tokens_table(df), timing_table(df)
     paired = paired_table(df, n_resamples, seed, resampling, baseline)
     decomposition = decomposition_table(df, n_resamples, seed, resampling)
     tables = {
-        "findings": findings_table(accuracy, paired, baseline, extent, decomposition),
+        "findings": findings_table(accuracy, paired, baseline, extent, decomposition, recorded_counts(df), p_adjust,
+                                   budget_table(df)),
         "summary": summary_table(df, accuracy, tokens, timing),
         "accuracy": accuracy,
         "runs": runs_table(df),

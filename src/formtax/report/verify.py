@@ -159,6 +159,19 @@ def check_manifest(run_dir: Path) -> list[str]:
     return problems
 
 
+def check_parses(run_dir: Path) -> list[str]:
+    """Every output re-parsed and re-scored from its text (issue 60): a hand-set ``scores.strict`` or a verdict
+    the parsers no longer give shows up here, naming the record (:func:`formtax.runner.reparse.reparse_problems`)."""
+    from formtax.records.store import read_records
+    from formtax.runner.reparse import reparse_problems
+
+    try:
+        records = read_records(records_path(run_dir))
+    except DataError as exc:
+        return [str(exc)]
+    return reparse_problems(records, read_manifest(run_dir))
+
+
 def check_findings(run_dir: Path, expected: dict[str, pd.DataFrame]) -> list[str]:
     """report.md must print exactly the recomputed findings (its headline sentences), in its Findings section."""
     from formtax.report.render import findings_lines
@@ -221,8 +234,10 @@ def verify_report(run_dir: Path) -> list[str]:
     from formtax.report.write import read_manifest
 
     expected = compute_tables(df, n_resamples=n_resamples, seed=seed, resampling=resampling,
-                              baseline=meta.get("baseline"), extent=run_extent(read_manifest(run_dir)))
+                              baseline=meta.get("baseline"), extent=run_extent(read_manifest(run_dir)),
+                              p_adjust=str(meta.get("p_adjust") or "none"))
     problems += check_findings(run_dir, expected)
+    problems += check_parses(run_dir)
     for name, table in expected.items():
         csv_path = tables_dir / f"{name}.csv"
         if not csv_path.is_file():

@@ -47,12 +47,14 @@ def read_manifest(run_dir: Path) -> dict[str, Any] | None:
 
 def write_report(
     run_dir: Path, n_resamples: int = 10_000, seed: int = 0, resampling: Resampling = DEFAULT_RESAMPLING,
-    drill_items: int = DEFAULT_DRILL_ITEMS, baseline: str | None = None,
+    drill_items: int = DEFAULT_DRILL_ITEMS, baseline: str | None = None, p_adjust: str = "holm",
 ) -> Path:
     """Compute every table from ``run_dir/records.jsonl`` and write the report files; returns ``report.md``.
 
     ``drill_items``: items shown in report.html's per-item section (0: none). ``baseline``: the strategy the
     findings compare against (default: the run's first strategy; :func:`~formtax.report.findings.resolve_baseline`).
+    ``p_adjust``: the multiple-comparison adjustment the findings give beside the raw p-values (holm, bonferroni,
+    none; :data:`~formtax.report.findings.P_ADJUST`), kept in meta.json so that ``verify`` recomputes the same.
 
     Raises:
         DataError: records.jsonl is missing or malformed, or manifest.json is not a JSON object.
@@ -73,7 +75,7 @@ def write_report(
 
     baseline = resolve_baseline(df, baseline, manifest)
     tables = compute_tables(df, n_resamples=n_resamples, seed=seed, resampling=resampling, baseline=baseline,
-                            extent=run_extent(manifest))
+                            extent=run_extent(manifest), p_adjust=p_adjust)
 
     tables_dir = run_dir / TABLES_DIR
     tables_dir.mkdir(parents=True, exist_ok=True)
@@ -84,6 +86,7 @@ def write_report(
         "seed": seed,
         "resampling": Resampling(resampling).value,
         "baseline": baseline,
+        "p_adjust": p_adjust,
         "confidence": CONFIDENCE,
         "decimals": DECIMALS,
         "formtax_version": formtax_version(),
@@ -97,7 +100,7 @@ def write_report(
     (tables_dir / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
 
     figures = write_figures(tables, run_dir / FIGURES_DIR, baseline)
-    ctx = ReportContext(df=df, meta=meta, manifest=manifest, figures=figures)
+    ctx = ReportContext(df=df, meta=meta, manifest=manifest, figures=figures, tables=tables)
     report_md = run_dir / "report.md"
     report_md.write_text(render_markdown(tables, ctx), encoding="utf-8")
     (run_dir / "report.html").write_text(render_html(tables, ctx, drill_items), encoding="utf-8")

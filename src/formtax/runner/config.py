@@ -57,6 +57,10 @@ class RunConfig:
     # paper 003's equal reasoning budget: the reasoning phase of every level of a strategy gets this many tokens,
     # the answer's reserve on top; None: max_tokens minus the largest reserve of the strategy's levels (FC, VC)
     reasoning_tokens: int | None = None
+    # issue 60: every strategy gets the same reasoning budget (--reasoning-tokens, else max_tokens): free reasons
+    # and answers in it, the strategies with an answer phase (json, InWriting, NL-to-Format) reason in it and get
+    # their answer's reserve on top; off: each strategy's budget is max_tokens less its own levels' reserve
+    same_reasoning: bool = False
     # where max_tokens leaves no reasoning budget after an answer's reserve (a large record: EAE's JSON), the
     # reasoning budget is this instead of a refusal; 0: refuse. Only formtax run's default --max-tokens sets it,
     # and it applies only where a run would otherwise be refused, so no resumable run changes (not identity)
@@ -98,6 +102,8 @@ class RunConfig:
             d.pop("fem")
         if d["reasoning_tokens"] is None:
             d.pop("reasoning_tokens")
+        if not d["same_reasoning"]:
+            d.pop("same_reasoning")
         if not any(parse_strategy_spec(s).name == "json" for s in self.strategies):
             d.pop("json_layout")  # a grid without the json strategy reads no layout
         if d["prompt_style"] in (None, PromptStyle.CHAT):

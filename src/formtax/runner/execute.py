@@ -18,18 +18,16 @@ import numpy as np
 from formtax.backends import Backend, load_backend
 from formtax.constraints.parse import parse_spec
 from formtax.errors import ConfigError, FormtaxError
-from formtax.parsing import ParseResult, parse_all
 from formtax.records.schema import ParseRecord, Record
 from formtax.records.store import sha256_file
-from formtax.runner.config import SEEDINGS, OwnParsing, RunConfig
+from formtax.runner.config import SEEDINGS, RunConfig
 from formtax.runner.grid import RC_PREFIX, Planned, parse_strategy_spec
-from formtax.scoring import score_all
+from formtax.runner.reparse import read_output
 from formtax.strategies.base import Request, Result, Strategy
 from formtax.strategies.decog import parse_fem_spec
 from formtax.strategies.options import options_model
 from formtax.tasks import OutputFormat, Task
 from formtax.tasks.base import ConstraintLevel
-from formtax.tasks.vocab import ANSWER_ALONE
 
 log = logging.getLogger(__name__)
 
@@ -79,19 +77,10 @@ def make_record(task: Task, p: Planned, res: Result | None, prompt_text: str, ba
         rec.stats["generation_error"] = res.error
     constrained = p.spec.level != "none" and p.spec.strategy.requires_constraint
     rec.constraint_ok = res.parse_ok if constrained else None
-    # Parse what the strategy presents as its answer: the constrained part when there is one.
-    text = res.answer_text if res.answer_text is not None else res.text
-    fmt = OutputFormat(p.output_format)
-    if p.spec.strategy.answer_alone and res.answer_text is not None:
-        fmt = ANSWER_ALONE.get(fmt, fmt)  # the second call's whole output is the answer (paper 003)
-    if isinstance(task, OwnParsing):
-        parses = task.parse_output(text, p.item, fmt)
-    else:
-        parses = parse_all(text, task, p.item, fmt)
-    if res.stats.get("constraint_ignored"):  # an engine broke the constraint: its text is never scored as parsed
-        parses = {k: ParseResult("invalid", None, v.raw) for k, v in parses.items()}
+    # Parse what the strategy presents as its answer (runner/reparse.py: verify reads it again the same way).
+    parses, rec.scores = read_output(task, p.item, res.text, res.answer_text, p.output_format,
+                                     p.spec.strategy.answer_alone, bool(res.stats.get("constraint_ignored")))
     rec.parses = {k: ParseRecord(status=v.status, value=v.value, raw=v.raw) for k, v in parses.items()}
-    rec.scores = score_all(task, p.item, parses)
     return rec
 
 
@@ -103,7 +92,9 @@ def planned_budget(task: Task, p: Planned, config: RunConfig) -> dict[str, int]:
     ``config.reasoning_tokens``, or else ``max_tokens`` minus the largest overhead among the strategy's levels in
     the grid for this item (FC's reserve is the larger; the unconstrained level's is VC's, which reads its answer).
     ``max_tokens`` is then R plus this level's own overhead. Ours: a forced RC prefix is reasoning text and
-    counts inside R. Other strategies get ``max_tokens`` whole.
+    counts inside R. Other strategies get ``max_tokens`` whole. With ``config.same_reasoning`` every strategy's
+    reasoning budget is the same R (``reasoning_tokens``, else ``max_tokens``): a strategy without an answer phase
+    writes reasoning and answer in R, the others get their answer's reserve on top (issue 60).
     """
     if p.budget is not None:
         return p.budget
@@ -111,6 +102,11 @@ def planned_budget(task: Task, p: Planned, config: RunConfig) -> dict[str, int]:
     options = strategy_options(p, config)
     probe = Request(prompt=p.messages, constraint=p.constraint(), max_tokens=config.max_tokens, options=options)
     overhead = strategy.answer_overhead(probe) if probe.constraint is not None else None
+    if config.same_reasoning:  # issue 60: one reasoning budget for every strategy of the grid
+        reasoning = config.reasoning_tokens if config.reasoning_tokens is not None else config.max_tokens
+        p.budget = ({"reasoning_tokens": reasoning, "max_tokens": reasoning} if overhead is None else
+                    {"reasoning_tokens": reasoning, "answer_tokens": overhead, "max_tokens": reasoning + overhead})
+        return p.budget
     if overhead is None:
         p.budget = {"max_tokens": config.max_tokens}
         return p.budget

@@ -68,6 +68,10 @@ class Resumption(BaseModel):
     device: str
     machine: dict[str, Any] | None = None  # CPUs and load average at the start (absent before it was recorded)
     machine_at_end: dict[str, Any] | None = None
+    # the session's whole grid (issue 60: a run that grew counts against the union of its plans, not the first
+    # session's pending requests); per strategy as recorded, per seed; absent in manifests written before
+    planned: int | None = None
+    planned_by: dict[str, dict[str, int]] | None = None
 
 
 class Manifest(BaseModel):

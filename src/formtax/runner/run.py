@@ -19,6 +19,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import socket
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -97,7 +98,8 @@ def grid_extension(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, 
         before_n, after_n = int(old.get("seeds", 1)), int(new.get("seeds", 1))
         if after_n < before_n:
             return None
-        out["seeds"] = [before_n, after_n]
+        out["added_seeds"] = list(range(before_n, after_n))  # the new seeds themselves (issue 60: "seeds": [2, 3]
+        # read as the run's seeds where it meant "from 2 to 3 seeds")
     return out
 
 
@@ -173,18 +175,31 @@ def run(config: RunConfig, out_dir: Path, progress: Callable[[int, int], None] |
         raise ConfigError(f"--max-tokens must be at least 1, got {config.max_tokens}")
     if config.workers < 1:
         raise ConfigError(f"--workers must be at least 1, got {config.workers}")
+    if config.seeds < 1:
+        raise ConfigError(f"--seeds must be at least 1, got {config.seeds}")
+    if not config.strategies:
+        raise ConfigError("no strategies given")
+    for spec in config.strategies:  # an unknown strategy is refused before the directory exists (issue 60)
+        parse_strategy_spec(spec)
     if config.backend in ("hf", "vllm"):
         check_model_name(config.model)
     if out_dir.exists() and not out_dir.is_dir():
         raise ConfigError(f"--out {out_dir} is a file, not a run directory")
+    created = not out_dir.exists()
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ConfigError(f"--out {out_dir}: cannot create the run directory ({e.strerror or e})") from None
     if not os.access(out_dir, os.W_OK):
         raise ConfigError(f"--out {out_dir}: the run directory is not writable")
-    with run_lock(out_dir):
-        return _run(config, out_dir, progress, backend)
+    try:
+        with run_lock(out_dir):
+            return _run(config, out_dir, progress, backend)
+    except FormtaxError:
+        # a run refused before it wrote anything leaves no directory that holds only its lock (issue 60)
+        if created and out_dir.is_dir() and {f.name for f in out_dir.iterdir()} <= {LOCK_FILE}:
+            shutil.rmtree(out_dir, ignore_errors=True)
+        raise
 
 
 def _run(config: RunConfig, out_dir: Path, progress: Callable[[int, int], None] | None,
@@ -308,7 +323,8 @@ def _run(config: RunConfig, out_dir: Path, progress: Callable[[int, int], None] 
     manifest["status"] = "running"
     manifest["resumptions"].append({"at": time.strftime("%Y-%m-%dT%H:%M:%S"), "pending": len(pending),
                                     "batch_size": config.batch_size, "device": config.device,
-                                    "machine": machine_load()})
+                                    "machine": machine_load(), "planned": len(planned),
+                                    "planned_by": planned_by(planned)})
     save_manifest(out_dir, manifest)
 
     n_done = summary.skipped
@@ -354,6 +370,16 @@ def _run(config: RunConfig, out_dir: Path, progress: Callable[[int, int], None] 
         save_manifest(out_dir, manifest)
     summary.wall_s = time.perf_counter() - t_start
     return summary
+
+
+def planned_by(planned: Sequence[Planned]) -> dict[str, dict[str, int]]:
+    """The grid's requests per strategy (as recorded) and seed: what an incomplete run's findings count against
+    (report/findings.py); seeds as strings, JSON's keys."""
+    out: dict[str, dict[str, int]] = {}
+    for p in planned:
+        by_seed = out.setdefault(p.spec.spec, {})
+        by_seed[str(p.seed)] = by_seed.get(str(p.seed), 0) + 1
+    return out
 
 
 def _hypotheses_lock(config: RunConfig, manifest: dict[str, Any] | None, has_records: bool, out_dir: Path

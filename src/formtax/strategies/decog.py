@@ -34,8 +34,9 @@ from typing import Any, ClassVar
 import torch
 
 from formtax.cache import LRU
+from formtax.constraints.finalanswer import final_answer
 from formtax.constraints.spec import ChoiceConstraint, Constraint, TemplateConstraint
-from formtax.constraints.template import Slot, Template
+from formtax.constraints.template import Slot, Template, key_phrase_of
 from formtax.decoding.engine import Backend
 from formtax.decoding.loop import Policy, RowOutput
 from formtax.decoding.plan import Phase
@@ -48,7 +49,8 @@ from formtax.strategies.base import Request, Result, SinglePass, prefix_ids, reg
 from formtax.strategies.options import FemOptions
 
 FEM_STRATEGIES = FemOptions.strategies  # the strategies that read the ``fem`` option (declared by their model)
-PLACEMENTS = {"end": ("line", "none"), "anywhere": ("any", "any")}
+# anywhere: the answer a whole word, as every reader reads it (fem/dfa.py's "word" suffix, issue 60)
+PLACEMENTS = {"end": ("line", "none"), "anywhere": ("any", "word")}
 # what a --fem spec may also set (``top_k``: the spec's spelling of state_top_k)
 OPTIONS = (*(k for k in FemOptions.model_fields if k != "fem"), "top_k")
 _TRUE = {"1", "true", "yes", "on"}
@@ -288,7 +290,10 @@ class FemStrategy(SinglePass):
 
 def _answer_span(data: bytes, template: Template, s: FemSettings) -> tuple[int, int] | None:
     """Byte span of the answer: the last lines (``end``: as many as the template has, its slots being single-line
-    text), or the last occurrence of the template (``anywhere``)."""
+    text), or, placed ``anywhere``, the last key phrase and its answer read by the one rule every strategy's reader
+    shares (:func:`formtax.constraints.finalanswer.final_answer`, issue 60), so a decog record and a free record
+    with the same text get the same strict verdict; a template that is not a phrase and one word-like slot keeps
+    its last occurrence."""
     if s.placement == "end":
         start = len(data)
         for _ in range(1 + sum(p.count("\n") for p in template.parts if isinstance(p, str))):
@@ -296,20 +301,19 @@ def _answer_span(data: bytes, template: Template, s: FemSettings) -> tuple[int, 
             if start < 0:
                 break
         return start + 1, len(data)
+    phrase = key_phrase_of(template)
+    if phrase is not None:
+        text = data.decode("utf-8", errors="surrogateescape")  # round-trips every byte, so offsets map back
+        found = final_answer(text, phrase)
+        if found is None:
+            return None
+        return (len(text[: found.phrase_start].encode("utf-8", errors="surrogateescape")),
+                len(text[: found.end].encode("utf-8", errors="surrogateescape")))
     spec = FormatSpec(template, prefix="none", suffix="none", leading_space=False)
-    found = None
+    last = None
     for m in re.finditer(spec.py_regex(), data):
-        found = (m.start(), m.end())
-    if found is not None and data[found[1] - 1 : found[1]].isdigit() and re.match(rb"[.,]?[0-9]", data[found[1]:]):
-        # the slot stopped inside a number (``19`` of ``19.99``): the answer is the whole run, as the strict
-        # parser reads a key phrase's answer (the non-space run, less one trailing period or comma), so the same
-        # text gives the same answer (issue 49)
-        run = re.match(rb"\S*", data[found[1]:])
-        end = found[1] + (len(run.group(0)) if run else 0)
-        if data[end - 1 : end] in (b".", b","):
-            end -= 1
-        found = (found[0], end)
-    return found
+        last = (m.start(), m.end())
+    return last
 
 
 def resolve_top_k(raw: Any, h: int) -> int | None:

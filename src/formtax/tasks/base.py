@@ -49,6 +49,14 @@ class Task(ABC):
     GSM8K and SummEval take Deco-G's key phrase placed anywhere (REASON_KEYPHRASE), and so do the natural-language
     baselines beside them (runner.grid.deco_g_baselines)."""
     key_phrase: ClassVar[str] = KEY_PHRASE
+    evaluated_set: ClassVar[str] = ""
+    """What the evaluation covers where it is not the whole benchmark, in a sentence the report's findings print
+    (issue 60: SummEval evaluates 90 of paper 001's 100 articles); empty for the whole benchmark."""
+    answer_prefix: ClassVar[str] = ANSWER_PREFIX
+    """The task's own answer line, less the answer (issue 60: each task declares it): the REASON_ANSWER and
+    ANSWER_ONLY formats end with ``answer_prefix + <answer>``, which the strict parser, paper 003's format-level
+    rate (``report.load.format_ok``) and the report read. ``The answer is: `` by default; SummEval's is
+    ``The rating is ``."""
     """The REASON_KEYPHRASE format's phrase: "The final answer is " (GSM8K, paper 001 section 4.1); SummEval's is
     "The rating is " (section 4.3)."""
 
@@ -128,7 +136,7 @@ class Task(ABC):
             return "answer-json:" + slot
         if output_format is OutputFormat.REASON_KEYPHRASE:
             return self.key_phrase + slot
-        return slot if output_format is OutputFormat.JSON else ANSWER_PREFIX + slot
+        return slot if output_format is OutputFormat.JSON else self.answer_prefix + slot
 
     def messages(
         self, item: Item, output_format: OutputFormat, task_variant: int, format_variant: int, shots: Sequence[Item]
@@ -221,8 +229,10 @@ class Task(ABC):
             return []
         pool = [item for item in self._cached_shot_pool() if item.id not in exclude_ids]
         if len(pool) < n:
+            hint = ("; the shot pool is the task's own items and the run evaluates all of them: give a shot file "
+                    "(--shots-file) or hold items out with --limit" if not pool else "")
             raise DataError(
-                f"{self.name}: asked for {n} shots but only {len(pool)} items remain outside the excluded ids"
+                f"{self.name}: asked for {n} shots but only {len(pool)} items remain outside the evaluated ones{hint}"
             )
         order = np.random.default_rng(seed).permutation(len(pool))[:n]
         return [pool[int(i)] for i in order]

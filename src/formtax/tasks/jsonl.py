@@ -44,6 +44,10 @@ _LABELS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
 
 def _slot(spec: str, where: str) -> Slot:
+    kind = spec.split(":", 1)[0] if ":" in spec and not spec.startswith("{") else ""
+    if kind in ("regex", "json", "lark", "choice", "number-or", "answer-json"):
+        raise ConfigError(f"{where}: {spec!r} is a {kind}: constraint; a JSONL task's answer spec is one typed slot "
+                          "in braces, e.g. {int:0..}, {choice:yes|no}, {letters:4} or {str} (issue 60)")
     try:
         template = parse_template(spec)
     except ConstraintError as exc:

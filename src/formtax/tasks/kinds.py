@@ -34,10 +34,12 @@ def normalize_integer(value: str) -> str | None:
 
 def canonical_integer(value: str) -> str | None:
     """``value`` (stripped) if it is written as the VC slot writes integers: digits, an optional ``-``, no
-    leading zeros, no separators or decimals (``28`` yes; ``28.00``, ``2,8``, ``028``, ``$28`` no). ``-0`` reads
-    as ``0``, as the slot's JSON form does."""
+    leading zeros, no separators or decimals (``28`` yes; ``28.00``, ``2,8``, ``028``, ``$28`` no). ``-0`` is not
+    canonical (zero is written ``0``): every task's VC range is non-negative, and there the grammar writes no minus
+    sign (``Slot.accepts`` and the JSON oracle's ``integer_literal_error`` refuse ``-0`` too), so the strict
+    parser calls it ``invalid`` in an answer line and in JSON alike (issue 60); the lenient parser reads it as 0."""
     cleaned = value.strip()
-    if not _CANONICAL_INTEGER_RE.fullmatch(cleaned):
+    if not _CANONICAL_INTEGER_RE.fullmatch(cleaned) or cleaned == "-0":
         return None
     return str(int(cleaned))
 

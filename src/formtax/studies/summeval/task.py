@@ -17,9 +17,9 @@ Gold and scoring (our choices): ``Item.gold`` is the expert *mean* written with 
 analysis, :mod:`formtax.studies.summeval.judge`, needs it from the records alone), not a normalised answer as for other
 tasks; ``score`` counts a rating as correct when it equals the mean rounded to the nearest integer (means are
 multiples of 1/3, so there are no ties). The study's metric is the summary-level correlation, not this accuracy.
-Note that the shared strict parser reads only ``The answer is: ...`` lines, so its verdicts on this task's
-``reason-answer`` outputs are ``no_answer`` (its key-phrase verdicts read ``The rating is N``); the judge analysis
-has its own reader of ``The rating is N``.
+The task declares its answer line (``answer_prefix`` "The rating is "), so the shared strict parser, the format-level
+parse rate and the report read ``The rating is N`` as this task's answer line (issue 60; before, only ``The answer
+is: ...`` lines were read and every constrained output counted as unparsed).
 
 There is no train split: the shot pool (few-shot examples, and the questions an instruction-aware FEM is distilled
 from) is the items of articles A90-A99, which the evaluation never sees (``holds_out_dev``).
@@ -125,6 +125,10 @@ class SummEvalTask(IntegerTask):
     )
     fem_output_format: ClassVar[OutputFormat] = OutputFormat.REASON_KEYPHRASE
     key_phrase: ClassVar[str] = RATING_PREFIX
+    answer_prefix: ClassVar[str] = RATING_PREFIX
+    evaluated_set: ClassVar[str] = (
+        "SummEval evaluates articles A0-A89: 90 of paper 001's 100 articles (1440 of 1600 summaries x 4 aspects); "
+        "A90-A99 are held out as the shot pool and for FEM distillation")
     vc_min: ClassVar[int | None] = 1
     vc_max: ClassVar[int | None] = 5
     folder: ClassVar[str] = "summeval"
