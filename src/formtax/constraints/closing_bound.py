@@ -19,6 +19,7 @@ errs low (ours):
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from typing import Any
@@ -38,7 +39,9 @@ def _dumps(value: Any) -> int:
     return len(json.dumps(value, ensure_ascii=False).encode())
 
 
+@functools.lru_cache(maxsize=1024)
 def _pattern_width(pattern: str) -> int:
+    """The fewest characters a match of ``pattern`` takes (cached: a schema repeats its patterns)."""
     try:
         width = re._parser.parse(pattern).getwidth()[0]  # type: ignore[attr-defined]
     except Exception:  # an ECMA-262 pattern Python does not read: it adds nothing
