@@ -1,14 +1,10 @@
-"""Fixtures of the security suite (issue 55): a server over the fake backend, started per module, with a probe that
-measures ``/health`` while a request runs."""
+"""Fixtures of the security suite (issue 55): a server over the fake backend, started per module
+(``tests/probes.py`` measures ``/health`` while a request runs)."""
 
 from __future__ import annotations
 
-import threading
-import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
-import httpx
 import pytest
 
 pytest.importorskip("uvicorn")
@@ -23,27 +19,3 @@ def srv() -> Iterator[ServerThread]:
                      timeout_s=60)
     with ServerThread(app) as server:
         yield server
-
-
-def health_while(srv: ServerThread, send: Callable[[], Any]) -> tuple[Any, list[float]]:
-    """Run ``send()`` in a thread and probe ``/health`` every 0.1 s meanwhile: its result and the probes' times."""
-    box: dict[str, Any] = {}
-
-    def go() -> None:
-        try:
-            box["r"] = send()
-        except Exception as e:  # noqa: BLE001 - handed to the test
-            box["e"] = e
-
-    t = threading.Thread(target=go)
-    t.start()
-    waits: list[float] = []
-    while t.is_alive() or not waits:
-        t0 = time.perf_counter()
-        assert httpx.get(srv.url.removesuffix("/v1") + "/health", timeout=30).status_code == 200
-        waits.append(time.perf_counter() - t0)
-        time.sleep(0.1)
-    t.join()
-    if "e" in box:
-        raise box["e"]
-    return box["r"], waits

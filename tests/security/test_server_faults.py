@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from formtax.serve.schema import MAX_BODY_DEPTH
-from tests.security.conftest import health_while
+from tests.probes import health_while
 
 M = [{"role": "user", "content": "hi"}]
 REDOS = "^(\\w+\\s?)*$"  # exponential for Python's re on 40 letters and a "!"

@@ -5,8 +5,6 @@ within 200 MB of where it started."""
 
 from __future__ import annotations
 
-import threading
-import time
 from pathlib import Path
 
 import httpx
@@ -17,6 +15,7 @@ pytest.importorskip("uvicorn")
 from formtax.backends.fake import FakeBackend, random_logits  # noqa: E402
 from formtax.serve.app import ServerThread, create_app  # noqa: E402
 from formtax.serve.limits import default_body_limit  # noqa: E402
+from tests.probes import health_while  # noqa: E402
 
 PROMPT = "word " * 4_000_000  # 20 MB
 
@@ -28,21 +27,6 @@ def _rss_mb() -> float:
     pytest.skip("no /proc/self/status")
 
 
-def _health_while(srv: ServerThread, send) -> tuple[httpx.Response, list[float]]:
-    """Send the request in a thread; probe /health every 0.2 s while it runs; the response and probe times."""
-    box: dict[str, httpx.Response] = {}
-    t = threading.Thread(target=lambda: box.setdefault("r", send()))
-    t.start()
-    waits = []
-    while t.is_alive() or not waits:
-        t0 = time.perf_counter()
-        assert httpx.get(srv.url.removesuffix("/v1") + "/health", timeout=10).status_code == 200
-        waits.append(time.perf_counter() - t0)
-        time.sleep(0.2)
-    t.join()
-    return box["r"], waits
-
-
 @pytest.mark.parametrize("limit", [None, 64 << 20])
 def test_a_20_mb_prompt_is_refused_and_the_server_stays_up(limit):
     backend = FakeBackend(random_logits(seed=0), context=8192)
@@ -52,7 +36,7 @@ def test_a_20_mb_prompt_is_refused_and_the_server_stays_up(limit):
                                                        "max_tokens": 2})  # warm
         before = _rss_mb()
         for _ in range(3):
-            r, waits = _health_while(srv, lambda: httpx.post(
+            r, waits = health_while(srv, every=0.2, send=lambda: httpx.post(
                 srv.url + "/chat/completions", json={"messages": [{"role": "user", "content": PROMPT}]},
                 timeout=120))
             assert max(waits) < 1.0, waits

@@ -171,6 +171,20 @@ class Policy(ABC):
         return LoweredRow(Lowering.LIVE, inner=self)
 
 
+class Wrapping(Policy):
+    """A policy around another one (``inner``: a forced prefix, a server's hooks, a statistic's wrapper, a vLLM
+    row's seam) that hands through what it does not change: the finish at an exhausted budget and the row's
+    statistics. Its own ``plan`` / ``advance`` say what it does change."""
+
+    inner: Policy
+
+    def budget_exhausted(self) -> str:
+        return self.inner.budget_exhausted()
+
+    def row_stats(self) -> dict[str, Any]:
+        return self.inner.row_stats()
+
+
 @dataclass
 class Step:
     token: int

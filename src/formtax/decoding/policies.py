@@ -14,7 +14,7 @@ from formtax.constraints.jsonkeys import KeyGuard
 from formtax.constraints.jsonstrings import StringCaps
 from formtax.decoding.loop import Divert, Plan, Policy, Veto, relay
 from formtax.decoding.lowering import LoweredRow, Lowering
-from formtax.decoding.plan import Finish, Phase
+from formtax.decoding.plan import Finish, Phase, Wrapping
 from formtax.tensorops import any_true
 
 if TYPE_CHECKING:
@@ -252,7 +252,7 @@ class InWritingPolicy(Policy):
         return self.answer.mask_matcher() if self.switched else None
 
 
-class ForcedPrefix(Policy):
+class ForcedPrefix(Wrapping):
     """A reasoning constraint (RC): force a prefix such as "Let's think step by step", then hand over."""
 
     def __init__(self, prefix: Sequence[int], inner: Policy) -> None:
@@ -291,9 +291,6 @@ class ForcedPrefix(Policy):
 
     def budget_exhausted(self) -> str:
         return self.inner.budget_exhausted() if self.k >= len(self.prefix) else Finish.LENGTH
-
-    def row_stats(self) -> dict[str, Any]:
-        return self.inner.row_stats()
 
     def mask_matcher(self) -> Matcher | None:
         return self.inner.mask_matcher() if self.k >= len(self.prefix) else None

@@ -41,7 +41,7 @@ from typing import Any
 import torch
 
 from formtax.decoding.engine import Backend, Batch, Capability, TokenizerInfo
-from formtax.decoding.plan import Phase, Plan, Policy, relay
+from formtax.decoding.plan import Phase, Plan, Policy, Wrapping, relay
 
 log = logging.getLogger(__name__)
 
@@ -408,7 +408,7 @@ class StopPolicy(Policy):
         return None
 
 
-class SeamBreak(Policy):
+class SeamBreak(Wrapping):
     """InWriting's answer on its own line (module docstring): at the switch, when the reasoning so far does not end
     in white space, a line break is written first, then the answer. The inner policy was built with one token
     less and sees the steps as if the break were not there, so its budget and closing's are its own."""
@@ -470,12 +470,6 @@ class SeamBreak(Policy):
         reason = self.inner.advance(token)
         self.phase = self.inner.phase
         return reason
-
-    def budget_exhausted(self) -> str:
-        return self.inner.budget_exhausted()
-
-    def row_stats(self) -> dict[str, Any]:
-        return self.inner.row_stats()
 
     def mask_matcher(self) -> Any:
         return self.inner.mask_matcher()

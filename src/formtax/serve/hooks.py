@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from formtax.decoding.engine import TokenizerInfo
-from formtax.decoding.plan import Finish, Plan, Policy
+from formtax.decoding.plan import Finish, Plan, Policy, Wrapping
 
 
 @dataclass
@@ -67,7 +67,7 @@ class RequestHooks:
         return Hooked(policy, self, tok)
 
 
-class Hooked(Policy):
+class Hooked(Wrapping):
     """``inner`` under one request's :class:`RequestHooks` (module docstring)."""
 
     def __init__(self, inner: Policy, hooks: RequestHooks, tok: TokenizerInfo) -> None:
@@ -135,12 +135,6 @@ class Hooked(Policy):
             if any(s in tail for s in h.stops):
                 return Finish.STOP_SEQUENCE
         return reason
-
-    def budget_exhausted(self) -> str:
-        return self.inner.budget_exhausted()
-
-    def row_stats(self) -> dict[str, Any]:
-        return self.inner.row_stats()
 
     def mask_matcher(self) -> Any:
         return None if self.hooks.cancel.is_set() else self.inner.mask_matcher()

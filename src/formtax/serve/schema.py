@@ -53,11 +53,7 @@ def check_body(data: Any, where: str = "", depth: int = 0) -> None:
     while stack:
         value, at, level = stack.pop()
         if isinstance(value, str):
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError:
-                raise ValueError(f"{at or 'body'}: contains a lone surrogate (\\ud800-\\udfff), which is no "
-                                 "Unicode text") from None
+            _unicode(value, at or "body", "contains")
             continue
         if isinstance(value, dict | list):
             if level >= MAX_BODY_DEPTH:
@@ -65,14 +61,17 @@ def check_body(data: Any, where: str = "", depth: int = 0) -> None:
                 raise ValueError(f"{head}: nested more than {MAX_BODY_DEPTH} levels deep")
             items = value.items() if isinstance(value, dict) else enumerate(value)
             for k, v in items:
-                key = str(k)
                 if isinstance(k, str):
-                    try:
-                        k.encode("utf-8")
-                    except UnicodeEncodeError:
-                        raise ValueError(f"{at or 'body'}: a key contains a lone surrogate (\\ud800-\\udfff), "
-                                         "which is no Unicode text") from None
-                stack.append((v, f"{at}.{key}" if at else key, level + 1))
+                    _unicode(k, at or "body", "has a key with")
+                stack.append((v, f"{at}.{k}" if at else str(k), level + 1))
+
+
+def _unicode(text: str, at: str, what: str) -> None:
+    """A ValueError naming ``at`` where ``text`` holds a lone surrogate (no UTF-8 encoding)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{at}: {what} a lone surrogate (\\ud800-\\udfff), which is no Unicode text") from None
 
 
 class ToolCallFunction(BaseModel):

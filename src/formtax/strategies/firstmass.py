@@ -27,6 +27,7 @@ import torch
 
 from formtax.decoding.engine import TokenizerInfo
 from formtax.decoding.loop import Plan, Policy, relay
+from formtax.decoding.plan import Wrapping
 
 TOP_K = 20
 EVENT = "first_token_mass"
@@ -91,7 +92,7 @@ def first_token_mass(logits: torch.Tensor, allowed: torch.Tensor, k: int = TOP_K
     }
 
 
-class FirstTokenMass(Policy):
+class FirstTokenMass(Wrapping):
     """Wrap a policy: at its first step, record :func:`first_token_mass` as an event; change nothing else."""
 
     def __init__(self, inner: Policy, allowed: torch.Tensor, k: int = TOP_K, wider: torch.Tensor | None = None
@@ -119,8 +120,3 @@ class FirstTokenMass(Policy):
         self.phase = self.inner.phase
         return reason
 
-    def budget_exhausted(self) -> str:
-        return self.inner.budget_exhausted()
-
-    def row_stats(self) -> dict[str, Any]:
-        return self.inner.row_stats()
