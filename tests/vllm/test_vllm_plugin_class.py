@@ -85,5 +85,7 @@ def test_validate_params_reads_the_tokenizer_and_the_clients_request(model_path)
         serve(SimpleNamespace(vllm_xargs=XARGS, max_tokens=None, max_completion_tokens=None), params(max_tokens=3000))
     with pytest.raises(ValueError, match="fits in"):
         serve(sent, params({"formtax_answer": "regex:a{50}"}, max_tokens=8))
-    with pytest.raises(ValueError, match="replay|signature|FORMTAX_VLLM_SECRET"):
+    # refused whichever way: no secret in this process, or (after a test that started an engine) a recipe that is
+    # not sealed at all
+    with pytest.raises(ValueError, match="replay|signature|FORMTAX_VLLM_SECRET|not a sealed recipe"):
         serve(sent, params({"formtax_recipe": "x:y:z", "formtax_row": "k", "formtax_report": "a"}))
