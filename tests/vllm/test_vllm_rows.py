@@ -41,13 +41,22 @@ class SimVLLM(VLLMBackend):
         self.fn = fn
         self.lie = lie
         self.calls: list[int] = []
+        self.probes: list[int] = []
+        self.live_rows = 0
 
     def _params(self, sampling, seed, max_tokens, stop_ids, grammar=None, extra_args=None):
         return {"max_tokens": max_tokens, "stop_ids": stop_ids, "grammar": grammar, "extra_args": extra_args,
                 "sampling": sampling, "seed": seed}
 
+    def _score_first(self, prompts, ids):
+        """vLLM's raw log-probs of the first position (the mass probe of a grammar row)."""
+        self.probes.append(len(prompts))
+        return [{i: float(torch.log_softmax(self.fn(list(p)).double(), -1)[i]) for i in want}
+                for p, want in zip(prompts, ids, strict=True)]
+
     def _generate(self, prompts, params, sinks=None):
         self.calls.append(len(prompts))
+        self.live_rows += sum(1 for p in params if p["extra_args"])
         outs = []
         for prompt, p in zip(prompts, params, strict=True):
             seq, out, finish = list(prompt), [], "length"
@@ -145,6 +154,25 @@ def test_short_with_a_choice_runs_its_statistics_wrapper_live():
         assert a.stats.get("first_token_mass") == b.stats.get("first_token_mass")
 
 
+@pytest.mark.parametrize("spec", ["The answer is: {int:0..999}", "regex:[0-9]{1,3}", "choice:red|green|blue",
+                                  'json:{"type": "object", "properties": {"v": {"type": "integer"}}, "required": ["v"], '
+                                  '"additionalProperties": false}'])
+def test_grammar_rows_run_on_the_engines_structured_outputs(spec):
+    """Issue 56 item 4: a row that needs only its grammar (closing off, or closing provably idle: every completion
+    fits, constraints/extent.py) is never stepped by formtax's processor; its first-step masked mass comes from one
+    probe, and everything equals the decode loop."""
+    fn = random_logits(seed=2)
+    for closing in (False, True):
+        ref = formtax.generate_batch(FakeBackend(fn), Q, "constrained", spec, max_tokens=40, closing=closing)
+        sim = SimVLLM(fn)
+        got = formtax.generate_batch(sim, Q, "constrained", spec, max_tokens=40, closing=closing)
+        for a, b in zip(ref, got, strict=True):
+            same(a, b)
+            assert b.masked_mass is not None
+        idle = not closing or not spec.startswith(("The", "json"))  # closing may act on an unbounded answer
+        assert (sim.live_rows == 0) is idle and (sim.probes == [len(Q)]) is idle, (closing, sim.live_rows)
+
+
 def test_rows_are_classified_by_their_policy():
     tok = FakeBackend().tokenizer
     c = parse_spec("The answer is: {int}")
@@ -167,14 +195,18 @@ def test_a_json_schema_grammar_becomes_lark_text():
 
 def test_an_engine_that_ignores_the_constraint_is_caught():
     fn = random_logits(seed=1)
-    # measured grammar rows run live in formtax's processor, which forces its tokens: an engine that ignores the
-    # grammar parameter changes nothing there
-    for strategy, spec in [("constrained", "The answer is: {int}"), ("nl2format", "The answer is: {int}"),
-                           ("json", "{int}")]:
-        ref = formtax.generate_batch(FakeBackend(fn), Q, strategy, spec, max_tokens=80, closing=False)
-        got = formtax.generate_batch(SimVLLM(fn, lie=True), Q, strategy, spec, max_tokens=80, closing=False)
-        for a, b in zip(ref, got, strict=True):
-            same(a, b)
+    # live rows run in formtax's processor, which forces its tokens: an engine that ignores the grammar parameter
+    # changes nothing there
+    ref = formtax.generate_batch(FakeBackend(fn), Q, "json", "{int}", max_tokens=80, closing=False)
+    got = formtax.generate_batch(SimVLLM(fn, lie=True), Q, "json", "{int}", max_tokens=80, closing=False)
+    for a, b in zip(ref, got, strict=True):
+        same(a, b)
+    # grammar rows go to the engine's structured outputs (issue 56): one that ignores the grammar is caught by the
+    # replay, and the result is an error, never an answer outside the constraint
+    for strategy in ("constrained", "nl2format"):
+        got = formtax.generate_batch(SimVLLM(fn, lie=True), Q, strategy, "The answer is: {int}", max_tokens=80,
+                                     closing=False)
+        assert all(r.error is not None and not r.parse_ok for r in got), [r.text for r in got]
     # an engine that emits other tokens than the processor forced: the row is refused, never handed over
     with pytest.raises(RuntimeError, match="not the row's|was forced"):
         formtax.generate_batch(SimVLLM(fn, lie="processor"), Q, "constrained", "The answer is: {int}", max_tokens=80)

@@ -100,6 +100,21 @@ class AsyncEngine:
             tokens, finish = got, out.outputs[0].finish_reason
         return tokens, finish
 
+    def score_first(self, prompts: Sequence[list[int]], params: Sequence[Any]) -> list[dict[int, float]]:
+        """One-token requests' first-position log-probabilities (token id -> log-prob), in order."""
+        return self._call(self._score_first(list(prompts), list(params)))
+
+    async def _score_first(self, prompts: list[list[int]], params: list[Any]) -> list[dict[int, float]]:
+        async def one(prompt: list[int], sp: Any) -> dict[int, float]:
+            got: dict[int, float] = {}
+            async for out in self.engine.generate({"prompt_token_ids": prompt}, sp, f"formtax-{uuid.uuid4().hex}"):
+                lps = out.outputs[0].logprobs
+                if lps:
+                    got = {int(t): float(lp.logprob) for t, lp in lps[0].items()}
+            return got
+
+        return list(await asyncio.gather(*(one(p, sp) for p, sp in zip(prompts, params, strict=True))))
+
     def shutdown(self) -> None:
         """Stop the engine, then its loop (after cancelling what still runs there)."""
         try:

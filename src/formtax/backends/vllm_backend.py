@@ -7,11 +7,15 @@ vLLM owns its decode loop, so this backend has no steppable :class:`~formtax.dec
 * **free rows** (a FreePolicy behind an optional forced prefix: ``free``, ``short``, NL-to-Format's first call)
   are plain engine requests: the forced prefix (RC) is appended to the prompt (forcing tokens is the same as
   prompting with them), EOS and the newline tokens become ``stop_token_ids``;
-* **whole-output grammar rows** whose masked mass is not measured go through vLLM's structured outputs with the
-  llguidance backend, fed the very grammar formtax compiles (as Lark text);
-* **everything else** (InWriting's switch, closing, statistics wrappers, Deco-G's reweighting, and every grammar
-  row whose first-step masked mass is measured: vLLM masks a grammar row before any logits processor sees it)
-  runs *live*: the row carries its recipe (``RowRequest.recipe``, sealed: backends/row_reports.py) to formtax's
+* **whole-output grammar rows** (constrained, the answer phase of json, with closing off or unable to act) go through
+  vLLM's structured outputs with the llguidance backend, fed the very grammar formtax compiles (as Lark text): vLLM
+  compiles it asynchronously and fills its bitmask in C++ beside the forward pass (issue 56). vLLM masks a grammar
+  row before any logits processor or log-prob sees it, so the first step's masked mass, where the row measures it,
+  comes from a probe: a one-token greedy request on the same prompt scoring exactly the grammar's allowed first
+  tokens (``logprob_token_ids``, at most :data:`MASS_IDS_MAX`), as the OpenAI backend does against a vLLM server;
+  a row whose first allowed set is larger runs live;
+* **everything else** (InWriting's switch, closing that may act, statistics wrappers, Deco-G's reweighting) runs
+  *live*: the row carries its recipe (``RowRequest.recipe``, sealed: backends/row_reports.py) to formtax's
   plugin (``formtax.vllm_plugin:FormtaxLogitsProcessor``, the very processor a stock ``vllm serve`` loads),
   which builds the row's policy inside the engine, chooses each token there with the loop's own rule, and
   reports the finished RowOutput back. Nothing crosses processes but the arguments and the report, so the engine
@@ -40,6 +44,7 @@ in a 0700 directory; for engines on other machines (Ray across nodes) ``report_b
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import logging
@@ -82,6 +87,7 @@ log = logging.getLogger(__name__)
 FIXED_ENGINE: dict[str, Any] = {"enable_chunked_prefill": False, "async_scheduling": False}
 DEFAULT_ENGINE: dict[str, Any] = {"enable_prefix_caching": True, "max_model_len": 4096, "seed": 0}
 PLUGIN = "formtax.vllm_plugin:FormtaxLogitsProcessor"  # the processor a stock vllm serve loads, and this backend
+MASS_IDS_MAX = 128  # vLLM's MAX_LOGPROB_TOKEN_IDS: the most ids one request's logprob_token_ids may score
 CPU_KVCACHE_GIB = "1"  # VLLM_CPU_KVCACHE_SPACE unless set: the in-process engine's and serve()'s alike
 
 
@@ -144,6 +150,7 @@ class VLLMBackend(RowEngine):
         self.eos_id = min(tok.eos_ids)
         self._reports: Inbox | None = None
         self.report: dict[str, str] = {}  # report_bind / report_address (backends/row_reports.py)
+        self.rows_by_path: collections.Counter[str] = collections.Counter()  # Lowering value -> rows sent that way
 
     @property
     def concurrent(self) -> bool:
@@ -298,16 +305,19 @@ class VLLMBackend(RowEngine):
                     whole: Sequence[Constraint | None]) -> list[RowOutput]:
         """A ``RowDecoder``: every row to completion in one engine call.
 
-        A row whose policy must be stepped, or whose first constrained step's masked mass is measured, runs live:
-        it carries its recipe to formtax's plugin in the engine, which builds and steps it there and reports its
-        output (backends/row_reports.py). Free and unmeasured grammar rows are plain engine requests, replayed."""
+        A row whose policy must be stepped (or whose measured masked mass no probe can score) runs live: it carries
+        its recipe to formtax's plugin in the engine, which builds and steps it there and reports its output
+        (backends/row_reports.py). Free and grammar rows are plain engine requests, replayed; a grammar row's
+        masked mass comes from its probe (:meth:`_first_masses`, sent before the rows)."""
         if backend is not self:  # e.g. NL-to-Format's extractor on another engine
             return decode(backend, rows, temperature=sampling)
         if not rows:
             return []
         t0 = time.perf_counter()
         lowered = [lower_row(r, w) for r, w in zip(rows, whole, strict=True)]
-        live = {k: uuid.uuid4().hex for k, p in enumerate(lowered) if _runs_live(p)}
+        probes = {k: ids for k, low in enumerate(lowered) if (ids := _mass_ids(low)) is not None}
+        live = {k: uuid.uuid4().hex for k, p in enumerate(lowered) if _runs_live(p, k in probes)}
+        self.rows_by_path.update(Lowering.LIVE if k in live else low.kind for k, low in enumerate(lowered))
         controls = ROW_CONTROLS.get() if self.concurrent else None
         stream = controls.sink if controls is not None and len(rows) == 1 else None  # a request's one row streams
         prompts: list[list[int]] = []
@@ -333,6 +343,7 @@ class VLLMBackend(RowEngine):
             params.append(self._params(s, row.seed, row.max_tokens - len(low.prefix), low.stop_ids,
                                        grammar=grammar))
             sinks.append(None if stream is None else _engine_sink(row, low, stream))
+        masses = self._first_masses({k: (prompts[k], ids) for k, ids in probes.items()})
         produced = self._generate(prompts, params, sinks)
         if controls is not None and controls.cancel.is_set():  # aborted in the engine: no row is whole
             if live:
@@ -345,13 +356,47 @@ class VLLMBackend(RowEngine):
             if k in live:
                 out, problem = self._reported(row, reports.get(live[k]), tokens)
             else:
-                out = replay(row, low.prefix + tokens, finish)
+                out = replay(row, low.prefix + tokens, finish, masses.get(k))
                 problem = f"the engine ended the row with {finish!r}" if out.finish_reason.startswith("engine-") else None
             if problem is not None:  # never hand a strategy a row the engine did not decode as planned
                 raise RuntimeError(f"vllm backend: row {k}: {problem}")
             out.wall_s = wall
             outs.append(out)
         return outs
+
+    def _first_masses(self, probes: dict[int, tuple[list[int], list[int]]]) -> dict[int, float]:
+        """Row -> the masked mass of its first constrained step, from one greedy one-token probe per row (prompt
+        with the row's forced prefix, scoring the allowed ids): one minus the probability the raw distribution
+        puts on them, the loop's :func:`~formtax.decoding.step.masked_mass`."""
+        import math
+
+        if not probes:
+            return {}
+        keys = list(probes)
+        scored = self._score_first([probes[k][0] for k in keys], [probes[k][1] for k in keys])
+        out: dict[int, float] = {}
+        for k, got in zip(keys, scored, strict=True):
+            ids = probes[k][1]
+            if any(i not in got for i in ids):  # never a guessed mass: the row reports none
+                log.warning("vllm backend: the mass probe scored %d of %d allowed ids", sum(i in got for i in ids),
+                            len(ids))
+                continue
+            out[k] = max(0.0, 1.0 - math.fsum(math.exp(got[i]) for i in ids))
+        return out
+
+    def _score_first(self, prompts: Sequence[list[int]], ids: Sequence[list[int]]) -> list[dict[int, float]]:
+        """The engine touch point of :meth:`_first_masses`: for each prompt, the raw log-probabilities of ``ids``
+        at the first generated position (greedy, one token, vLLM's default raw log-probs)."""
+        from vllm import SamplingParams
+
+        from formtax.backends.vllm_async import AsyncEngine
+
+        params = [SamplingParams(n=1, temperature=0.0, max_tokens=1, logprobs=1, logprob_token_ids=list(i),
+                                 detokenize=False) for i in ids]
+        if isinstance(self.llm, AsyncEngine):
+            return self.llm.score_first(prompts, params)
+        outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        return [{int(t): float(lp.logprob) for t, lp in (o.outputs[0].logprobs or [{}])[0].items()} for o in outs]
 
     def _reported(self, row: RowRequest, report: dict[str, Any] | None, tokens: list[int]
                   ) -> tuple[RowOutput, str | None]:
@@ -386,10 +431,24 @@ def _engine_sink(row: RowRequest, low: LoweredRow, sink: Callable[[int, str], No
     return push
 
 
-def _runs_live(plan: LoweredRow) -> bool:
-    """Whether a row is stepped in the engine: a live policy, or a grammar row whose masked mass is measured (the
-    engine's grammar masks the logits before any processor sees them)."""
-    return plan.kind is Lowering.LIVE or (plan.kind is Lowering.GRAMMAR and getattr(plan.inner, "_measure", True))
+def _measures(low: LoweredRow) -> bool:
+    return low.kind is Lowering.GRAMMAR and bool(getattr(low.inner, "_measure", True))
+
+
+def _mass_ids(low: LoweredRow) -> list[int] | None:
+    """The allowed first tokens of a grammar row that measures its masked mass, where one probe can score them all
+    (:data:`MASS_IDS_MAX`); None otherwise. The row's policy is fresh, so its matcher stands at the first step."""
+    if not _measures(low):
+        return None
+    allowed = low.inner.matcher.allowed_mask()
+    ids = [int(i) for i in allowed.nonzero().flatten().tolist()]
+    return ids if 0 < len(ids) <= MASS_IDS_MAX else None
+
+
+def _runs_live(low: LoweredRow, probed: bool) -> bool:
+    """Whether a row is stepped in the engine: a live policy, or a grammar row whose masked mass is measured and
+    cannot be probed (the engine's grammar masks the logits before any processor or log-prob sees them)."""
+    return low.kind is Lowering.LIVE or (_measures(low) and not probed)
 
 
 def _jsonable(v: Any) -> bool:

@@ -151,8 +151,8 @@ class ConstrainedPolicy(Policy):
         return self.matcher
 
     def lowered(self, whole: Constraint | None) -> LoweredRow:
-        if whole is None or type(self) is not ConstrainedPolicy or self.keys is not None:
-            return super().lowered(whole)  # a row that could repeat a key stays with formtax's policy
+        if whole is None or type(self) is not ConstrainedPolicy or self.keys is not None or self.closer is not None:
+            return super().lowered(whole)  # a row that could repeat a key, or that closing may steer, stays live
         return LoweredRow(Lowering.GRAMMAR, stop_ids=self.eos_ids, constraint=whole, inner=self)
 
 

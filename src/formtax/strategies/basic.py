@@ -7,6 +7,7 @@ from typing import Any
 
 from formtax.constraints.closing import ClosingParse, closing_oracle, start_search, start_witness
 from formtax.constraints.compile import compile_grammar
+from formtax.constraints.extent import closing_idle
 from formtax.constraints.jsonkeys import KeyGuard, quote_tokens
 from formtax.constraints.jsonreason import (
     JSON_SCAFFOLD,
@@ -40,7 +41,11 @@ from formtax.strategies.options import JsonOptions
 def constrained_policy(backend: Backend, constraint: Constraint, phase: str = Phase.ANSWER,
                        closing_limit: int | None = None) -> ConstrainedPolicy:
     """The constraint's policy; ``closing_limit``: closing mode over that many tokens (the row's budget after
-    any forced prefix; constraints/closing.py)."""
+    any forced prefix; constraints/closing.py). Where closing provably cannot act (every completion fits:
+    constraints/extent.py) the row is built without it: the same tokens, and a row that needs only its grammar
+    (an engine's structured outputs may run it)."""
+    if closing_limit is not None and closing_idle(constraint, closing_limit):
+        closing_limit = None
     tok = backend.tokenizer
     compiled = compile_grammar(constraint.grammar, tok.engine)
     policy = ConstrainedPolicy(compiled.matcher(tok.n_logits), tok.eos_ids, phase=phase, closing_limit=closing_limit,
