@@ -386,12 +386,13 @@ class VLLMBackend(RowEngine):
 
     def _score_first(self, prompts: Sequence[list[int]], ids: Sequence[list[int]]) -> list[dict[int, float]]:
         """The engine touch point of :meth:`_first_masses`: for each prompt, the raw log-probabilities of ``ids``
-        at the first generated position (greedy, one token, vLLM's default raw log-probs)."""
+        at the first generated position (greedy, one token, vLLM's default raw log-probs; ``logprobs`` stays unset:
+        vLLM then returns exactly those ids and the sampled one)."""
         from vllm import SamplingParams
 
         from formtax.backends.vllm_async import AsyncEngine
 
-        params = [SamplingParams(n=1, temperature=0.0, max_tokens=1, logprobs=1, logprob_token_ids=list(i),
+        params = [SamplingParams(n=1, temperature=0.0, max_tokens=1, logprob_token_ids=list(i),
                                  detokenize=False) for i in ids]
         if isinstance(self.llm, AsyncEngine):
             return self.llm.score_first(prompts, params)

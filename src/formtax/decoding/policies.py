@@ -67,6 +67,7 @@ class ConstrainedPolicy(Policy):
         self._measure = measure
         self.first = True
         self.closer = None if closing_limit is None else Closer(matcher, closing_limit, eos_ids)
+        self.closing_idle = False  # closing mode is on but can never act (constraints/extent.py): no closer built
 
     def plan(self, logits: torch.Tensor, step: int) -> Plan:
         if self.matcher.error is not None:
@@ -140,8 +141,8 @@ class ConstrainedPolicy(Policy):
         return self
 
     def row_stats(self) -> dict[str, Any]:
-        if self.closer is None:
-            return {}
+        if self.closer is None:  # closing off, or on and provably idle (strategies/basic.py): it changed nothing
+            return {"closing_changed_tokens": 0} if self.closing_idle else {}
         out: dict[str, Any] = {"closing_changed_tokens": self.closer.changed}
         if self.closer.parse is not None:  # an approximated schema: what closing's guarantee covers
             out["closing_parse"] = str(self.closer.parse)

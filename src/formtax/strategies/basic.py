@@ -44,12 +44,12 @@ def constrained_policy(backend: Backend, constraint: Constraint, phase: str = Ph
     any forced prefix; constraints/closing.py). Where closing provably cannot act (every completion fits:
     constraints/extent.py) the row is built without it: the same tokens, and a row that needs only its grammar
     (an engine's structured outputs may run it)."""
-    if closing_limit is not None and closing_idle(constraint, closing_limit):
-        closing_limit = None
+    idle = closing_limit is not None and closing_idle(constraint, closing_limit)
     tok = backend.tokenizer
     compiled = compile_grammar(constraint.grammar, tok.engine)
-    policy = ConstrainedPolicy(compiled.matcher(tok.n_logits), tok.eos_ids, phase=phase, closing_limit=closing_limit,
-                               keys=key_guard(tok.engine, constraint))
+    policy = ConstrainedPolicy(compiled.matcher(tok.n_logits), tok.eos_ids, phase=phase,
+                               closing_limit=None if idle else closing_limit, keys=key_guard(tok.engine, constraint))
+    policy.closing_idle = idle
     if policy.closer is not None:
         closer = policy.closer
         oracle, key = closing_oracle(constraint)
