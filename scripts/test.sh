@@ -31,8 +31,8 @@ fi
 if [ $# -eq 0 ]; then
   NO_MKDOCS_2_WARNING=1 python -m mkdocs build --strict --quiet --site-dir "$(mktemp -d)"
 fi
-python -m pytest -q "$@"
+python -m pytest -q --durations=25 "$@"
 if [ $# -eq 0 ] && [ "${FORMTAX_WITH_VLLM:-1}" = "1" ]; then
   bash scripts/env-vllm.sh
-  "${VLLM_VENV:-.venv-vllm}/bin/python" -m pytest -q -m "vllm or parallel" tests/vllm tests/parallel
+  "${VLLM_VENV:-.venv-vllm}/bin/python" -m pytest -q --durations=15 -m "vllm or parallel" tests/vllm tests/parallel
 fi
