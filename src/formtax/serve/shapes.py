@@ -7,16 +7,31 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
+from enum import StrEnum
 from typing import Any
 
 from fastapi.responses import JSONResponse
 
 from formtax.decoding.engine import TokenizerInfo
-from formtax.decoding.plan import Phase
+from formtax.decoding.plan import Finish, Phase
 from formtax.serve.hooks import TokenLogprob
 from formtax.strategies.base import Result
 
-FINISH = {"length": "length", "length-incomplete": "length"}  # everything else ends as "stop"
+
+class FinishReason(StrEnum):
+    """OpenAI's ``finish_reason`` (the words a client reads; formtax's own reason is ``formtax.finish_reason``,
+    a :class:`~formtax.decoding.plan.Finish`)."""
+
+    STOP = "stop"
+    LENGTH = "length"
+    TOOL_CALLS = "tool_calls"
+    FUNCTION_CALL = "function_call"  # the legacy ``functions`` field's call
+    ERROR = "error"  # vLLM's word for a request that ended in error
+
+
+FINISH: dict[str, FinishReason] = {Finish.LENGTH: FinishReason.LENGTH, Finish.LENGTH_INCOMPLETE: FinishReason.LENGTH}
+"""formtax's finishes that OpenAI calls ``length``; every other one ends as ``stop``."""
+
 APPROXIMATED_HEADER = "X-Formtax-Schema-Approximated"
 UNCHECKED_HEADER = "X-Formtax-Formats-Unchecked"
 ORACLE_UNCHECKED_HEADER = "X-Formtax-Answer-Unchecked"  # a part of the answer's check could not be decided in time
@@ -65,16 +80,16 @@ def refused_answer(res: Result) -> bool:
             and res.finish_reason not in FINISH and res.parse_error is not None)
 
 
-def finish(res: Result) -> str:
+def finish(res: Result) -> FinishReason:
     """OpenAI's finish reason; ``"error"`` (vLLM's word for a request that ended in error) for an answer its check
     refused (:func:`refused_answer`). A constrained answer that is complete when the budget ends (closing mode
     finishes it on the last token) is ``stop``: the answer is whole, and clients (instructor) read ``length`` as
     cut (issue 57)."""
     if refused_answer(res):
-        return "error"
-    if res.finish_reason == "length" and res.answer_text is not None and res.parse_ok:
-        return "stop"
-    return FINISH.get(res.finish_reason, "stop")
+        return FinishReason.ERROR
+    if res.finish_reason == Finish.LENGTH and res.answer_text is not None and res.parse_ok:
+        return FinishReason.STOP
+    return FINISH.get(res.finish_reason, FinishReason.STOP)
 
 
 def usage(results: list[Result], prompts: list[Result] | None = None) -> dict[str, Any]:

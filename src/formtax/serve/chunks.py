@@ -1,0 +1,139 @@
+"""How one streamed choice is worded, one class per output format: :class:`ChatChunks` (``chat.completion.chunk``:
+a role chunk, reasoning and content deltas, tool-call deltas, a finish chunk with logprobs) and
+:class:`TextChunks` (``text_completion``: text pieces, a finish chunk). The Responses API's events are chat's
+chunks re-worded (:class:`formtax.serve.serving_responses.ResponsesStream`).
+
+:meth:`formtax.serve.serving.Serving.live` drives a choice's row and hands what it decodes to its
+:class:`ChoiceChunks`: the row's deltas in order, then its :class:`~formtax.strategies.base.Result`. Splitting the
+wording from the driving keeps each format's rules in one place (a stop string is cut from text by the same
+:class:`~formtax.serve.shapes.StopCutter` in both; only chat has reasoning and calls).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from formtax.decoding.engine import TokenizerInfo
+from formtax.decoding.plan import Phase
+from formtax.serve import shapes as out
+from formtax.serve.hooks import RequestHooks
+from formtax.serve.shapes import FinishReason
+from formtax.serve.tools import CallStream, ToolPlan
+from formtax.strategies.base import Result
+from formtax.streaming import Delta
+
+REASONING_PHASES = (Phase.REASONING, Phase.RC)
+"""The phases a strategy that separates its reasoning sends as ``reasoning_content``."""
+
+
+def text_chunk_base(model: str) -> dict[str, Any]:
+    """The fields every ``text_completion`` chunk of one stream shares."""
+    base = out.chunk_base(model)
+    return base | {"object": "text_completion", "id": "cmpl-" + base["id"].removeprefix("chatcmpl-")}
+
+
+class ChoiceChunks:
+    """The chunks of one streamed choice (module docstring); subclasses word them for their format."""
+
+    def __init__(self, base: dict[str, Any], index: int, hooks: RequestHooks) -> None:
+        self.base, self.index, self.hooks = base, index, hooks
+        self.cutter = out.StopCutter(hooks.stops)
+
+    def opening(self) -> list[dict[str, Any]]:
+        """What the stream sends once the row has produced anything (its first delta, or its end)."""
+        return []
+
+    def delta(self, part: Delta) -> list[dict[str, Any]]:
+        """The chunks of one decoded delta."""
+        return self.content(part.text)
+
+    def content(self, piece: str) -> list[dict[str, Any]]:
+        """Answer text as chunks, a stop string and whatever follows it cut."""
+        piece = self.cutter.feed(piece)
+        return [self.piece(piece)] if piece else []
+
+    def piece(self, text: str) -> dict[str, Any]:
+        """One chunk of text."""
+        raise NotImplementedError
+
+    def finish(self, result: Result) -> list[dict[str, Any]]:
+        """The text held back (a possible stop string's start that was none), then the finish chunk."""
+        raise NotImplementedError
+
+
+class TextChunks(ChoiceChunks):
+    """``/v1/completions``' chunks: the text in pieces, then a finish chunk with the ``formtax`` object. The text
+    is the whole output (a completions request has no separated reasoning)."""
+
+    def piece(self, text: str) -> dict[str, Any]:
+        return self.base | {"choices": [{"index": self.index, "text": text, "finish_reason": None,
+                                         "logprobs": None}]}
+
+    def finish(self, result: Result) -> list[dict[str, Any]]:
+        tail = self.cutter.flush()
+        return [*([self.piece(tail)] if tail else []),
+                self.base | {"choices": [{"index": self.index, "text": "", "finish_reason": out.finish(result),
+                                          "logprobs": None}], "formtax": out.extension(result)}]
+
+
+class ChatChunks(ChoiceChunks):
+    """``/v1/chat/completions``' chunks: the assistant's role first; a strategy's separated reasoning as
+    ``reasoning_content``; the answer as ``content``, or, when the answer may be a call, read by
+    :class:`~formtax.serve.tools.CallStream` into tool-call deltas (each call's id and name first, then its
+    arguments in pieces; a request that sent ``functions`` gets the legacy ``function_call``); the finish chunk
+    with logprobs and the ``formtax`` object."""
+
+    def __init__(self, base: dict[str, Any], index: int, hooks: RequestHooks, tok: TokenizerInfo,
+                 separated: bool, tools: ToolPlan | None = None, legacy: bool = False) -> None:
+        super().__init__(base, index, hooks)
+        self.tok, self.separated, self.legacy = tok, separated, legacy
+        self.calls = (CallStream(tools.text_allowed, tools.names if tools.answer is not None else None)
+                      if tools is not None else None)
+
+    def chunk(self, delta: dict[str, Any]) -> dict[str, Any]:
+        return self.base | {"choices": [{"index": self.index, "delta": delta, "finish_reason": None}]}
+
+    def piece(self, text: str) -> dict[str, Any]:
+        return self.chunk({"content": text})
+
+    def opening(self) -> list[dict[str, Any]]:
+        return [self.chunk({"role": "assistant", "content": ""})]
+
+    def delta(self, part: Delta) -> list[dict[str, Any]]:
+        if self.separated and part.phase in REASONING_PHASES:
+            return [self.chunk({"reasoning_content": part.text})] if part.text else []
+        return self.content(part.text)
+
+    def content(self, piece: str) -> list[dict[str, Any]]:
+        if self.calls is None:
+            return super().content(piece)
+        chunks = []
+        for kind, value in self.calls.feed(piece):
+            if kind == "text":
+                chunks += super().content(value)
+            else:
+                chunks.append(self.chunk(self._call_delta(kind, value)))
+        return chunks
+
+    def _call_delta(self, kind: str, value: str) -> dict[str, Any]:
+        """A call's opening (``kind`` ``call``: its name) or a piece of its arguments, as a delta."""
+        assert self.calls is not None
+        if self.legacy:
+            return ({"function_call": {"name": value, "arguments": ""}} if kind == "call"
+                    else {"function_call": {"arguments": value}})
+        index = self.calls.calls - 1
+        if kind == "call":
+            return {"tool_calls": [{"index": index, "id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                                    "function": {"name": value, "arguments": ""}}]}
+        return {"tool_calls": [{"index": index, "function": {"arguments": value}}]}
+
+    def finish(self, result: Result) -> list[dict[str, Any]]:
+        tail = self.cutter.flush() + (self.calls.flush() if self.calls is not None else "")
+        finish = out.finish(result)
+        if self.calls is not None and self.calls.calls and finish != FinishReason.LENGTH:
+            finish = FinishReason.FUNCTION_CALL if self.legacy else FinishReason.TOOL_CALLS
+        logprobs = out.chat_logprobs(self.tok, self.hooks.recorded) if self.hooks.logprobs else None
+        return [*([self.piece(tail)] if tail else []),
+                self.base | {"choices": [{"index": self.index, "delta": {}, "finish_reason": finish,
+                                          "logprobs": logprobs}], "formtax": out.extension(result)}]
