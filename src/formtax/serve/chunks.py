@@ -1,7 +1,9 @@
-"""How one streamed choice is worded, one class per output format: :class:`ChatChunks` (``chat.completion.chunk``:
-a role chunk, reasoning and content deltas, tool-call deltas, a finish chunk with logprobs) and
-:class:`TextChunks` (``text_completion``: text pieces, a finish chunk). The Responses API's events are chat's
-chunks re-worded (:class:`formtax.serve.serving_responses.ResponsesStream`).
+"""OpenAI's streams, by output format. How one live choice is worded is one class per format: :class:`ChatChunks`
+(``chat.completion.chunk``: a role chunk, reasoning and content deltas, tool-call deltas, a finish chunk with
+logprobs) and :class:`TextChunks` (``text_completion``: text pieces, a finish chunk). A generation that cannot
+stream live sends its finished body as the same chunks (:func:`chat_chunks`, :func:`text_chunks`). The wire form
+is :func:`sse_events`. The Responses API's events are chat's chunks re-worded
+(:class:`formtax.serve.serving_responses.ResponsesStream`).
 
 :meth:`formtax.serve.serving.Serving.live` drives a choice's row and hands what it decodes to its
 :class:`ChoiceChunks`: the row's deltas in order, then its :class:`~formtax.strategies.base.Result`. Splitting the
@@ -11,7 +13,10 @@ wording from the driving keeps each format's rules in one place (a stop string i
 
 from __future__ import annotations
 
+import json
+import time
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 from formtax.decoding.engine import TokenizerInfo
@@ -27,9 +32,17 @@ REASONING_PHASES = (Phase.REASONING, Phase.RC)
 """The phases a strategy that separates its reasoning sends as ``reasoning_content``."""
 
 
+def chunk_base(model: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The fields every ``chat.completion.chunk`` of one stream shares (a finished ``body``'s own, when given)."""
+    if body is not None:
+        return {k: body[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+    return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion.chunk", "created": int(time.time()),
+            "model": model}
+
+
 def text_chunk_base(model: str) -> dict[str, Any]:
     """The fields every ``text_completion`` chunk of one stream shares."""
-    base = out.chunk_base(model)
+    base = chunk_base(model)
     return base | {"object": "text_completion", "id": "cmpl-" + base["id"].removeprefix("chatcmpl-")}
 
 
@@ -137,3 +150,64 @@ class ChatChunks(ChoiceChunks):
         return [*([self.piece(tail)] if tail else []),
                 self.base | {"choices": [{"index": self.index, "delta": {}, "finish_reason": finish,
                                           "logprobs": logprobs}], "formtax": out.extension(result)}]
+
+
+def sse(obj: Any) -> str:
+    """One server-sent event."""
+    return f"data: {json.dumps(obj)}\n\n"
+
+
+def is_usage_chunk(chunk: dict[str, Any]) -> bool:
+    return chunk.get("choices") == [] and "usage" in chunk
+
+
+async def sse_events(chunks: AsyncIterator[dict[str, Any]], include_usage: bool) -> AsyncIterator[str]:
+    """Chunks as server-sent events, ``[DONE]`` last. The usage rides on its own last chunk (``choices: []``),
+    sent only when the client asked (``stream_options.include_usage``), as OpenAI sends it. An error chunk ends
+    the stream."""
+    async for chunk in chunks:
+        if is_usage_chunk(chunk) and not include_usage:
+            continue
+        yield sse(chunk)
+        if "error" in chunk:
+            return
+    yield "data: [DONE]\n\n"
+
+
+def usage_chunk(base: dict[str, Any], usage: dict[str, Any]) -> dict[str, Any]:
+    """The usage of a whole stream, on its own last chunk (``choices: []``), as OpenAI sends it."""
+    return base | {"choices": [], "usage": usage}
+
+
+async def chat_chunks(body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    """A finished chat completion as OpenAI's chunks: role, reasoning, content or the tool calls (each call's id
+    and name first, then its arguments, as OpenAI streams them), the finish reason (with the ``formtax`` object),
+    and the usage chunk last."""
+    base = chunk_base(body["model"], body)
+    for choice in body["choices"]:
+        i, msg = choice["index"], choice["message"]
+        deltas: list[dict[str, Any]] = [{"role": "assistant", "content": ""}]
+        if msg.get("reasoning_content"):
+            deltas.append({"reasoning_content": msg["reasoning_content"]})
+        for k, call in enumerate(msg.get("tool_calls") or ()):
+            deltas.append({"tool_calls": [{"index": k, "id": call["id"], "type": "function",
+                                           "function": {"name": call["function"]["name"], "arguments": ""}}]})
+            deltas.append({"tool_calls": [{"index": k, "function": {"arguments": call["function"]["arguments"]}}]})
+        if msg.get("content"):
+            deltas.append({"content": msg["content"]})
+        for d in deltas:
+            yield base | {"choices": [{"index": i, "delta": d, "finish_reason": None}]}
+        yield base | {"choices": [{"index": i, "delta": {}, "finish_reason": choice["finish_reason"],
+                                   "logprobs": choice.get("logprobs")}], "formtax": choice.get("formtax")}
+    yield usage_chunk(base, body["usage"])
+
+
+async def text_chunks(body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    """A finished text completion as OpenAI's chunks: each choice's text, its finish reason (with the ``formtax``
+    object), and the usage chunk last."""
+    base = {k: body[k] for k in ("id", "created", "model")} | {"object": "text_completion"}
+    for choice in body["choices"]:
+        yield base | {"choices": [{"index": choice["index"], "text": choice["text"], "finish_reason": None}]}
+        yield base | {"choices": [{"index": choice["index"], "text": "", "finish_reason": choice["finish_reason"]}],
+                      "formtax": body["formtax"]}
+    yield usage_chunk(base, body["usage"])

@@ -22,7 +22,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from formtax.serve import serving_responses
+from formtax.serve import chunks, serving_responses
 from formtax.serve import shapes as out
 from formtax.serve.batcher import Batcher
 from formtax.serve.config import ServeConfig
@@ -123,7 +123,7 @@ def reply(outcome: Outcome | JSONResponse, include_usage: bool) -> Any:
     if isinstance(outcome, JSONResponse):
         return outcome
     if outcome.chunks is not None:
-        return StreamingResponse(out.sse_events(outcome.chunks, include_usage), media_type="text/event-stream",
+        return StreamingResponse(chunks.sse_events(outcome.chunks, include_usage), media_type="text/event-stream",
                                  headers=outcome.headers)
     return JSONResponse(outcome.body, headers=outcome.headers)
 

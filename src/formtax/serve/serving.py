@@ -29,7 +29,7 @@ from formtax.decoding.sampling import choice_seed, fresh_seed
 from formtax.errors import ConfigError, FormtaxError
 from formtax.serve import shapes as out
 from formtax.serve.batcher import Batcher
-from formtax.serve.chunks import ChoiceChunks
+from formtax.serve.chunks import ChoiceChunks, usage_chunk
 from formtax.serve.config import ServeConfig
 from formtax.serve.hooks import RequestHooks
 from formtax.serve.metrics import ServerMetrics
@@ -204,7 +204,7 @@ class Serving:
                 done = [res for _, res in pairs]
                 self.metrics.finished(arrival, done, [c.hooks.times for c, _ in pairs], kwargs["answer"] is not None)
                 firsts = {c.prompt_index: res for c, res in reversed(pairs)}
-                yield out.usage_chunk(base, out.usage(done, list(firsts.values())))
+                yield usage_chunk(base, out.usage(done, list(firsts.values())))
         finally:
             self.metrics.ended()
             for t in tasks:

@@ -20,7 +20,7 @@ from formtax.decoding.engine import RenderedChat
 from formtax.decoding.sampling import choice_seed, fresh_seed
 from formtax.errors import ConfigError
 from formtax.serve import shapes as out
-from formtax.serve.chunks import ChatChunks, TextChunks, text_chunk_base
+from formtax.serve.chunks import ChatChunks, TextChunks, chat_chunks, chunk_base, text_chunk_base, text_chunks
 from formtax.serve.hooks import RequestHooks, cut_at_stop
 from formtax.serve.schema import ChatRequest, CompletionRequest, chat_constraint
 from formtax.serve.serving import Outcome, Serving, StreamChoice, then
@@ -58,7 +58,7 @@ class ChatServing(Serving):
         if req.stream and self.streams_live(strategy):
             seed = fresh_seed() if req.seed is None else req.seed
             choices = [StreamChoice(prompt, h, choice_seed(seed, k), k) for k, h in enumerate(hooks)]
-            base = out.chunk_base(self.model_name(req))
+            base = chunk_base(self.model_name(req))
             tok, legacy = self.backend.tokenizer, req.legacy_functions
             live = self.live(choices, kwargs, base,
                              lambda c: ChatChunks(base, c.index, c.hooks, tok, separated, tools, legacy))
@@ -71,7 +71,7 @@ class ChatServing(Serving):
         body["choices"] = [self.choice(k, r, h, tools, req.legacy_functions)
                            for k, (r, h) in enumerate(zip(results, hooks, strict=True))]
         headers = out.headers(results[0])
-        return Outcome(chunks=out.chat_chunks(body), headers=headers) if req.stream else Outcome(body, None, headers)
+        return Outcome(chunks=chat_chunks(body), headers=headers) if req.stream else Outcome(body, None, headers)
 
     def prepare(self, req: ChatRequest) -> tuple[Prompt, dict[str, Any], ToolPlan | None, list[RequestHooks], bool]:
         """A chat request as a job, checked before it is queued (in a worker thread: it compiles the answer's
@@ -176,4 +176,4 @@ class CompletionServing(Serving):
         body["choices"] = [{"index": k, "text": cut_at_stop(out.content(r) or "", h.stops), "finish_reason":
                             out.finish(r), "logprobs": out.text_logprobs(tok, h.recorded) if h.logprobs else None}
                            for k, (r, h) in enumerate(zip(results, flat, strict=True))]
-        return Outcome(chunks=out.text_chunks(body)) if req.stream else Outcome(body)
+        return Outcome(chunks=text_chunks(body)) if req.stream else Outcome(body)
