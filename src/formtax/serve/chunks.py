@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -46,7 +47,7 @@ def text_chunk_base(model: str) -> dict[str, Any]:
     return base | {"object": "text_completion", "id": "cmpl-" + base["id"].removeprefix("chatcmpl-")}
 
 
-class ChoiceChunks:
+class ChoiceChunks(ABC):
     """The chunks of one streamed choice (module docstring); subclasses word them for their format."""
 
     def __init__(self, base: dict[str, Any], index: int, hooks: RequestHooks) -> None:
@@ -66,13 +67,13 @@ class ChoiceChunks:
         piece = self.cutter.feed(piece)
         return [self.piece(piece)] if piece else []
 
+    @abstractmethod
     def piece(self, text: str) -> dict[str, Any]:
         """One chunk of text."""
-        raise NotImplementedError
 
+    @abstractmethod
     def finish(self, result: Result) -> list[dict[str, Any]]:
         """The text held back (a possible stop string's start that was none), then the finish chunk."""
-        raise NotImplementedError
 
 
 class TextChunks(ChoiceChunks):
