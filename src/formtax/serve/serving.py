@@ -1,11 +1,12 @@
 """What every endpoint of ``formtax serve`` shares, in the shape of vLLM's serving classes: the routes
-(:mod:`formtax.serve.app`) parse and authorise; a serving object turns a parsed request into generation jobs, checks
-them before any work, runs them in the shared batch and words the results. :class:`Serving` holds the shared steps;
-:mod:`formtax.serve.serving_chat` (chat and text completions) and :mod:`formtax.serve.responses_api` (the Responses
-API, which reuses chat's) build on it.
+(:mod:`formtax.serve.routes`) parse and hand a request to the serving object the app's state holds; a serving object
+turns a parsed request into generation jobs, checks them before any work, runs them in the shared batch and words
+the results. :class:`Serving` holds the shared steps; :mod:`formtax.serve.serving_chat` (chat and text
+completions) and :mod:`formtax.serve.serving_responses` (the Responses API, which reuses chat's) build on it.
 
 A stream is an async iterator of chunk dicts, not of server-sent-event strings, so the chat route serialises them as
-OpenAI's chunks and the Responses route re-words the same chunks as its typed events.
+OpenAI's chunks and the Responses API re-words the same chunks as its typed events. :meth:`Serving.live` drives the
+rows of a live stream; how each choice's chunks are worded is its output format's class (:mod:`formtax.serve.chunks`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import logging
 import queue
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,39 +25,22 @@ from fastapi.responses import JSONResponse
 
 from formtax.constraints.spec import Constraint
 from formtax.decoding.engine import Backend, Driver
-from formtax.decoding.plan import Phase
 from formtax.decoding.sampling import choice_seed, fresh_seed
 from formtax.errors import ConfigError, FormtaxError
 from formtax.serve import shapes as out
 from formtax.serve.batcher import Batcher
+from formtax.serve.chunks import ChoiceChunks, usage_chunk
+from formtax.serve.config import ServeConfig
 from formtax.serve.hooks import RequestHooks
 from formtax.serve.metrics import ServerMetrics
 from formtax.serve.schema import Sampled
-from formtax.serve.tools import CallStream, ToolPlan
+from formtax.serve.serving_models import ServedModels
 from formtax.strategies import get_strategy
 from formtax.strategies.base import Prompt, Result, SinglePass
 from formtax.strategies.base import Request as GenRequest
 from formtax.streaming import END, Delta, deltas
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class ServeConfig:
-    """The server's settings (``formtax serve``'s flags)."""
-
-    max_batch: int = 16
-    window_s: float = 0.01
-    timeout_s: float = 600.0
-    default_max_tokens: int = 256
-    max_queue: int = 256
-    temperature: float = 1.0  # OpenAI's default; ``--temperature`` sets the server's own
-    served_model_names: tuple[str, ...] = ()  # names a request's ``model`` may use (default: its id, "default")
-    api_key: str | None = None  # when set, requests need ``Authorization: Bearer <key>``
-    strategy: str | None = None  # the default strategy of a request that names none
-    answer: str | None = None  # the default answer SPEC of a request that gives no answer format
-    stuck_after_s: float = 30.0
-    max_body_bytes: int | None = None  # a request body over it is a 413; None: sized from the context (limits.py)
 
 
 @dataclass
@@ -76,19 +60,18 @@ def job_key(kwargs: dict[str, Any]) -> tuple[Any, ...]:
 class Serving:
     """The steps every endpoint shares (module docstring)."""
 
-    def __init__(self, backend: Backend, batcher: Batcher, cfg: ServeConfig, names: tuple[str, ...],
+    def __init__(self, backend: Backend, batcher: Batcher, cfg: ServeConfig, models: ServedModels,
                  metrics: ServerMetrics) -> None:
-        self.backend, self.batcher, self.cfg, self.names = backend, batcher, cfg, names
+        self.backend, self.batcher, self.cfg, self.models = backend, batcher, cfg, models
         self.metrics = metrics
 
     def model_name(self, req: Sampled) -> str:
-        return req.model or self.names[0]
+        """The model a response names: the request's, else the first served name."""
+        return req.model or self.models.default
 
     def check_model(self, req: Sampled) -> JSONResponse | None:
-        if req.model is not None and req.model not in self.names:
-            return out.error(404, f"the model {req.model!r} does not exist (served: {', '.join(self.names)})",
-                             "model", code="model_not_found")
-        return None
+        """The 404 of a request for a model this server does not serve."""
+        return self.models.unknown(req.model)
 
     def plan_kwargs(self, req: Sampled, strategy: str, answer: Any, raw: bool) -> dict[str, Any]:
         opts = req.formtax
@@ -177,35 +160,30 @@ class Serving:
             for t in tasks:
                 t.cancel()
 
-    async def live(self, rows: list[LiveRow], kwargs: dict[str, Any], req: Sampled, separated: bool,
-                   tools: ToolPlan | None = None, legacy: bool = False, text: bool = False
-                   ) -> AsyncIterator[dict[str, Any]]:
-        """The chunks of every row (choice) as they decode in the shared batch, merged into one stream, each with
-        its choice's index: chat's deltas (``text``: the legacy completions' ``text`` pieces instead), each
-        choice's finish chunk with its formtax object, then one usage chunk. A row that cannot start raises before
-        the first chunk (the route answers a 400). Closing the stream (the client went away) cancels every row."""
-        model = self.model_name(req)
-        base = out.chunk_base(model)
-        if text:
-            base |= {"object": "text_completion", "id": "cmpl-" + base["id"].removeprefix("chatcmpl-")}
+    async def live(self, choices: list[StreamChoice], kwargs: dict[str, Any], base: dict[str, Any],
+                   chunks_of: Callable[[StreamChoice], ChoiceChunks]) -> AsyncIterator[dict[str, Any]]:
+        """The chunks of every choice as its row decodes in the shared batch, merged into one stream: each
+        choice's chunks as ``chunks_of`` words them (:mod:`formtax.serve.chunks`: chat's or completions'), then
+        one usage chunk on ``base``. A row that cannot start raises before the first chunk (the route answers a
+        400). Closing the stream (the client went away) cancels every row."""
         merged: asyncio.Queue[Any] = asyncio.Queue()
         arrival = self.metrics.started()
 
-        async def pump(row: LiveRow) -> None:
+        async def pump(choice: StreamChoice) -> None:
             try:
-                async for chunk in self._row_chunks(row, kwargs, req, separated, tools, legacy, text, base):
+                async for chunk in self._choice_chunks(choice, kwargs, chunks_of(choice)):
                     await merged.put(chunk)
             except Exception as e:  # noqa: BLE001 - handed to the consumer, which raises it
                 await merged.put(e)
             finally:
                 await merged.put(END)
 
-        tasks = [asyncio.create_task(pump(r)) for r in rows]
+        tasks = [asyncio.create_task(pump(c)) for c in choices]
         results: dict[int, Result] = {}
         try:
             ended = 0
             sent = False
-            while ended < len(rows):
+            while ended < len(choices):
                 item = await merged.get()
                 if item is END:
                     ended += 1
@@ -214,34 +192,33 @@ class Serving:
                         raise item  # before the stream starts: the route answers with the error's status
                     yield stream_fault(item)  # mid-stream: an error chunk ends the stream (no exception text)
                     return
-                elif isinstance(item, Result):
-                    continue
-                elif "_result" in item:
-                    results[item["_index"]] = item["_result"]
+                elif isinstance(item, _Finished):
+                    results[item.index] = item.result
                 else:
                     sent = True
                     yield item
                     if "error" in item:
                         return
-            pairs = [(r, results[r.index]) for r in rows if r.index in results]
+            pairs = [(c, results[c.index]) for c in choices if c.index in results]
             if pairs:
                 done = [res for _, res in pairs]
-                self.metrics.finished(arrival, done, [r.hooks.times for r, _ in pairs], kwargs["answer"] is not None)
-                firsts = {r.prompt_index: res for r, res in reversed(pairs)}
-                yield out.usage_chunk(base, out.usage(done, list(firsts.values())))
+                self.metrics.finished(arrival, done, [c.hooks.times for c, _ in pairs], kwargs["answer"] is not None)
+                firsts = {c.prompt_index: res for c, res in reversed(pairs)}
+                yield usage_chunk(base, out.usage(done, list(firsts.values())))
         finally:
             self.metrics.ended()
             for t in tasks:
                 t.cancel()
 
-    async def _row_chunks(self, row: LiveRow, kwargs: dict[str, Any], req: Sampled, separated: bool,
-                          tools: ToolPlan | None, legacy: bool, text: bool, base: dict[str, Any]
-                          ) -> AsyncIterator[dict[str, Any]]:
-        """One row's chunks (:meth:`live`); its Result last, as an internal ``_result`` item."""
+    async def _choice_chunks(self, choice: StreamChoice, kwargs: dict[str, Any], chunks: ChoiceChunks
+                             ) -> AsyncIterator[dict[str, Any] | _Finished]:
+        """One choice's chunks (:meth:`live`): its row joins the batch with a token sink, and each delta it
+        decodes goes to ``chunks`` (the output format's wording); its Result last, as :class:`_Finished`. A row
+        that outlives the server's timeout ends the stream with an error chunk."""
         q: queue.Queue[Any] = queue.Queue()
-        hooks = row.hooks
+        hooks = choice.hooks
         hooks.sink = lambda t, ph: q.put((t, ph))
-        job = self.batcher.submit(row.prompt, job_key(kwargs), row.seed, hooks, checked=True, **kwargs)
+        job = self.batcher.submit(choice.prompt, job_key(kwargs), choice.seed, hooks, checked=True, **kwargs)
 
         def done(fut: Any) -> None:
             if not fut.cancelled():
@@ -249,44 +226,9 @@ class Serving:
             q.put(END)
 
         job.future.add_done_callback(done)
-        tok = self.batcher.backend.tokenizer
-        parts = deltas(tok, q)
-        cutter = out.StopCutter(hooks.stops)
-        calls = (CallStream(tools.text_allowed, tools.names if tools.answer is not None else None)
-                 if tools is not None else None)
+        parts = deltas(self.batcher.backend.tokenizer, q)
         started = time.monotonic()
-        i = row.index
-
-        def delta(d: dict[str, Any]) -> dict[str, Any]:
-            if text:
-                return base | {"choices": [{"index": i, "text": d.get("content", ""), "finish_reason": None,
-                                            "logprobs": None}]}
-            return base | {"choices": [{"index": i, "delta": d, "finish_reason": None}]}
-
-        def content(piece: str) -> list[dict[str, Any]]:
-            """Content text as chunks: through the call reader when the answer may be a call."""
-            if calls is None:
-                piece = cutter.feed(piece)
-                return [delta({"content": piece})] if piece else []
-            chunks = []
-            for kind, value in calls.feed(piece):
-                if kind == "text":
-                    value = cutter.feed(value)
-                    if value:
-                        chunks.append(delta({"content": value}))
-                elif legacy:
-                    chunks.append(delta({"function_call": {"name": value, "arguments": ""}} if kind == "call"
-                                        else {"function_call": {"arguments": value}}))
-                elif kind == "call":
-                    chunks.append(delta({"tool_calls": [{"index": calls.calls - 1, "id": f"call_{uuid.uuid4().hex[:24]}",
-                                                         "type": "function",
-                                                         "function": {"name": value, "arguments": ""}}]}))
-                else:
-                    chunks.append(delta({"tool_calls": [{"index": calls.calls - 1,
-                                                         "function": {"arguments": value}}]}))
-            return chunks
-
-        role: dict[str, Any] | None = None if text else delta({"role": "assistant", "content": ""})
+        opening: list[dict[str, Any]] | None = chunks.opening()
         try:
             while True:
                 left = self.cfg.timeout_s - (time.monotonic() - started)
@@ -296,33 +238,19 @@ class Serving:
                     yield {"error": {"message": f"the request did not finish within {self.cfg.timeout_s:g} s",
                                      "type": "timeout", "param": None, "code": None}}
                     return
-                if role is not None:
-                    yield role
-                    role = None
+                if opening is not None:  # once the row has produced anything: a refusal is raised before it
+                    for chunk in opening:
+                        yield chunk
+                    opening = None
                 if part is None:
                     return
                 if isinstance(part, Result):
-                    tail = cutter.flush() + (calls.flush() if calls is not None else "")
-                    if tail:
-                        yield delta({"content": tail})
-                    finish = out.finish(part)
-                    if calls is not None and calls.calls and finish != "length":
-                        finish = "function_call" if legacy else "tool_calls"
-                    if text:
-                        yield base | {"choices": [{"index": i, "text": "", "finish_reason": finish,
-                                                   "logprobs": None}], "formtax": out.extension(part)}
-                    else:
-                        lp = out.chat_logprobs(tok, hooks.recorded) if hooks.logprobs else None
-                        yield base | {"choices": [{"index": i, "delta": {}, "finish_reason": finish,
-                                                   "logprobs": lp}], "formtax": out.extension(part)}
-                    yield {"_result": part, "_index": i}
+                    for chunk in chunks.finish(part):
+                        yield chunk
+                    yield _Finished(choice.index, part)
                     return
                 assert isinstance(part, Delta)
-                if separated and part.phase in (Phase.REASONING, Phase.RC):
-                    if part.text and not text:
-                        yield delta({"reasoning_content": part.text})
-                    continue
-                for chunk in content(part.text):
+                for chunk in chunks.delta(part):
                     yield chunk
         finally:
             self.batcher.cancel(job)  # a no-op when it finished; otherwise its row leaves the batch
@@ -338,7 +266,7 @@ def stream_fault(e: BaseException) -> dict[str, Any]:
 
 
 @dataclass
-class LiveRow:
+class StreamChoice:
     """One choice of a live stream: its prompt, controls, seed and index among the choices."""
 
     prompt: Prompt
@@ -346,6 +274,14 @@ class LiveRow:
     seed: int
     index: int  # the choice's index in the response
     prompt_index: int = 0  # which prompt of the request (legacy completions take several)
+
+
+@dataclass
+class _Finished:
+    """A streamed choice's Result, handed from its row to :meth:`Serving.live` (never sent to the client)."""
+
+    index: int
+    result: Result
 
 
 async def then(first: dict[str, Any], rest: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:

@@ -20,9 +20,11 @@ from formtax.decoding.engine import RenderedChat
 from formtax.decoding.sampling import choice_seed, fresh_seed
 from formtax.errors import ConfigError
 from formtax.serve import shapes as out
+from formtax.serve.chunks import ChatChunks, TextChunks, chat_chunks, chunk_base, text_chunk_base, text_chunks
 from formtax.serve.hooks import RequestHooks, cut_at_stop
 from formtax.serve.schema import ChatRequest, CompletionRequest, chat_constraint
-from formtax.serve.serving import LiveRow, Outcome, Serving, then
+from formtax.serve.serving import Outcome, Serving, StreamChoice, then
+from formtax.serve.shapes import FinishReason
 from formtax.serve.tools import ToolPlan, read_calls, tools_prompt, with_tools_prompt
 from formtax.strategies import get_strategy
 from formtax.strategies.base import Prompt, Result
@@ -55,8 +57,11 @@ class ChatServing(Serving):
         strategy = kwargs["strategy"]
         if req.stream and self.streams_live(strategy):
             seed = fresh_seed() if req.seed is None else req.seed
-            rows = [LiveRow(prompt, h, choice_seed(seed, k), k) for k, h in enumerate(hooks)]
-            live = self.live(rows, kwargs, req, separated, tools, req.legacy_functions)
+            choices = [StreamChoice(prompt, h, choice_seed(seed, k), k) for k, h in enumerate(hooks)]
+            base = chunk_base(self.model_name(req))
+            tok, legacy = self.backend.tokenizer, req.legacy_functions
+            live = self.live(choices, kwargs, base,
+                             lambda c: ChatChunks(base, c.index, c.hooks, tok, separated, tools, legacy))
             first = await anext(live)  # the first token, or a refusal as a 400 before the stream starts
             return Outcome(chunks=then(first, live))
         results = await self.run_all(request, req, prompt, kwargs, hooks)
@@ -66,7 +71,7 @@ class ChatServing(Serving):
         body["choices"] = [self.choice(k, r, h, tools, req.legacy_functions)
                            for k, (r, h) in enumerate(zip(results, hooks, strict=True))]
         headers = out.headers(results[0])
-        return Outcome(chunks=out.chat_chunks(body), headers=headers) if req.stream else Outcome(body, None, headers)
+        return Outcome(chunks=chat_chunks(body), headers=headers) if req.stream else Outcome(body, None, headers)
 
     def prepare(self, req: ChatRequest) -> tuple[Prompt, dict[str, Any], ToolPlan | None, list[RequestHooks], bool]:
         """A chat request as a job, checked before it is queued (in a worker thread: it compiles the answer's
@@ -108,8 +113,9 @@ class ChatServing(Serving):
                 else:
                     message["tool_calls"] = calls
                 # a call that ran into the budget says so, as OpenAI does (issue 47), though its arguments parse
-                ran_out = out.FINISH.get(res.finish_reason) == "length"
-                finish = "length" if ran_out else ("function_call" if legacy else "tool_calls")
+                ran_out = out.FINISH.get(res.finish_reason) == FinishReason.LENGTH
+                finish = FinishReason.LENGTH if ran_out else (
+                    FinishReason.FUNCTION_CALL if legacy else FinishReason.TOOL_CALLS)
         return {"index": index, "message": message, "finish_reason": finish,
                 "logprobs": out.chat_logprobs(self.backend.tokenizer, hooks.recorded) if hooks.logprobs else None,
                 "formtax": out.extension(res)}
@@ -149,10 +155,10 @@ class CompletionServing(Serving):
         strategy = kwargs["strategy"]
         if req.stream and self.streams_live(strategy):
             seed = fresh_seed() if req.seed is None else req.seed
-            rows = [LiveRow(p, h, choice_seed(seed, k), i * req.n + k, i) for i, (p, hs) in enumerate(zip(prompts, hooks,
-                                                                                              strict=True))
-                    for k, h in enumerate(hs)]
-            live = self.live(rows, kwargs, req, separated=False, text=True)
+            choices = [StreamChoice(p, h, choice_seed(seed, k), i * req.n + k, i)
+                       for i, (p, hs) in enumerate(zip(prompts, hooks, strict=True)) for k, h in enumerate(hs)]
+            base = text_chunk_base(self.model_name(req))
+            live = self.live(choices, kwargs, base, lambda c: TextChunks(base, c.index, c.hooks))
             first = await anext(live)
             return Outcome(chunks=then(first, live))
         runs = await asyncio.gather(*(self.run_all(request, req, p, kwargs, hs)
@@ -170,4 +176,4 @@ class CompletionServing(Serving):
         body["choices"] = [{"index": k, "text": cut_at_stop(out.content(r) or "", h.stops), "finish_reason":
                             out.finish(r), "logprobs": out.text_logprobs(tok, h.recorded) if h.logprobs else None}
                            for k, (r, h) in enumerate(zip(results, flat, strict=True))]
-        return Outcome(chunks=out.text_chunks(body)) if req.stream else Outcome(body)
+        return Outcome(chunks=text_chunks(body)) if req.stream else Outcome(body)

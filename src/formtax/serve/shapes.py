@@ -1,22 +1,37 @@
-"""OpenAI's chat and completions shapes for ``formtax serve``: errors, the completion envelope, logprobs, tool calls and the
-server-sent-event chunks (how a :class:`~formtax.strategies.base.Result` is worded for an OpenAI client)."""
+"""OpenAI's chat and completions shapes for ``formtax serve``: errors, the completion envelope, finish reasons,
+usage, logprobs and the ``formtax`` extension (how a :class:`~formtax.strategies.base.Result` is worded for an
+OpenAI client). Streams are worded in :mod:`formtax.serve.chunks`."""
 
 from __future__ import annotations
 
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from enum import StrEnum
 from typing import Any
 
 from fastapi.responses import JSONResponse
 
 from formtax.decoding.engine import TokenizerInfo
-from formtax.decoding.plan import Phase
+from formtax.decoding.plan import Finish, Phase
 from formtax.serve.hooks import TokenLogprob
 from formtax.strategies.base import Result
 
-FINISH = {"length": "length", "length-incomplete": "length"}  # everything else ends as "stop"
+
+class FinishReason(StrEnum):
+    """OpenAI's ``finish_reason`` (the words a client reads; formtax's own reason is ``formtax.finish_reason``,
+    a :class:`~formtax.decoding.plan.Finish`)."""
+
+    STOP = "stop"
+    LENGTH = "length"
+    TOOL_CALLS = "tool_calls"
+    FUNCTION_CALL = "function_call"  # the legacy ``functions`` field's call
+    ERROR = "error"  # vLLM's word for a request that ended in error
+
+
+FINISH: dict[str, FinishReason] = {Finish.LENGTH: FinishReason.LENGTH, Finish.LENGTH_INCOMPLETE: FinishReason.LENGTH}
+"""formtax's finishes that OpenAI calls ``length``; every other one ends as ``stop``."""
+
 APPROXIMATED_HEADER = "X-Formtax-Schema-Approximated"
 UNCHECKED_HEADER = "X-Formtax-Formats-Unchecked"
 ORACLE_UNCHECKED_HEADER = "X-Formtax-Answer-Unchecked"  # a part of the answer's check could not be decided in time
@@ -65,16 +80,16 @@ def refused_answer(res: Result) -> bool:
             and res.finish_reason not in FINISH and res.parse_error is not None)
 
 
-def finish(res: Result) -> str:
+def finish(res: Result) -> FinishReason:
     """OpenAI's finish reason; ``"error"`` (vLLM's word for a request that ended in error) for an answer its check
     refused (:func:`refused_answer`). A constrained answer that is complete when the budget ends (closing mode
     finishes it on the last token) is ``stop``: the answer is whole, and clients (instructor) read ``length`` as
     cut (issue 57)."""
     if refused_answer(res):
-        return "error"
-    if res.finish_reason == "length" and res.answer_text is not None and res.parse_ok:
-        return "stop"
-    return FINISH.get(res.finish_reason, "stop")
+        return FinishReason.ERROR
+    if res.finish_reason == Finish.LENGTH and res.answer_text is not None and res.parse_ok:
+        return FinishReason.STOP
+    return FINISH.get(res.finish_reason, FinishReason.STOP)
 
 
 def usage(results: list[Result], prompts: list[Result] | None = None) -> dict[str, Any]:
@@ -143,70 +158,6 @@ def text_logprobs(tok: TokenizerInfo, recorded: list[TokenLogprob]) -> dict[str,
         at += len(t)
     return {"tokens": tokens, "token_logprobs": [r.logprob for r in recorded],
             "top_logprobs": [{tok.decode([t]): lp for t, lp in r.top} for r in recorded], "text_offset": offsets}
-
-
-def sse(obj: Any) -> str:
-    return f"data: {json.dumps(obj)}\n\n"
-
-
-def is_usage_chunk(chunk: dict[str, Any]) -> bool:
-    return chunk.get("choices") == [] and "usage" in chunk
-
-
-async def sse_events(chunks: AsyncIterator[dict[str, Any]], include_usage: bool) -> AsyncIterator[str]:
-    """Chunks as server-sent events, ``[DONE]`` last. The usage rides on its own last chunk (``choices: []``),
-    sent only when the client asked (``stream_options.include_usage``), as OpenAI sends it. An error chunk ends
-    the stream."""
-    async for chunk in chunks:
-        if is_usage_chunk(chunk) and not include_usage:
-            continue
-        yield sse(chunk)
-        if "error" in chunk:
-            return
-    yield "data: [DONE]\n\n"
-
-
-def usage_chunk(base: dict[str, Any], usage: dict[str, Any]) -> dict[str, Any]:
-    return base | {"choices": [], "usage": usage}
-
-
-def chunk_base(model: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-    if body is not None:
-        return {k: body[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
-    return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion.chunk", "created": int(time.time()),
-            "model": model}
-
-
-async def chat_chunks(body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-    """A finished chat completion as OpenAI's chunks: role, reasoning, content or the tool calls (each call's id
-    and name first, then its arguments, as OpenAI streams them), the finish reason (with the ``formtax`` object),
-    and the usage chunk last."""
-    base = chunk_base(body["model"], body)
-    for choice in body["choices"]:
-        i, msg = choice["index"], choice["message"]
-        deltas: list[dict[str, Any]] = [{"role": "assistant", "content": ""}]
-        if msg.get("reasoning_content"):
-            deltas.append({"reasoning_content": msg["reasoning_content"]})
-        for k, call in enumerate(msg.get("tool_calls") or ()):
-            deltas.append({"tool_calls": [{"index": k, "id": call["id"], "type": "function",
-                                           "function": {"name": call["function"]["name"], "arguments": ""}}]})
-            deltas.append({"tool_calls": [{"index": k, "function": {"arguments": call["function"]["arguments"]}}]})
-        if msg.get("content"):
-            deltas.append({"content": msg["content"]})
-        for d in deltas:
-            yield base | {"choices": [{"index": i, "delta": d, "finish_reason": None}]}
-        yield base | {"choices": [{"index": i, "delta": {}, "finish_reason": choice["finish_reason"],
-                                   "logprobs": choice.get("logprobs")}], "formtax": choice.get("formtax")}
-    yield usage_chunk(base, body["usage"])
-
-
-async def text_chunks(body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-    base = {k: body[k] for k in ("id", "created", "model")} | {"object": "text_completion"}
-    for choice in body["choices"]:
-        yield base | {"choices": [{"index": choice["index"], "text": choice["text"], "finish_reason": None}]}
-        yield base | {"choices": [{"index": choice["index"], "text": "", "finish_reason": choice["finish_reason"]}],
-                      "formtax": body["formtax"]}
-    yield usage_chunk(base, body["usage"])
 
 
 class StopCutter:
