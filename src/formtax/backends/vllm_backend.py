@@ -49,7 +49,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from formtax.backends.model_files import DEFAULT_MODEL, ModelSource, resolve_model
+from formtax.backends.model_files import DEFAULT_MODEL, ModelSource, resolve_model, tokenizer_info
 from formtax.backends.row_reports import (
     SECRET_ENV,
     Inbox,
@@ -83,20 +83,6 @@ FIXED_ENGINE: dict[str, Any] = {"enable_chunked_prefill": False, "async_scheduli
 DEFAULT_ENGINE: dict[str, Any] = {"enable_prefix_caching": True, "max_model_len": 4096, "seed": 0}
 PLUGIN = "formtax.vllm_plugin:FormtaxLogitsProcessor"  # the processor a stock vllm serve loads, and this backend
 CPU_KVCACHE_GIB = "1"  # VLLM_CPU_KVCACHE_SPACE unless set: the in-process engine's and serve()'s alike
-
-
-def tokenizer_info(path: str) -> TokenizerInfo:
-    """The TokenizerInfo of a model folder, built the way the transformers backend builds it (same EOS set)."""
-    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
-
-    tok = AutoTokenizer.from_pretrained(path)
-    config = AutoConfig.from_pretrained(path)
-    try:
-        gen_eos = GenerationConfig.from_pretrained(path).eos_token_id
-    except OSError:
-        gen_eos = None
-    text_config = getattr(config, "get_text_config", lambda: config)()
-    return TokenizerInfo.from_hf(tok, gen_eos, int(text_config.vocab_size), path)
 
 
 def _platform_defaults() -> dict[str, Any]:
