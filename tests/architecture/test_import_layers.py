@@ -132,12 +132,13 @@ def string_hops(mods: dict[str, Path], package: str = "formtax") -> dict[str, se
 
 
 def cycle_hops(hops: dict[str, set[str]], mods: dict[str, Path]) -> dict[str, set[str]]:
-    """The hops the cycle check counts: all but those within the naming module's own package (a package's lazy
-    table of its modules, the strategy catalog: the package loads its own parts on use)."""
+    """The hops the cycle check counts: all but a package's lazy table of its own modules (its ``__init__``) and its
+    catalog (a module named ``catalog``, the strategies': the modules it names import the package back)."""
     out = {}
     for a, bs in hops.items():
+        table = mods[a].name == "__init__.py" or a.rpartition(".")[2] == "catalog"
         pkg = a if mods[a].name == "__init__.py" else a.rpartition(".")[0]
-        out[a] = {b for b in bs if b != pkg and not b.startswith(pkg + ".")}
+        out[a] = {b for b in bs if not (table and (b == pkg or b.startswith(pkg + ".")))}
     return out
 
 
