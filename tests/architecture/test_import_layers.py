@@ -55,12 +55,15 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 
 
 # String hops that are left (issue 56): two plugin tables name, by module path, the plugins above them that register
-# themselves on import. Each needs a registry above its plugins that the runner's worker processes also reach
-# (entry points in pyproject.toml, read with importlib.metadata, once every checkout installs them).
+# themselves on import (so a plugin imports its table back: a cycle, also left out of the cycle check). Each needs
+# its lookup above its plugins, reached by the runner's Ray workers too: a catalog module that imports them (tasks:
+# get_task is public as formtax.tasks.get_task; analyses: the report's writers would sit above the studies), or
+# entry points in pyproject.toml read with importlib.metadata (every checkout then has to be installed again).
 PENDING_PLUGIN_TABLES = {
     "formtax.tasks.registry": "BUILTIN_MODULES: the studies' and the planted world's tasks",
     "formtax.report.analyses": "BUILTIN_MODULES: the studies' analyses",
 }
+
 
 def modules(src: Path = SRC, package: str = "formtax") -> dict[str, Path]:
     out = {}
