@@ -30,6 +30,8 @@ from typing import Any
 
 from _common import finish
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "vllm"))  # stock_server.py: a stock vLLM server
+
 from formtax.backends import load_backend
 from formtax.runner import RunConfig, run
 
@@ -72,7 +74,7 @@ def measure(part: str, args: argparse.Namespace) -> dict[str, Any]:
         timed_run(grid(args, limit=2), backend)  # warm-up: first-call costs (grammar compiles, allocator) out of the way
         return {**out, **timed_run(grid(args), backend)}
     if part == "openai":
-        from formtax.backends.vllm_backend import serve
+        from stock_server import serve
 
         with serve(dtype=args.dtype, extra_args=["--enforce-eager"] if args.eager else []) as url:
             out["startup_s"] = round(time.perf_counter() - t, 1)

@@ -45,6 +45,8 @@ from typing import Any
 
 from _common import PROMPTS, finish
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "vllm"))  # stock_server.py: a stock vLLM server
+
 CLIENTS = (1, 16, 64)
 PER_CLIENT = 2
 MAX_TOKENS = 48
@@ -168,7 +170,7 @@ def report(bench: str, num: dict[int, float], den: dict[int, float], target: flo
 def main() -> None:
     import argparse
 
-    from formtax.backends.vllm_backend import serve
+    from stock_server import serve
 
     global REPEAT
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -220,7 +222,7 @@ def formtax_vllm() -> Iterator[str]:
     import signal
     import urllib.request
 
-    from formtax.backends.vllm_backend import free_port
+    from stock_server import free_port
 
     port = free_port()
     cmd = [sys.executable, "-m", "formtax", "serve", "--backend", "vllm", "--engine-opt", "enforce_eager=true",

@@ -19,7 +19,7 @@ closing's witness, vLLM's own masks, stop strings), which vLLM turns into an HTT
 there is bounded in time. A row that still fails in the engine (or whose policy raises) writes
 ``[formtax error: <reason>]`` and stops; it alone is affected.
 
-In the engine the processor loads the model's tokenizer once (:func:`formtax.backends.vllm_backend.tokenizer_info`),
+In the engine the processor loads the model's tokenizer once (:func:`formtax.backends.model_files.tokenizer_info`),
 builds the row's policy with the strategy's own code (as in formtax's loop), and steps it every engine step
 (:class:`~formtax.backends.logits_processor.LiveRow`: catch up on the emitted tokens, plan, edit the logits). Rows
 are found by vLLM's batch index, which the processor tracks through every add, remove and move (rows are

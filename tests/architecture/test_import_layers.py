@@ -1,16 +1,22 @@
-"""formtax's import structure: no cycle between modules, and every import goes down the layer order below.
+"""formtax's import structure: no cycle between modules, every import goes down the layer order below, and no
+module reaches another layer by naming it in a string.
 
 Every import counts: at module level, inside functions (lazy) and under ``TYPE_CHECKING``; a cycle hidden behind a
-lazy or type-only import is still a cycle in the design. Registries that name plugins above them (built-in tasks,
-the planted backend, the study analyses) name them by module path, resolved on use, like entry points: those are
-not imports. The root package ``formtax`` is the facade (its public names are lazy, its own imports type-only) and
-holds ``__version__``, which any module may import.
+lazy or type-only import is still a cycle in the design. So does every *string hop*: a string constant that is a
+module path (``"formtax.planted.backend"``, ``"formtax.vllm_plugin:FormtaxLogitsProcessor"``, the constant head
+of ``f"formtax.tasks.{m}"``) is a module resolved on use (``importlib``, vLLM's ``--logits-processors``), a
+dependency like an import, so it counts in the cycle check, and it may only name a module of its own layer (a
+package's lazy table of its own modules, the strategy catalog); a module that needs one of another layer imports
+it, down the order. Docstrings are documentation and prose mentioning a module (an error message) is not a path:
+neither counts. The root package ``formtax`` is the facade (its public names are lazy, its own imports type-only)
+and holds ``__version__``, which any module may import.
 """
 
 from __future__ import annotations
 
 import ast
 import collections
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,25 +24,45 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
-# Bottom to top. A module may import its own layer (no cycle, by the check below) and any layer beneath it.
+# Bottom to top. A module may import its own layer (no cycle, by the check below) and any layer beneath it. A prefix
+# names a package or module; a module takes the layer of its longest listed prefix.
+VLLM_ENGINE = ("formtax.backends.vllm_backend", "formtax.backends.vllm_async", "formtax.backends.logits_processor",
+               "formtax.backends.row_reports", "formtax.integrations.vllm_rows", "formtax.vllm_plugin")
+STRATEGY_ROWS = "formtax.integrations.vllm_rows"  # the plugin's rows for a stock server's clients
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("formtax.errors", "formtax.tensorops", "formtax.cache", "formtax._lazy", "formtax.bytetok"),
     ("formtax.constraints",),   # specs, the compile cache, per-request matchers
+    ("formtax.tasks",),         # benchmark tasks and prompts (they read constraints' templates, nothing above)
     ("formtax.decoding",),      # the engine protocol, policies, lowering, the decode loop
     ("formtax.fem",),           # Deco-G's format estimation module (HMM, token DFA, reweighting)
-    ("formtax.backends",),      # model engines (hf, fake, vllm, openai)
+    # engines that know no strategy: transformers, fake, OpenAI-compatible servers, model files; the planted
+    # worlds' engine (a world file and the lab's prompt templates make its logits)
+    ("formtax.backends.hf", "formtax.backends.fake", "formtax.backends.openai_backend", "formtax.backends.model_files",
+     "formtax.planted.backend", "formtax.planted.world"),
     ("formtax.strategies",),    # strategies: requests -> policies -> results
+    VLLM_ENGINE,                # the vLLM engine: its plugin builds strategies' rows inside vLLM's engine
+    ("formtax.backends",),      # the engines' registry (load_backend, by name)
     ("formtax.api", "formtax.streaming"),  # the library's entry points
-    ("formtax.tasks",),         # benchmark tasks and prompts
     ("formtax.parsing",),       # strict / lenient answer parsers
     ("formtax.scoring",),
     ("formtax.records", "formtax.stats"),
     ("formtax.runner",),        # grids, resumable runs, parallel execution
     ("formtax.report",),        # generic tables, figures, verification
     ("formtax.planted", "formtax.studies"),  # calibration worlds; studies (task + scoring + analyses each)
-    ("formtax.integrations", "formtax.serve", "formtax.vllm_plugin"),  # vllm_plugin: vLLM loads it by path
+    ("formtax.integrations", "formtax.serve"),  # transformers' LogitsProcessor, vLLM's reasoning parser, formtax serve
     ("formtax.cli", "formtax.__main__"),
 )
+
+
+# String hops that are left (issue 56): two plugin tables name, by module path, the plugins above them that register
+# themselves on import (so a plugin imports its table back: a cycle, also left out of the cycle check). Each needs
+# its lookup above its plugins, reached by the runner's Ray workers too: a catalog module that imports them (tasks:
+# get_task is public as formtax.tasks.get_task; analyses: the report's writers would sit above the studies), or
+# entry points in pyproject.toml read with importlib.metadata (every checkout then has to be installed again).
+PENDING_PLUGIN_TABLES = {
+    "formtax.tasks.registry": "BUILTIN_MODULES: the studies' and the planted world's tasks",
+    "formtax.report.analyses": "BUILTIN_MODULES: the studies' analyses",
+}
 
 
 def modules(src: Path = SRC, package: str = "formtax") -> dict[str, Path]:
@@ -75,6 +101,56 @@ def imports(mods: dict[str, Path], package: str = "formtax") -> dict[str, set[st
                     if hit is not None and hit != name:
                         graph[name].add(hit)
     return graph
+
+
+MODULE_PATH = re.compile(r"formtax(?:\.[A-Za-z_]\w*)+(?::[A-Za-z_][\w.]*)?")  # a module, or module:attribute
+
+
+def string_hops(mods: dict[str, Path], package: str = "formtax") -> dict[str, set[str]]:
+    """module -> the package modules its string constants name as a whole module path (module docstring).
+
+    A string counts when all of it, stripped (and without a trailing dot: the constant head of an f-string), is a
+    path; it names the deepest module that exists, and a path that only reaches the root package (an attribute of
+    the facade, a field named ``formtax.answer``) names none. Strings standing alone as statements (docstrings)
+    are documentation."""
+
+    def resolve(name: str) -> str | None:
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return None if name in ("", package) else name
+
+    graph: dict[str, set[str]] = collections.defaultdict(set)
+    for name, path in mods.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        docs = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Constant) or not isinstance(node.value, str) or id(node) in docs:
+                continue
+            text = node.value.strip().removesuffix(".")
+            if MODULE_PATH.fullmatch(text) and text.split(".", 1)[0] == package:
+                hit = resolve(text.partition(":")[0])
+                if hit is not None and hit != name:
+                    graph[name].add(hit)
+    return graph
+
+
+def cycle_hops(hops: dict[str, set[str]], mods: dict[str, Path]) -> dict[str, set[str]]:
+    """The hops the cycle check counts: all but a package's lazy table of its own modules (its ``__init__``) and its
+    catalog (a module named ``catalog``, the strategies': the modules it names import the package back)."""
+    out = {}
+    for a, bs in hops.items():
+        table = mods[a].name == "__init__.py" or a.rpartition(".")[2] == "catalog"
+        pkg = a if mods[a].name == "__init__.py" else a.rpartition(".")[0]
+        out[a] = {b for b in bs if not (table and (b == pkg or b.startswith(pkg + ".")))}
+    return out
+
+
+def union(*graphs: dict[str, set[str]]) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = collections.defaultdict(set)
+    for g in graphs:
+        for a, bs in g.items():
+            out[a] |= bs
+    return out
 
 
 def cycles(graph: dict[str, set[str]], skip: frozenset[str] = frozenset()) -> list[list[str]]:
@@ -150,7 +226,21 @@ def upward(graph: dict[str, set[str]]) -> list[str]:
     return bad
 
 
-GRAPH = imports(modules())
+def across(hops: dict[str, set[str]]) -> list[str]:
+    """String hops that leave their layer, either way (a module that needs another layer's module imports it)."""
+    bad = []
+    for a in sorted(hops):
+        for b in sorted(hops[a]):
+            la, lb = layer_of(a), layer_of(b)
+            if la is not None and lb is not None and la != lb:
+                bad.append(f"{a} (layer {la}: {LAYERS[la][0]}) names {b} (layer {lb}: {LAYERS[lb][0]})")
+    return bad
+
+
+MODULES = modules()
+GRAPH = imports(MODULES)
+DECODING, STRATEGIES = layer_of("formtax.decoding"), layer_of("formtax.strategies")
+HOPS = string_hops(MODULES)
 
 
 def test_every_module_has_a_layer() -> None:
@@ -159,17 +249,34 @@ def test_every_module_has_a_layer() -> None:
 
 
 def test_no_import_cycle() -> None:
-    assert cycles(GRAPH, skip=frozenset({"formtax"})) == []
+    """Imports and string hops together: a module resolved on use is a dependency too (a package's own lazy table
+    or catalog of its modules aside, and the pending plugin tables, whose plugins import them back)."""
+    hops = {a: bs for a, bs in cycle_hops(HOPS, MODULES).items() if a not in PENDING_PLUGIN_TABLES}
+    assert cycles(union(GRAPH, hops), skip=frozenset({"formtax"})) == []
 
 
 def test_imports_only_go_down_the_layers() -> None:
     assert upward(GRAPH) == []
 
 
+def test_no_string_hop_across_layers() -> None:
+    bad = [h for h in across(HOPS) if h.split(" ", 1)[0] not in PENDING_PLUGIN_TABLES]
+    assert bad == []
+
+
+def test_the_pending_plugin_tables_still_hop() -> None:
+    """Each allowance in PENDING_PLUGIN_TABLES is still needed (remove it when its table is gone)."""
+    hopping = {h.split(" ", 1)[0] for h in across(HOPS)}
+    assert set(PENDING_PLUGIN_TABLES) <= hopping
+
+
 def test_no_backend_imports_a_strategy() -> None:
-    bad = sorted((a, b) for a, bs in GRAPH.items() if a.startswith("formtax.backends")
+    """Engines step policies, never strategies: only the vLLM plugin's rows for a stock server's clients (built inside
+    vLLM's engine from a strategy's name and answer, where formtax's own backend sends a policy recipe) import one."""
+    bad = sorted((a, b) for a, bs in GRAPH.items() if a.startswith("formtax.backends") and a != STRATEGY_ROWS
                  for b in bs if b.startswith("formtax.strategies"))
     assert bad == []
+    assert any(b.startswith("formtax.strategies") for b in GRAPH[STRATEGY_ROWS])  # the exception is still needed
 
 
 @pytest.mark.parametrize("how", ["top", "lazy", "type-only"])
@@ -187,5 +294,32 @@ def test_the_checks_catch_a_cycle_and_an_upward_import(tmp_path: Path, how: str)
     (pkg / "strategies" / "base.py").write_text("from ..decoding.loop import f\nS = 1\n")
     graph = imports(modules(tmp_path))
     assert cycles(graph) == [["formtax.decoding.loop", "formtax.strategies.base"]]
-    assert upward(graph) == ["formtax.decoding.loop (layer 2: formtax.decoding) imports formtax.strategies.base "
-                             "(layer 5: formtax.strategies)"]
+    assert upward(graph) == [f"formtax.decoding.loop (layer {DECODING}: formtax.decoding) imports "
+                             f"formtax.strategies.base (layer {STRATEGIES}: formtax.strategies)"]
+
+
+def test_the_checks_catch_a_string_hop(tmp_path: Path) -> None:
+    """The checker itself: a module path in a string (whole, or an f-string's head) is a hop, counted in cycles
+    and refused across layers; the same path in a docstring or inside a sentence is not."""
+    pkg = tmp_path / "formtax"
+    (pkg / "decoding").mkdir(parents=True)
+    (pkg / "strategies").mkdir()
+    for p in (pkg, pkg / "decoding", pkg / "strategies"):
+        (p / "__init__.py").write_text("")
+    (pkg / "decoding" / "loop.py").write_text(
+        '"""Loads formtax.strategies.basic."""\n'
+        'import importlib\n'
+        'PLUGIN = "formtax.strategies.base:S"\n'
+        'def f(m):\n    """formtax.strategies.basic"""\n    return importlib.import_module(f"formtax.strategies.{m}")\n'
+        'MESSAGE = "formtax.strategies.basic is not loaded"\n')
+    (pkg / "strategies" / "base.py").write_text("from ..decoding.loop import f\nS = 1\n")
+    (pkg / "strategies" / "basic.py").write_text("X = 'formtax.token_ids'\n")
+    mods = modules(tmp_path)
+    hops = string_hops(mods)
+    assert dict(hops) == {"formtax.decoding.loop": {"formtax.strategies", "formtax.strategies.base"}}
+    assert cycles(imports(mods)) == []
+    assert cycles(union(imports(mods), cycle_hops(hops, mods))) == [["formtax.decoding.loop",
+                                                                      "formtax.strategies.base"]]
+    assert across(hops) == [f"formtax.decoding.loop (layer {DECODING}: formtax.decoding) names {name} (layer "
+                            f"{STRATEGIES}: formtax.strategies)" for name in ("formtax.strategies",
+                                                                               "formtax.strategies.base")]

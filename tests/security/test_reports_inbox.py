@@ -93,9 +93,9 @@ def test_the_secret_is_in_the_environment_only_while_the_engine_starts():
 def test_the_stock_server_started_beside_formtax_never_gets_the_secret(monkeypatch):
     import inspect
 
-    from formtax.backends import vllm_backend
+    from tests.vllm import stock_server
 
-    src = inspect.getsource(vllm_backend.serve)
+    src = inspect.getsource(stock_server.serve)
     assert "child_env.pop(SECRET_ENV" in src  # and nothing else puts it back afterwards
     assert "env=child_env" in src
 

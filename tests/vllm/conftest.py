@@ -38,7 +38,7 @@ def vllm_backend():
 def vllm_server(tmp_path_factory):
     """The server's /v1 URL (and its log file, for failure messages)."""
     pytest.importorskip("vllm.sampling_params")
-    from formtax.backends.vllm_backend import serve
+    from tests.vllm.stock_server import serve
 
     log = Path(tmp_path_factory.mktemp("vllm-server")) / "server.log"
     with serve(dtype=VLLM_DTYPE, extra_args=["--enforce-eager", *PLUGIN_ARGS], startup_timeout=SERVER_STARTUP_S,

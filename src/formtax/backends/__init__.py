@@ -1,10 +1,10 @@
 """Model engines behind one small protocol (:mod:`formtax.decoding.engine`), registered by name.
 
-An engine defined above this layer (the planted worlds of :mod:`formtax.planted`) is named by module path and
-imported on use, a plugin table in the manner of entry points: ``backends/`` imports none of them.
+This package's ``__init__`` is the registry (:func:`load_backend`): it sits a layer above every engine it names,
+the vLLM engine included (whose plugin builds strategies' rows inside vLLM), and imports each on use; the planted
+worlds' engine (:mod:`formtax.planted.backend`) sits in the engines' layer (tests/architecture/test_import_layers.py).
 """
 
-import importlib
 from collections.abc import Callable
 from typing import Any
 
@@ -57,8 +57,9 @@ def _planted(model: str | None, device: str, dtype: str) -> Backend:
     """A planted world (``model`` = the world file): exact, known output probabilities for calibration."""
     if not model:
         raise ConfigError("backend 'planted' needs a world file: --world W (or --model W)")
-    backend: Backend = importlib.import_module("formtax.planted.backend").PlantedBackend.load(model)
-    return backend
+    from formtax.planted.backend import PlantedBackend
+
+    return PlantedBackend.load(model)
 
 
 BACKENDS: dict[str, Callable[..., Backend]] = {"hf": _hf, "fake": _fake, "vllm": _vllm, "openai": _openai, "planted": _planted}

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from formtax.decoding.engine import TokenizerInfo
 from formtax.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -283,3 +284,18 @@ def resolve_model(name: str | None) -> ModelSource:
         raise ConfigError(f"{p} is neither a model folder nor a .gguf file")
     # A hub id: works on machines that reach the hub or have it cached.
     return ModelSource(name, name, name)
+
+
+def tokenizer_info(path: str) -> TokenizerInfo:
+    """The TokenizerInfo of a model folder, built the way the transformers backend builds it (same EOS set): for the
+    engines that tokenize with transformers beside another runtime (vLLM, OpenAI-compatible servers, the plugin)."""
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    tok = AutoTokenizer.from_pretrained(path)
+    config = AutoConfig.from_pretrained(path)
+    try:
+        gen_eos = GenerationConfig.from_pretrained(path).eos_token_id
+    except OSError:
+        gen_eos = None
+    text_config = getattr(config, "get_text_config", lambda: config)()
+    return TokenizerInfo.from_hf(tok, gen_eos, int(text_config.vocab_size), path)

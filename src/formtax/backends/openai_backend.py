@@ -184,7 +184,7 @@ class OpenAIBackend(RowEngine):
                 concurrency: int = 64, flavor: str = "auto", top_logprobs: int = 20) -> OpenAIBackend:
         """Connect to ``server`` (or ``$FORMTAX_SERVER``); ``model`` names the local tokenizer (the server's model:
         the embedded default when None). Fails at once, with the reason, when the server cannot be reached."""
-        from formtax.backends.vllm_backend import tokenizer_info
+        from formtax.backends.model_files import tokenizer_info
 
         server = server or os.environ.get("FORMTAX_SERVER")
         if not server:

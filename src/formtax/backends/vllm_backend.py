@@ -45,18 +45,16 @@ in a 0700 directory; for engines on other machines (Ray across nodes) ``report_b
 from __future__ import annotations
 
 import collections
-import contextlib
 import json
 import logging
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from formtax.backends.model_files import DEFAULT_MODEL, ModelSource, resolve_model
+from formtax.backends.model_files import ModelSource, resolve_model, tokenizer_info
 from formtax.backends.row_reports import (
-    SECRET_ENV,
     Inbox,
     MemoryInbox,
     ZmqInbox,
@@ -88,21 +86,7 @@ FIXED_ENGINE: dict[str, Any] = {"enable_chunked_prefill": False, "async_scheduli
 DEFAULT_ENGINE: dict[str, Any] = {"enable_prefix_caching": True, "max_model_len": 4096, "seed": 0}
 PLUGIN = "formtax.vllm_plugin:FormtaxLogitsProcessor"  # the processor a stock vllm serve loads, and this backend
 MASS_IDS_MAX = 128  # vLLM's MAX_LOGPROB_TOKEN_IDS: the most ids one request's logprob_token_ids may score
-CPU_KVCACHE_GIB = "1"  # VLLM_CPU_KVCACHE_SPACE unless set: the in-process engine's and serve()'s alike
-
-
-def tokenizer_info(path: str) -> TokenizerInfo:
-    """The TokenizerInfo of a model folder, built the way the transformers backend builds it (same EOS set)."""
-    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
-
-    tok = AutoTokenizer.from_pretrained(path)
-    config = AutoConfig.from_pretrained(path)
-    try:
-        gen_eos = GenerationConfig.from_pretrained(path).eos_token_id
-    except OSError:
-        gen_eos = None
-    text_config = getattr(config, "get_text_config", lambda: config)()
-    return TokenizerInfo.from_hf(tok, gen_eos, int(text_config.vocab_size), path)
+CPU_KVCACHE_GIB = "1"  # VLLM_CPU_KVCACHE_SPACE unless set: the in-process engine's and a stock server's
 
 
 def _platform_defaults() -> dict[str, Any]:
@@ -467,10 +451,10 @@ def _server_cpu_env(cpu: bool) -> dict[str, str]:
     thread on a 2-core machine), where the in-process engine computes on every core. Measured on the 2-core CI
     machine, 32 arith requests (bench/backends.py): 31 s with the reservation, 19 s with every core bound to
     the engine (the API process then shares them; it is idle while the engine steps). Ours, and why: the
-    server's own defaults suit a machine serving many clients; this helper starts a server next to formtax for
-    one run. The same holds for formtax's own engine, whose model runs in a process of vLLM's (16 free rows on
-    this machine: 150 tokens/s with vLLM's defaults, 220 bound to every core, 237 with the engine in formtax's
-    process). A variable already set in the environment is kept."""
+    server's own defaults suit a machine serving many clients; a server started next to formtax (the tests' and
+    benchmarks' tests/vllm/stock_server.py) serves one run. The same holds for formtax's own engine, whose model
+    runs in a process of vLLM's (16 free rows on this machine: 150 tokens/s with vLLM's defaults, 220 bound to
+    every core, 237 with the engine in formtax's process). A variable already set in the environment is kept."""
     out = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", CPU_KVCACHE_GIB)}
     if not cpu:
         return out
@@ -478,68 +462,3 @@ def _server_cpu_env(cpu: bool) -> dict[str, str]:
     wanted = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "OMP_NUM_THREADS": str(len(cores)),
               "VLLM_CPU_OMP_THREADS_BIND": ",".join(str(c) for c in cores)}
     return {**out, **{k: os.environ.get(k, v) for k, v in wanted.items()}}
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now."""
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextlib.contextmanager
-def serve(model: str | None = None, port: int | None = None, dtype: str = "float32",
-          extra_args: Sequence[str] = (), startup_timeout: float = 300.0, log_path: str | None = None,
-          env: dict[str, str] | None = None) -> Iterator[str]:
-    """Run vLLM's OpenAI-compatible server on 127.0.0.1 for the duration of the block; yields its ``/v1`` URL.
-
-    ``vllm serve`` does not work under the vllm-cpu package name, so the module entry point is used. The server
-    runs in its own process group and is always shut down (SIGTERM, then SIGKILL), also when start-up fails or
-    times out; the start-up wait is bounded by ``startup_timeout`` and ends early if the process exits.
-    """
-    import signal
-    import subprocess
-    import sys
-    import urllib.request
-
-    src = resolve_model(model)
-    served = DEFAULT_MODEL if model is None else os.path.basename(src.path.rstrip("/"))
-    port = port or free_port()
-    platform = [f"--{k.replace('_', '-')}={v}" for k, v in _platform_defaults().items()]  # as the in-process engine
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", src.path, "--host", "127.0.0.1",
-           "--port", str(port), "--dtype", dtype, "--max-model-len", "4096", "--served-model-name", served,
-           "--structured-outputs-config", json.dumps({"backend": "guidance"}), *platform, *extra_args]
-    child_env = {**os.environ, **_server_cpu_env(_on_cpu()), **(env or {})}
-    child_env.pop(SECRET_ENV, None)  # a stock server is not formtax's engine: it never gets the recipes' secret
-    out = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115 - closed in finally
-    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=child_env, start_new_session=True)
-    url = f"http://127.0.0.1:{port}/v1"
-    try:
-        deadline = time.monotonic() + startup_timeout
-        while True:
-            if proc.poll() is not None:
-                raise ConfigError(f"the vLLM server exited with {proc.returncode} during start-up"
-                                  + (f" (log: {log_path})" if log_path else ""))
-            try:
-                with urllib.request.urlopen(url + "/models", timeout=5) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise ConfigError(f"the vLLM server was not ready within {startup_timeout:.0f} s")
-            time.sleep(1.0)
-        yield url
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=20)
-        if log_path:
-            out.close()  # type: ignore[union-attr]

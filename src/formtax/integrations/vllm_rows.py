@@ -106,7 +106,7 @@ def engine_for(path: str) -> EngineSide:
     with _ENGINES_LOCK:
         hit = _ENGINES.get(path)
         if hit is None:
-            from formtax.backends.vllm_backend import tokenizer_info
+            from formtax.backends.model_files import tokenizer_info
 
             hit = _ENGINES[path] = EngineSide(tokenizer_info(path), path)
             warm(hit)
