@@ -216,7 +216,11 @@ def _run_chunk(backend: Backend, task: Task, chunk: Sequence[Planned], config: R
     """Run one batch; if the batch fails, run its requests one by one so one bad request costs only itself."""
     strategy = strategy_for(chunk[0], extractor)
     try:
-        results = strategy.run(backend, [request_for(task, p, config) for p in chunk])
+        requests = [request_for(task, p, config) for p in chunk]
+        unchecked = [r for p, r in zip(chunk, requests, strict=True) if not p.checked]
+        if unchecked:
+            strategy.check(backend, unchecked)
+        results = strategy.run(backend, requests, checked=True)
         return [(p, r, None) for p, r in zip(chunk, results, strict=True)]
     except (FormtaxError, RuntimeError, ValueError) as e:
         if len(chunk) == 1:
