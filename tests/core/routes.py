@@ -22,6 +22,7 @@ import torch
 
 from formtax.backends.fake import FakeBackend
 from formtax.backends.logits_processor import apply_rows
+from formtax.decoding.engine import Backend
 from formtax.integrations.vllm_rows import EngineSide, RowSpec, explainer, validate
 from formtax.records import read_records
 from formtax.records.schema import Record
@@ -32,11 +33,12 @@ LogitsFn = Callable[[Sequence[int]], torch.Tensor]
 ITEM = {"id": "a", "question": "What is 2+3?", "answer": 5}
 
 
-def runner_route(tmp: Path, fn: LogitsFn | FakeBackend, strategy: str, slot: str, max_tokens: int,
+def runner_route(tmp: Path, fn: LogitsFn | Backend, strategy: str, slot: str, max_tokens: int,
                  temperature: float = 0.0, closing: bool | None = True, monkeypatch: Any = None
                  ) -> tuple[Record, Request]:
     """A one-item run of ``strategy`` (a grid spec, e.g. ``nl2format@none``) with the answer slot ``slot`` (e.g.
-    ``{int:0..99}``); the record and the Request the runner decoded (``closing=None``: the run's own default)."""
+    ``{int:0..99}``) on the fake model ``fn`` or a loaded backend; the record and the Request the runner decoded
+    (``closing=None``: the run's own default)."""
     import formtax.runner.execute as execute
 
     planned: list[Request] = []
@@ -51,11 +53,12 @@ def runner_route(tmp: Path, fn: LogitsFn | FakeBackend, strategy: str, slot: str
     items = tmp / "items.jsonl"
     items.write_text(json.dumps(ITEM) + "\n")
     extra = {} if closing is None else {"closing": closing}
+    backend = fn if isinstance(fn, Backend) else FakeBackend(fn)
     config = RunConfig(task="jsonl", task_options={"path": str(items), "answer_spec": slot}, strategies=[strategy],
-                       backend="fake", limit=1, seeds=1, batch_size=1, max_tokens=max_tokens,
+                       backend=backend.name, limit=1, seeds=1, batch_size=1, max_tokens=max_tokens,
                        temperature=temperature, **extra)
     out = tmp / "run"
-    run(config, out, backend=fn if isinstance(fn, FakeBackend) else FakeBackend(fn))
+    run(config, out, backend=backend)
     (record,) = read_records(out / "records.jsonl")
     return record, planned[-1]
 
