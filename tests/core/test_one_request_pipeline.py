@@ -101,6 +101,19 @@ def test_serve_chat(server, counts, stream):
     _once(counts)
 
 
+def test_serve_chat_two_calls(server, counts):
+    """NL-to-Format on the server runs as a batch job (two calls, not one row of the live loop), checked once too."""
+    prompt, _ = _fresh()
+    answer = f"The answer is: {{int:0..{1000 + next(_FRESH)}}}"
+    r = httpx.post(server.url + "/chat/completions", json={
+        "messages": [{"role": "user", "content": prompt}], "max_tokens": 30,
+        "formtax": {"strategy": "nl2format", "answer": answer}}, timeout=60)
+    assert r.status_code == 200, r.text
+    assert counts["checked"] == 1, counts
+    assert counts["compiled"] == 1, counts
+    assert counts["tokenized"] == 2, counts  # the question, then call 2's own prompt (the reasoning in it)
+
+
 def test_serve_responses(server, counts):
     prompt, schema = _fresh()
     r = httpx.post(server.url + "/responses", json={
