@@ -150,6 +150,28 @@ def test_plugin_on_the_simulated_engine(counts, strategy):
     assert formtax.parse(out.text, answer, strategy=strategy).parse_ok, out.text
 
 
+def test_vllm_backend_on_the_simulated_engine(counts, monkeypatch):
+    """formtax's vLLM backend (the real VLLMBackend over tests/vllm/test_vllm_rows.py's simulated engine): the row's
+    policy is built twice, once in formtax's process (to lower the row) and once in the engine from its recipe (the
+    engine is another process in vLLM); the strategy's check on an engine that steps live rows builds none."""
+    from formtax.strategies import get_strategy
+    from tests.vllm.test_vllm_rows import SimVLLM
+
+    cls = type(get_strategy("constrained"))
+    real = cls.policy
+
+    def policy(self, backend, request):
+        counts["policy"] += 1
+        return real(self, backend, request)
+
+    monkeypatch.setattr(cls, "policy", policy)
+    prompt, schema = _fresh()
+    r = formtax.generate(SimVLLM(random_logits(seed=1)), prompt, "constrained", schema, max_tokens=30)
+    assert r.parse_ok and r.stats["closing"]
+    _once(counts)
+    assert counts["policy"] == 2, counts
+
+
 def test_one_attribute_says_which_driver_runs_a_backend():
     """``Backend.driver``: streaming, the server's batching and its live streams ask it, so an engine that owns
     its loop gets stream's documented refusal, not an error from deep inside the loop."""

@@ -481,6 +481,10 @@ class SinglePass(Strategy):
         the rest. An engine that owns its loop gives step logits only through its lowerings, so STEP_LOGITS is
         not required of it; other needs (KV_CROP) are."""
         require(engine, self.needs - {Capability.STEP_LOGITS}, self.name)
+        if Lowering.LIVE in engine.lowerings:  # every row lowers (a live row is stepped in the engine): building
+            # each policy here only to lower it would build it once more than the run does (issue 56)
+            engine.check_rows(self.name, engine.lowerings, [request_sampling(r) for r in requests])
+            return
         kinds: set[Lowering] = set()
         for r in requests:
             try:
