@@ -114,8 +114,14 @@ def test_one_request_same_behaviour_on_every_route(planned, servers, case, route
     answer = rec.answer_spec
     want_parse = (res.parse_ok, res.parsed)
     if route == "runner":
-        assert (rec.text, rec.answer_text, rec.finish_reason) == (res.text, res.answer_text, res.finish_reason)
         strict = rec.parses["strict"]
+        if case.strategy == "nl2format":  # call 2 is prompted by the task's own conversion prompt, generate's by
+            # the generic one: two requests from there on (the fake model reads only its last tokens, so they agree
+            # here; tests/vllm/test_route_equality_vllm.py compares the runner's answer with its own reading)
+            assert rec.text == res.text
+            ok, value = reading(rec.answer_text, answer, case.strategy)
+            assert (strict.status == "ok", strict.value) == (ok, str(value) if ok else None)
+        assert (rec.text, rec.answer_text, rec.finish_reason) == (res.text, res.answer_text, res.finish_reason)
         assert ((strict.status == "ok"), strict.value) == (res.parse_ok, str(res.parsed) if res.parse_ok else None)
         assert reading(rec.answer_text if case.strategy == "nl2format" else rec.text, answer, case.strategy) \
             == want_parse

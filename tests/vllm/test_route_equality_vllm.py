@@ -99,10 +99,16 @@ def test_runner_and_serve_equal_generate(planned, servers, case, engine):
     assert res.parse_ok, (res.text, res.answer_text, res.parse_error)
     want = (res.parse_ok, res.parsed)
     assert reading(res.answer_text if case.strategy == "nl2format" else res.text, answer, case.strategy) == want
-    # the runner
-    assert (rec.text, rec.answer_text, rec.finish_reason) == (res.text, res.answer_text, res.finish_reason)
+    # the runner (NL-to-Format's second call is prompted by the task's own conversion prompt, generate's by the
+    # generic one: two requests from there on, so its answer is compared with its own reading only)
     strict = rec.parses["strict"]
-    assert (strict.status == "ok", strict.value) == (res.parse_ok, str(res.parsed))
+    if case.strategy == "nl2format":
+        assert rec.text == res.text
+        ok, value = reading(rec.answer_text, answer, "nl2format")
+        assert (strict.status == "ok", strict.value) == (ok, str(value) if ok else None)
+    else:
+        assert (rec.text, rec.answer_text, rec.finish_reason) == (res.text, res.answer_text, res.finish_reason)
+        assert (strict.status == "ok", strict.value) == (res.parse_ok, str(res.parsed))
     assert rec.stats["closing"] is res.stats["closing"] is True
     # formtax serve on the same engine
     body = {"messages": req.prompt, "max_tokens": req.max_tokens, "temperature": case.temperature,
