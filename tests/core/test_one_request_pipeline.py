@@ -150,6 +150,18 @@ def test_plugin_on_the_simulated_engine(counts, strategy):
     assert formtax.parse(out.text, answer, strategy=strategy).parse_ok, out.text
 
 
+def test_a_client_cannot_skip_the_plugins_check():
+    """``formtax_checked`` is handed by ``validate_params`` to the engine, never taken from a client (the engine
+    would otherwise build a row no check saw)."""
+    from formtax.integrations.vllm_rows import EngineSide, validate
+    from tests.core.routes import plugin_params
+
+    engine = EngineSide(FakeBackend().tokenizer, "sim")
+    args = {"formtax_strategy": "constrained", "formtax_answer": "{int}", "formtax_checked": 1}
+    with pytest.raises(ValueError, match="unknown formtax argument"):
+        validate(plugin_params(args, 16), engine, 16)
+
+
 def test_vllm_backend_on_the_simulated_engine(counts, monkeypatch):
     """formtax's vLLM backend (the real VLLMBackend over tests/vllm/test_vllm_rows.py's simulated engine): the row's
     policy is built twice, once in formtax's process (to lower the row) and once in the engine from its recipe (the
