@@ -162,8 +162,14 @@ def finish_results(backend: Backend, strat: Strategy, reqs: Sequence[Request], r
             r.stats["seed"] = q.seed
     if reqs and reqs[0].constraint is not None and reqs[0].constrain:
         for r in out:
-            r.stats.setdefault("closing", reqs[0].closing and strat.closing_target(backend, reqs[0]) is not None)
+            r.stats.setdefault("closing", closing_applied(backend, strat, reqs[0]))
     return out
+
+
+def closing_applied(backend: Backend, strat: Strategy, req: Request) -> bool:
+    """Whether closing mode was in effect for a constrained request (``Result.stats["closing"]``, which the API,
+    the server and the runner's records report alike)."""
+    return req.closing and strat.closing_target(backend, req) is not None
 
 
 def check_context(backend: Backend, reqs: Sequence[Request]) -> None:

@@ -1,6 +1,7 @@
 """Issue 56: one request is set up once, whatever its route: its prompt tokenized once, its grammar compiled at most
 once for the model's tokenizer, its strategy checked once (``generate``, ``stream``, ``formtax serve``'s chat and
-Responses routes, streamed or not)."""
+Responses routes, streamed or not, the runner's one-item run, and formtax's vLLM plugin on the simulated stock engine
+of tests/core/routes.py, where vLLM tokenizes the prompt and formtax never does)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 import formtax
 from formtax.backends.fake import FakeBackend, random_logits
 from formtax.constraints import compile as compile_mod
+from formtax.constraints import native
 from formtax.decoding.engine import TokenizerInfo
 from formtax.strategies.base import Strategy
 
@@ -41,7 +43,14 @@ def counts(monkeypatch) -> Iterator[Counter[str]]:
 
     monkeypatch.setattr(TokenizerInfo, "_prompt_ids", ids)
     monkeypatch.setattr(Strategy, "check", check)
+    real_spec = native.parse_spec
+
+    def spec(text):
+        seen["spec_parsed"] += 1
+        return real_spec(text)
+
     monkeypatch.setattr(compile_mod._CACHE, "put", put)
+    monkeypatch.setattr(native, "parse_spec", spec)
     yield seen
 
 
@@ -92,6 +101,19 @@ def test_serve_chat(server, counts, stream):
     _once(counts)
 
 
+def test_serve_chat_two_calls(server, counts):
+    """NL-to-Format on the server runs as a batch job (two calls, not one row of the live loop), checked once too."""
+    prompt, _ = _fresh()
+    answer = f"The answer is: {{int:0..{1000 + next(_FRESH)}}}"
+    r = httpx.post(server.url + "/chat/completions", json={
+        "messages": [{"role": "user", "content": prompt}], "max_tokens": 30,
+        "formtax": {"strategy": "nl2format", "answer": answer}}, timeout=60)
+    assert r.status_code == 200, r.text
+    assert counts["checked"] == 1, counts
+    assert counts["compiled"] == 1, counts
+    assert counts["tokenized"] == 2, counts  # the question, then call 2's own prompt (the reasoning in it)
+
+
 def test_serve_responses(server, counts):
     prompt, schema = _fresh()
     r = httpx.post(server.url + "/responses", json={
@@ -99,6 +121,67 @@ def test_serve_responses(server, counts):
         "text": {"format": {"type": "json_schema", "name": "a", "schema": schema}}}, timeout=60)
     assert r.status_code == 200, r.text
     _once(counts)
+
+
+def test_runner(counts, tmp_path, monkeypatch):
+    """A one-item run: the run's up-front check of its first request is that request's only check."""
+    from tests.core.routes import runner_route
+
+    slot = f"{{int:0..{1000 + next(_FRESH)}}}"  # a grammar no earlier request compiled
+    rec, _ = runner_route(tmp_path, random_logits(seed=1), "constrained", slot, 30, monkeypatch=monkeypatch)
+    assert rec.error is None and rec.constraint_ok
+    _once(counts)
+
+
+@pytest.mark.parametrize("strategy", ["constrained", "inwriting"])
+def test_plugin_on_the_simulated_engine(counts, strategy):
+    """``validate_params`` checks the request before it is queued and hands the engine ``formtax_checked``; the
+    engine then builds the row without checking it again. The answer SPEC is parsed once on each side (the API
+    process and the engine are two processes in vLLM: each has its own copy of the arguments, and of the compiled
+    grammar's cache, which one process shares here)."""
+    from tests.core.routes import plugin_route
+
+    prompt, _ = _fresh()
+    answer = f"The answer is: {{int:0..{1000 + next(_FRESH)}}}"
+    out = plugin_route(random_logits(seed=1), [{"role": "user", "content": prompt}],
+                       {"formtax_strategy": strategy, "formtax_answer": answer}, 40)
+    _once(counts)  # tokenized once: vLLM's own tokenization, formtax adds none
+    assert counts["spec_parsed"] == 2, counts
+    assert formtax.parse(out.text, answer, strategy=strategy).parse_ok, out.text
+
+
+def test_a_client_cannot_skip_the_plugins_check():
+    """``formtax_checked`` is handed by ``validate_params`` to the engine, never taken from a client (the engine
+    would otherwise build a row no check saw)."""
+    from formtax.integrations.vllm_rows import EngineSide, validate
+    from tests.core.routes import plugin_params
+
+    engine = EngineSide(FakeBackend().tokenizer, "sim")
+    args = {"formtax_strategy": "constrained", "formtax_answer": "{int}", "formtax_checked": 1}
+    with pytest.raises(ValueError, match="unknown formtax argument"):
+        validate(plugin_params(args, 16), engine, 16)
+
+
+def test_vllm_backend_on_the_simulated_engine(counts, monkeypatch):
+    """formtax's vLLM backend (the real VLLMBackend over tests/vllm/test_vllm_rows.py's simulated engine): the row's
+    policy is built twice, once in formtax's process (to lower the row) and once in the engine from its recipe (the
+    engine is another process in vLLM); the strategy's check on an engine that steps live rows builds none."""
+    from formtax.strategies import get_strategy
+    from tests.vllm.test_vllm_rows import SimVLLM
+
+    cls = type(get_strategy("constrained"))
+    real = cls.policy
+
+    def policy(self, backend, request):
+        counts["policy"] += 1
+        return real(self, backend, request)
+
+    monkeypatch.setattr(cls, "policy", policy)
+    prompt, schema = _fresh()
+    r = formtax.generate(SimVLLM(random_logits(seed=1)), prompt, "constrained", schema, max_tokens=30)
+    assert r.parse_ok and r.stats["closing"]
+    _once(counts)
+    assert counts["policy"] == 2, counts
 
 
 def test_one_attribute_says_which_driver_runs_a_backend():

@@ -162,14 +162,17 @@ class TemplateConstraint(Constraint):
     def search(self, text: str) -> Validation:
         """The answer in free text, read as the runner's strict parser reads it (issue 49: one parser). A template
         that opens with :data:`ANSWER_LINE` (``The answer is: {int}``, paper 003's answer line) names a line: the
-        last non-empty line, stripped, must be the template, with one optional trailing period, so ``The answer is:
-        5\nBecause 2+3=5.`` has no answer. Any other template (a key phrase such as ``The final answer is {int}``,
-        or a bare slot) is read at its last occurrence anywhere, as the strict key-phrase parser reads it: a phrase and
-        one word-like slot by the shared final-answer rule (:mod:`formtax.constraints.finalanswer`)."""
+        last non-empty line, stripped, must be the template (any white space after its opening, as the strict
+        parser strips it), with one optional trailing period, so ``The answer is: 5\nBecause 2+3=5.`` has no
+        answer. Any other template (a key phrase such as ``The final answer is {int}``, or a bare slot) is read at
+        its last occurrence anywhere, as the strict key-phrase parser reads it: a phrase and one word-like slot by
+        the shared final-answer rule (:mod:`formtax.constraints.finalanswer`)."""
         first = self.template.parts[0] if self.template.parts else None
         if isinstance(first, str) and first.startswith(ANSWER_LINE):
             lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
             last = lines[-1] if lines else ""
+            if last.startswith(first):  # the strict parser strips the white space after the line's prefix
+                last = first + last[len(first):].lstrip()
             for candidate in (last, last[:-1]) if last.endswith(".") else (last,):
                 vals = self.template.match(candidate)
                 if vals is not None:

@@ -12,7 +12,8 @@ whole context). The check builds the very policy the engine will build, with the
 cannot disagree; it is bounded in time (:data:`SETUP_BOUND_ENV`): a request whose set-up (compile, closing's
 witness search) takes longer is refused, never left to hold the engine's step. The start witnesses it found
 travel with the request (``formtax_witnesses``, set here, refused from clients), so the engine does not search
-again; the engine checks each before use.
+again; the engine checks each before use. So does the fact that the request passed (``formtax_checked``): the engine
+builds the row without running the strategy's check a second time (issue 56: one request, checked once).
 
 In the engine a row that still cannot be built, or whose policy raises while it steps, ends with an error its
 client sees: the row writes ``[formtax error: <reason>]`` (:func:`error_row`) and stops, and the reason is logged.
@@ -35,7 +36,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -47,7 +48,7 @@ log = logging.getLogger(__name__)
 
 PREFIX = "formtax_"
 KEYS = ("strategy", "answer", "closing", "triggers", "reasoning")
-HANDED = ("witnesses",)  # set by validate(), never by a client
+HANDED = ("witnesses", "checked")  # set by validate(), never by a client
 SETUP_BOUND_ENV = "FORMTAX_VLLM_SETUP_S"
 SETUP_BOUND_S = 5.0  # default bound of a request's set-up in validate_params (seconds)
 ANSWER_BYTES_ENV = "FORMTAX_VLLM_MAX_ANSWER_BYTES"
@@ -141,6 +142,8 @@ class RowSpec:
     triggers: tuple[str, ...]
     reasoning: str | None
     witnesses: dict[str, list[int] | None] | None = None
+    checked: bool = False  # validate() checked the request with the strategy's own check: the engine does not again
+    constraint: Any = field(default=None, compare=False, repr=False)  # the answer SPEC, parsed once (of)
 
     @classmethod
     def of(cls, extra_args: dict[str, Any] | None, from_client: bool = True) -> RowSpec | None:
@@ -172,9 +175,11 @@ class RowSpec:
             raise ValueError(f"vllm_xargs: formtax_answer is {len(str(answer).encode('utf-8', 'replace'))} bytes, "
                              f"over {answer_cap()} (its grammar would hold the server while it compiles; raise "
                              f"{ANSWER_BYTES_ENV} where that is acceptable)")
+        constraint = None
         if answer is not None:
             try:
-                as_constraint(str(answer)).check()
+                constraint = as_constraint(str(answer))
+                constraint.check()
             except Exception as e:  # noqa: BLE001 - the SPEC parser's message, whole
                 raise ValueError(f"vllm_xargs: formtax_answer: {' '.join(str(e).split())}") from None
         elif getattr(strat, "needs_constraint", False) or name not in ("free", "short"):
@@ -190,7 +195,8 @@ class RowSpec:
         witnesses = args.get("witnesses")
         return cls(name, None if answer is None else str(answer), str(closing) in ("1", "True"), tuple(triggers),
                    None if reasoning is None else str(reasoning),
-                   dict(witnesses) if isinstance(witnesses, dict) else None)
+                   dict(witnesses) if isinstance(witnesses, dict) else None,
+                   str(args.get("checked", 0)) == "1" and not from_client, constraint)
 
     @property
     def seamed(self) -> bool:
@@ -214,7 +220,9 @@ class RowSpec:
 
         sampling = params_sampling(params)
         budget = int(params.max_tokens) - self.reserved
-        return Request("", as_constraint(self.answer) if self.answer is not None else None,
+        constraint = self.constraint if self.constraint is not None or self.answer is None else as_constraint(
+            self.answer)
+        return Request("", constraint,
                        max_tokens=budget, seed=int(params.seed or 0),
                        temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
                        min_p=sampling.min_p, reasoning_prefix=self.reasoning, triggers=self.triggers,
@@ -235,7 +243,8 @@ class RowSpec:
                              f"{self.reserved} for its line break and EOS)")
         token = START_WITNESSES.set(dict(self.witnesses or {}))
         try:
-            strat.check(engine, [req])
+            if not self.checked:  # once per request: validate() checked it before it was queued
+                strat.check(engine, [req])
             policy = strat.policy(engine, req)
             self.handed().update(START_WITNESSES.get() or {})
         finally:
@@ -350,6 +359,7 @@ def validate(params: Any, engine: EngineSide | None, client_max_tokens: Any = ..
                          f"{SETUP_BOUND_ENV}")
     if spec.witnesses:
         params.extra_args[PREFIX + "witnesses"] = dict(spec.witnesses)
+    params.extra_args[PREFIX + "checked"] = 1  # the engine builds the row without checking it again
     return spec
 
 

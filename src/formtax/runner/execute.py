@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from formtax.api import closing_applied
 from formtax.backends import Backend, load_backend
 from formtax.constraints.parse import parse_spec
 from formtax.errors import ConfigError, FormtaxError
@@ -216,7 +217,14 @@ def _run_chunk(backend: Backend, task: Task, chunk: Sequence[Planned], config: R
     """Run one batch; if the batch fails, run its requests one by one so one bad request costs only itself."""
     strategy = strategy_for(chunk[0], extractor)
     try:
-        results = strategy.run(backend, [request_for(task, p, config) for p in chunk])
+        requests = [request_for(task, p, config) for p in chunk]
+        unchecked = [r for p, r in zip(chunk, requests, strict=True) if not p.checked]
+        if unchecked:
+            strategy.check(backend, unchecked)
+        results = strategy.run(backend, requests, checked=True)
+        for q, res in zip(requests, results, strict=True):  # whether closing ran, as every route's Result says
+            if q.constraint is not None and q.constrain:
+                res.stats.setdefault("closing", closing_applied(backend, strategy, q))
         return [(p, r, None) for p, r in zip(chunk, results, strict=True)]
     except (FormtaxError, RuntimeError, ValueError) as e:
         if len(chunk) == 1:

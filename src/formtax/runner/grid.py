@@ -183,6 +183,7 @@ class Planned:
     prompt_format: str = ""  # what the prompt describes (check_prompt_identity groups on it); "": output_format
     prompt_style: PromptStyle = PromptStyle.CHAT
     budget: dict[str, int] | None = None  # set once by runner.execute.planned_budget (deterministic in the config)
+    checked: bool = False  # its request passed Strategy.check (the run's up-front check): not checked again
 
     def constraint(self) -> Constraint | None:
         return parse_spec(self.answer) if self.answer is not None else None

@@ -304,6 +304,7 @@ def _run(config: RunConfig, out_dir: Path, progress: Callable[[int, int], None] 
         extractor = load_extractor(config)
         for sample in samples:  # refuse a strategy the backend cannot run, before any request
             strategy_for(sample, extractor).check(backend, [request_for(task, sample, config)])
+            sample.checked = True  # its chunk does not check it again (one request, checked once)
         provenance = backend_provenance(backend)
         if extractor is not None:
             provenance["extractor"] = backend_provenance(extractor)

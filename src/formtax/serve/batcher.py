@@ -338,5 +338,5 @@ def run_jobs(backend: Backend, jobs: Sequence[Job]) -> list[Result]:
     """Decode compatible jobs as one batch, as ``formtax.generate_batch`` runs them: strategies that are not one
     pass of formtax's loop (the hooks cannot reach inside their calls; the server refuses the controls that need
     them), or backends that decode whole rows themselves."""
-    strat, reqs = job_requests(backend, jobs)
-    return finish_results(backend, strat, reqs, strat.run(backend, reqs))
+    strat, reqs = job_requests(backend, jobs)  # checked there, or before they were queued: not again
+    return finish_results(backend, strat, reqs, strat.run(backend, reqs, checked=True))

