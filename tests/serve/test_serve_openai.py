@@ -154,6 +154,19 @@ def test_stop_is_honoured_streamed_or_not():
         assert text.choices[0].text == "Hello "
 
 
+@pytest.mark.parametrize(("strategy", "answer"), [("constrained", "The answer is: {int}"), ("inwriting",
+                                                                                       "The answer is: {int}")])
+def test_stop_with_a_strategy_that_ends_its_own_row_is_refused(strategy, answer):
+    """One behaviour on every route (issue 56): a stop string would cut a stepped strategy's row before its answer,
+    so formtax serve refuses it with a 400, as the vLLM plugin does, instead of ignoring it."""
+    app = create_app(FakeBackend(scripted("Hello world. Bye now.")), window_s=0.0, temperature=0.0)
+    with ServerThread(app) as srv:
+        body = {"model": "fake-random", "messages": USER, "max_tokens": 40, "stop": ["\n"],
+                "formtax": {"strategy": strategy, "answer": answer}}
+        r = httpx.post(srv.url + "/chat/completions", json=body, timeout=30)
+        assert r.status_code == 400 and "stop: a stop string would cut" in r.json()["error"]["message"], r.text
+
+
 def test_logprobs_are_the_models_own():
     fn = random_logits(seed=3)
     backend = FakeBackend(fn)
