@@ -2,7 +2,7 @@
 
 ``SimVLLM`` is the real :class:`VLLMBackend` with only its two engine touch points (``_params``, ``_generate``)
 replaced by a small engine with vLLM's semantics over the fake model: a grammar masks the row *before* the logits
-processor sees it, live rows are stepped exactly as ``PolicyLogitsProcessor.apply`` steps them, greedy picks the
+processor sees it, live rows are stepped exactly as ``EngineRowProcessor.apply`` steps them, greedy picks the
 argmax, a stop token ends a request (and stays in its output), ``max_tokens`` caps it. Every strategy must then
 give the very results the decode loop gives on the same fake model: that is the backend's contract.
 """
@@ -15,7 +15,7 @@ import torch
 
 import formtax
 from formtax.backends.fake import FakeBackend, random_logits, scripted
-from formtax.backends.logits_processor import LiveRow
+from formtax.backends.logits_processor import EngineRow
 from formtax.backends.vllm_backend import VLLMBackend
 from formtax.constraints.compile import compile_grammar
 from formtax.constraints.parse import parse_spec
@@ -208,7 +208,7 @@ def test_replay_rebuilds_the_loops_row_output():
 def test_live_row_forces_eos_after_its_policy_finishes():
     tok = FakeBackend().tokenizer
     eos = min(tok.eos_ids)
-    live = LiveRow(RowRequest([1, 2], FreePolicy(tok.eos_ids, frozenset({10})), 5), eos, tok.n_logits)
+    live = EngineRow(RowRequest([1, 2], FreePolicy(tok.eos_ids, frozenset({10})), 5), eos, tok.n_logits)
     out: list[int] = []
     for want in (65, 10):  # the policy stops after the newline-like token 10
         logits = torch.zeros(tok.n_logits)
