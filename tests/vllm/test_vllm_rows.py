@@ -20,7 +20,7 @@ from formtax.backends.vllm_backend import VLLMBackend
 from formtax.constraints.compile import compile_grammar
 from formtax.constraints.parse import parse_spec
 from formtax.decoding.engine import Capability
-from formtax.decoding.loop import RowRequest, decode
+from formtax.decoding.loop import RowRequest
 from formtax.decoding.policies import ConstrainedPolicy, ForcedPrefix, FreePolicy
 from formtax.decoding.rowengine import lark_grammar, lower_row, replay
 from formtax.errors import CapabilityError
@@ -188,21 +188,6 @@ def test_an_engine_that_ignores_the_constraint_is_caught():
     out = replay(row, bad, "stop")
     assert out.finish_reason == "constraint-error" and out.tokens == []
     assert out.events[-1]["stats"] == {"constraint_ignored": True, "rejected_token": bad[0]}
-
-
-def test_replay_rebuilds_the_loops_row_output():
-    fn = random_logits(seed=2)
-    fake = FakeBackend(fn)
-    tok = fake.tokenizer
-    c = parse_spec("The answer is: {int:0..99}")
-
-    def row():
-        m = compile_grammar(c.grammar, tok.engine).matcher(tok.n_logits)
-        return RowRequest(tok.prompt_ids(Q[0]), ForcedPrefix(tok.encode("Ok. "), ConstrainedPolicy(m, tok.eos_ids)), 40)
-
-    ref = decode(fake, [row()])[0]
-    got = replay(row(), ref.tokens, "stop", ref.masked_mass)
-    assert got.tokens == ref.tokens and got.steps == ref.steps and got.finish_reason == ref.finish_reason
 
 
 def test_live_row_forces_eos_after_its_policy_finishes():

@@ -31,10 +31,10 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from formtax.decoding.devicestep import Entry, clear_bits, pack_bool
+from formtax.decoding.devicestep import Entry, clear_bits, device_round, pack_bool
 from formtax.decoding.plan import Finish, Plan, RowOutput, RowRequest, Step
 from formtax.decoding.sampling import GREEDY, Sampling
-from formtax.tensorops import argmax, argmax_rows, holds, masked_argmax, ranked_masked
+from formtax.tensorops import argmax, holds, masked_argmax, ranked_masked
 
 __all__ = ["DRAWN", "Choice", "End", "RowCursor", "admits", "allowed_words", "choose", "choose_vetted", "decide",
            "draw_divert", "edit_row", "flags", "greedy_batch", "mass_words", "masked_mass", "plan_end", "vetted"]
@@ -230,8 +230,8 @@ def greedy_batch(logits: Sequence[torch.Tensor], chosen: list[tuple[int, Plan]],
     whose top token is allowed and not banned takes it too: the first maximal index overall, when allowed, is
     the first maximal index among the allowed ones, so this is exactly the masked argmax, without touching the
     logits. The other masked rows (and rows choosing from their own scores) take the first maximal index among
-    their allowed ids, read on the host (:func:`~formtax.tensorops.masked_argmax`); on a device, one masked fill
-    over their stacked logits and one argmax. Allowed sets are counted (a set of one is a forced token) by
+    their allowed ids, read on the host (:func:`~formtax.tensorops.masked_argmax`); off the host's fast path (a
+    device, a dtype numpy cannot read), one :func:`~formtax.decoding.devicestep.device_round` for them all. Allowed sets are counted (a set of one is a forced token) by
     :meth:`Plan.allowed_count`."""
     out: list[Choice] = [Choice(0, False, False)] * len(chosen)
     rest: list[int] = []
@@ -258,21 +258,14 @@ def greedy_batch(logits: Sequence[torch.Tensor], chosen: list[tuple[int, Plan]],
         out[k] = flags(plan, found)
     if not slow:
         return out
-    rows = [chosen[k] for k in slow]  # on a device: one masked fill over the stacked rows, one argmax
-    base = torch.stack([plan.base(logits[pos]) for pos, plan in rows])
-    with_allowed = [j for j, (_, plan) in enumerate(rows) if plan.allowed is not None]
-    if with_allowed:
-        allowed = torch.stack([rows[j][1].allowed for j in with_allowed])  # type: ignore[misc]
-        sub = base[with_allowed] if len(with_allowed) != len(rows) else base
-        sub.masked_fill_(~allowed.to(base.device, non_blocking=True), float("-inf"))
-        if sub is not base:
-            base[with_allowed] = sub
-    for j, (_, plan) in enumerate(rows):
-        if plan.banned:
-            base[j, list(plan.banned)] = float("-inf")
-    tokens = argmax_rows(base)
+    rows = [chosen[k] for k in slow]  # on a device: one round, as the device step chooses (devicestep.py)
+    bases = [plan.base(logits[pos]) for pos, plan in rows]
+    width = int(bases[0].shape[-1])
+    n_words = (width + 31) // 32
+    got = device_round(bases, [Entry(j, allowed_words(plan, n_words)) for j, (_pos, plan) in enumerate(rows)],
+                       width)
     for j, k in enumerate(slow):
-        out[k] = flags(rows[j][1], tokens[j])
+        out[k] = flags(rows[j][1], got.ids[j])
     return out
 
 
