@@ -140,18 +140,21 @@ class _Stepper:
     def _plan_row(self, pos: int, i: int) -> None:
         cur, gen, sampling = self.cursors[i], self.gens[i], self.samplings[i]
         row_logits = self.rows[pos]
-        plan, drawn = draw_divert(cur.plan(row_logits), row_logits, sampling, gen, lambda: self.top()[pos])
-        cur.note(plan)
+        plan = cur.plan(row_logits)
+        drawn = None
+        if plan.divert is not None:  # (each test below skips a call most rows do not need: this runs per row-step)
+            plan, drawn = draw_divert(plan, row_logits, sampling, gen, lambda: self.top()[pos])
+        if plan.event is not None:
+            cur.note(plan)
         self.plans[pos] = plan
-        end = plan_end(plan, rewinds=True)
-        if end is not None:
-            self.ends[pos] = end
+        if plan.stop is not None or plan.rewind is not None:
+            self.ends[pos] = plan_end(plan, rewinds=True)  # type: ignore[assignment]
             return
-        if self.on_device and plan.scores is None:  # measured in the step's device round
-            if cur.measures(plan):
+        if plan.measure_mass and cur.measures(plan):
+            if self.on_device and plan.scores is None:  # measured in the step's device round
                 self.mass_rows.append(pos)
-        else:
-            cur.measure(plan, lambda: masked_mass(row_logits, plan.allowed))  # type: ignore[arg-type]
+            else:
+                cur.measure(plan, lambda: masked_mass(row_logits, plan.allowed))  # type: ignore[arg-type]
         if sampling.greedy and self.together and plan.forced is None and drawn is None:
             self.greedy.append((pos, plan))
         else:  # forced, kept from a divert, sampled (from the row's own generator), or a coupled row
