@@ -221,6 +221,16 @@ def edit_row(row: torch.Tensor, index: int, plan: Plan, drawn: int | None, view:
     return choice, Entry(index, allowed_words(plan, (row.shape[-1] + 31) // 32))
 
 
+def _holds(plan: Plan, token: int) -> bool:
+    """Whether the plan's allowed set holds ``token``: one bit of its packed words when the policy handed them
+    over (no numpy view of the mask to make), else the mask's entry."""
+    words = plan.packed_words()
+    if words is not None:
+        return 0 <= token < 32 * words.size and bool((int(words[token >> 5]) >> (token & 31)) & 1)
+    assert plan.allowed is not None
+    return holds(plan.allowed, token)
+
+
 def greedy_batch(logits: Sequence[torch.Tensor], chosen: list[tuple[int, Plan]], top: Callable[[], list[int]]
                  ) -> list[Choice]:
     """The greedy choice of several rows at once; token for token what :func:`choose` gives row by row.
@@ -242,7 +252,7 @@ def greedy_batch(logits: Sequence[torch.Tensor], chosen: list[tuple[int, Plan]],
         token = top()[pos]
         if plan.allowed is None and not plan.banned:
             out[k] = Choice(token, False, False)
-        elif (plan.allowed is None or holds(plan.allowed, token)) and token not in plan.banned:
+        elif (plan.allowed is None or _holds(plan, token)) and token not in plan.banned:
             out[k] = flags(plan, token)
         else:
             rest.append(k)
