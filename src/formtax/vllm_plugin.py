@@ -21,7 +21,7 @@ there is bounded in time. A row that still fails in the engine (or whose policy 
 
 In the engine the processor loads the model's tokenizer once (:func:`formtax.backends.model_files.tokenizer_info`),
 builds the row's policy with the strategy's own code (as in formtax's loop), and steps it every engine step
-(:class:`~formtax.backends.logits_processor.LiveRow`: catch up on the emitted tokens, plan, edit the logits). Rows
+(:class:`~formtax.backends.logits_processor.EngineRow`: catch up on the emitted tokens, plan, edit the logits). Rows
 are found by vLLM's batch index, which the processor tracks through every add, remove and move (rows are
 reordered every step). Compiled grammars are cached per engine (llguidance's compile cache, keyed by grammar);
 matchers are per request.
@@ -39,13 +39,15 @@ from the text with ``formtax.parse(text, answer, strategy=...)``, split the reas
 (formtax.integrations.vllm_reasoning), or use ``formtax serve`` / the in-process backend for those.
 
 vLLM's settings: chunked prefill (its default) is supported: a partial prefill's sample is discarded by the engine,
-and a row whose first planned token never came is planned again from a fresh policy (``LiveRow.restart``).
+and a row whose first planned token never came is planned again from a fresh policy (``EngineRow.restart``).
 Asynchronous scheduling (vLLM's default on GPUs) is refused when the processor loads: a row's plan needs the token
 of the step before, which the engine then appends a step late (``--no-async-scheduling``). Rows removed from the
 batch before they finish (aborted, or preempted and added again later) are kept for :data:`PARKED_MAX` removals,
 then forgotten.
 
 vLLM is imported only when vLLM loads the class (a module ``__getattr__``), so this module imports without it.
+The class is :class:`VllmPluginProcessor` (``plugin_class()``); ``FormtaxLogitsProcessor`` is its public name on
+vLLM's command line (the transformers integration has a ``FormtaxLogitsProcessor`` class of its own).
 """
 
 from __future__ import annotations
@@ -94,9 +96,9 @@ def _recipe_of(extra_args: dict[str, Any] | None, once: bool = False) -> tuple[A
 
 def build_row(engine: EngineSide, extra_args: dict[str, Any] | None, prompt_ids: Sequence[int], sampling: Any,
               max_tokens: int, seed: int) -> Any:
-    """The LiveRow of a request from formtax's own backend (None for any other request): its policy built from
+    """The EngineRow of a request from formtax's own backend (None for any other request): its policy built from
     its recipe with the engine's tokenizer; it chooses its tokens and reports its output when it finishes."""
-    from formtax.backends.logits_processor import LiveRow
+    from formtax.backends.logits_processor import EngineRow
     from formtax.backends.row_reports import encode, encode_step, send
     from formtax.decoding.plan import RowRequest
 
@@ -105,7 +107,7 @@ def build_row(engine: EngineSide, extra_args: dict[str, Any] | None, prompt_ids:
         return None
     recipe, key, address = got
 
-    def report(row: LiveRow) -> None:
+    def report(row: EngineRow) -> None:
         send(address, encode(key, row.out, row.error))
 
     sent = [0]
@@ -116,7 +118,7 @@ def build_row(engine: EngineSide, extra_args: dict[str, Any] | None, prompt_ids:
 
     tok = engine.tokenizer
     row = RowRequest(list(prompt_ids), recipe(engine), max_tokens, seed, sampling)
-    live = LiveRow(row, min(tok.eos_ids), tok.n_logits, sampling, chooses=True, on_done=report)
+    live = EngineRow(row, min(tok.eos_ids), tok.n_logits, sampling, chooses=True, on_done=report)
     live.key = key
     live.rebuild = lambda: recipe(engine)
     if str((extra_args or {}).get(PREFIX + "stream", "0")) == "1":
@@ -133,7 +135,7 @@ def plugin_class() -> type:
 
     base: Any = processor_class()
 
-    class FormtaxLogitsProcessor(base):
+    class VllmPluginProcessor(base):
         """formtax's rows for the requests whose ``extra_args`` name formtax arguments (module docstring)."""
 
         def __init__(self, vllm_config: Any, device: Any, is_pin_memory: bool) -> None:
@@ -190,7 +192,7 @@ def plugin_class() -> type:
             while len(self.parked) > PARKED_MAX:
                 self.parked.popitem(last=False)
 
-    _CLASS = FormtaxLogitsProcessor
+    _CLASS = VllmPluginProcessor
     warm_in_background(caller_context()[0])  # vLLM's API process loads the class at start-up: warm its tokenizer
     return _CLASS
 
@@ -221,12 +223,12 @@ def _report_failure(extra_args: dict[str, Any] | None, error: str) -> None:
 
 def _ended(engine: EngineSide) -> Any:
     """A row that is already finished (it forces EOS at its first step)."""
-    from formtax.backends.logits_processor import LiveRow
+    from formtax.backends.logits_processor import EngineRow
     from formtax.decoding.plan import Finish, RowRequest
     from formtax.decoding.policies import FreePolicy
 
     tok = engine.tokenizer
-    row = LiveRow(RowRequest([], FreePolicy(tok.eos_ids), 1), min(tok.eos_ids), tok.n_logits)
+    row = EngineRow(RowRequest([], FreePolicy(tok.eos_ids), 1), min(tok.eos_ids), tok.n_logits)
     row.finish(Finish.BACKEND_ERROR, "the row could not be built in the engine")
     return row
 
@@ -235,6 +237,6 @@ _CLASS: type | None = None
 
 
 def __getattr__(name: str) -> Any:
-    if name == "FormtaxLogitsProcessor":
+    if name in ("FormtaxLogitsProcessor", "VllmPluginProcessor"):  # the first: the public path vLLM is given
         return plugin_class()
     raise AttributeError(name)

@@ -162,21 +162,27 @@ def test_sampling_is_seeded():
 # -- InWriting's switch under sampling (a Divert) and its engine-side equivalent --------------------------------
 
 
-def test_resolve_divert_greedy_and_sampled():
+def test_a_divert_draws_greedy_and_sampled_and_an_engine_gets_its_token_forced():
     import torch
 
-    from formtax.decoding.loop import Divert, Plan, resolve_divert
+    from formtax.decoding.plan import Divert, Plan
+    from formtax.decoding.sampling import as_sampling
+    from formtax.decoding.step import draw_divert, edit_row
 
     switched = Plan(forced=7)
     logits = torch.log(torch.tensor([0.47, 0.33, 0.20]))  # token 0 stands for EOS
+    greedy, sampled = as_sampling(0.0), as_sampling(1.0)
     plan = Plan(divert=Divert(frozenset({0}), lambda: switched))
-    assert resolve_divert(plan, logits, 0.0, None) is switched  # greedy: the argmax is EOS
+    assert draw_divert(plan, logits, greedy, None, lambda: 0) == (switched, None)  # greedy: the argmax is EOS
     other = Plan(divert=Divert(frozenset({1}), lambda: switched))
-    kept = resolve_divert(other, logits, 0.0, None)
-    assert kept.divert is None and list(kept.banned) == [1]  # greedy: EOS banned, the same argmax
+    assert draw_divert(other, logits, greedy, None, lambda: 0) == (other, 0)  # greedy: the argmax is kept
     gen = torch.Generator().manual_seed(0)
-    hits = sum(resolve_divert(plan, logits, 1.0, gen) is switched for _ in range(4000))
+    hits = sum(draw_divert(plan, logits, sampled, gen, lambda: 0)[0] is switched for _ in range(4000))
     assert abs(hits / 4000 - 0.47) < 0.03  # sampled: switches with p(EOS)
+    # an engine that samples on its own is handed the kept draw as a forced token, flagged as the loop flags it
+    row = logits.clone()
+    choice, entry = edit_row(row, 0, other, 0, logits, greedy, None, draws=True)
+    assert (choice.token, choice.masked, choice.forced) == (0, True, False) and entry is not None and entry.forced == 0
 
 
 def test_a_constraint_that_matches_nothing_is_refused_before_running():

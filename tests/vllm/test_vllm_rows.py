@@ -2,7 +2,7 @@
 
 ``SimVLLM`` is the real :class:`VLLMBackend` with only its two engine touch points (``_params``, ``_generate``)
 replaced by a small engine with vLLM's semantics over the fake model: a grammar masks the row *before* the logits
-processor sees it, live rows are stepped exactly as ``PolicyLogitsProcessor.apply`` steps them, greedy picks the
+processor sees it, live rows are stepped exactly as ``EngineRowProcessor.apply`` steps them, greedy picks the
 argmax, a stop token ends a request (and stays in its output), ``max_tokens`` caps it. Every strategy must then
 give the very results the decode loop gives on the same fake model: that is the backend's contract.
 """
@@ -15,12 +15,12 @@ import torch
 
 import formtax
 from formtax.backends.fake import FakeBackend, random_logits, scripted
-from formtax.backends.logits_processor import LiveRow
+from formtax.backends.logits_processor import EngineRow
 from formtax.backends.vllm_backend import VLLMBackend
 from formtax.constraints.compile import compile_grammar
 from formtax.constraints.parse import parse_spec
 from formtax.decoding.engine import Capability
-from formtax.decoding.loop import RowRequest, decode
+from formtax.decoding.loop import RowRequest
 from formtax.decoding.policies import ConstrainedPolicy, ForcedPrefix, FreePolicy
 from formtax.decoding.rowengine import lark_grammar, lower_row, replay
 from formtax.errors import CapabilityError
@@ -222,25 +222,10 @@ def test_an_engine_that_ignores_the_constraint_is_caught():
     assert out.events[-1]["stats"] == {"constraint_ignored": True, "rejected_token": bad[0]}
 
 
-def test_replay_rebuilds_the_loops_row_output():
-    fn = random_logits(seed=2)
-    fake = FakeBackend(fn)
-    tok = fake.tokenizer
-    c = parse_spec("The answer is: {int:0..99}")
-
-    def row():
-        m = compile_grammar(c.grammar, tok.engine).matcher(tok.n_logits)
-        return RowRequest(tok.prompt_ids(Q[0]), ForcedPrefix(tok.encode("Ok. "), ConstrainedPolicy(m, tok.eos_ids)), 40)
-
-    ref = decode(fake, [row()])[0]
-    got = replay(row(), ref.tokens, "stop", ref.masked_mass)
-    assert got.tokens == ref.tokens and got.steps == ref.steps and got.finish_reason == ref.finish_reason
-
-
 def test_live_row_forces_eos_after_its_policy_finishes():
     tok = FakeBackend().tokenizer
     eos = min(tok.eos_ids)
-    live = LiveRow(RowRequest([1, 2], FreePolicy(tok.eos_ids, frozenset({10})), 5), eos, tok.n_logits)
+    live = EngineRow(RowRequest([1, 2], FreePolicy(tok.eos_ids, frozenset({10})), 5), eos, tok.n_logits)
     out: list[int] = []
     for want in (65, 10):  # the policy stops after the newline-like token 10
         logits = torch.zeros(tok.n_logits)

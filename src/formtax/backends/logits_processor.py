@@ -5,16 +5,17 @@ and tells it the emitted token afterwards. vLLM owns its loop, but its v1 logits
 row's full logits before sampling, in the engine (whichever process that is), and is told which request sits at
 which batch index. So the SAME policy objects run here unchanged:
 
-* :class:`LiveRow` holds one row's :class:`~formtax.decoding.plan.RowCursor` (the loop's bookkeeping, shared
+* :class:`EngineRow` holds one row's :class:`~formtax.decoding.step.RowCursor` (the loop's bookkeeping, shared
   with the loop and the replay). At each engine step it first *catches up* with the tokens the engine emitted,
-  then it *plans*: ``policy.plan(raw logits row, step)`` becomes an edit of that row.
-* A row that **chooses** (formtax's own backend: ``chooses=True``) takes the step exactly as the loop takes it
-  (:func:`~formtax.decoding.loop.draw_divert`, :func:`~formtax.decoding.loop.decide`: the divert's draw, the
-  veto, greedy or seeded sampling from the row's own generator) and forces the chosen token, so it knows each
-  token before the engine emits it and is finished, with its whole RowOutput, when its last token is chosen
-  (``on_done`` then reports it: backends/row_reports.py). A row that does not choose (a client of a stock
-  ``vllm serve``) edits the logits (a forced token, the allowed set, bans, replacement scores) and lets vLLM's
-  sampler draw.
+  then it *plans*: ``policy.plan(raw logits row, step)`` becomes an edit of that row, made by the step kernel
+  (:func:`~formtax.decoding.step.edit_row`), one path for every row. What vLLM's sampler cannot decide is decided
+  there exactly as the loop decides it (:func:`~formtax.decoding.step.draw_divert`,
+  :func:`~formtax.decoding.step.decide`: a forced token, the divert's draw, the veto) and forced, so the row
+  knows that token before the engine emits it. A row that **chooses** (formtax's own backend: ``chooses=True``)
+  decides every token so, greedy or from its own seeded generator, and is finished, with its whole RowOutput,
+  when its last token is chosen (``on_done`` then reports it: backends/row_reports.py). A row that does not
+  (a client of a stock ``vllm serve``) leaves the other tokens to vLLM's sampler, on logits edited to the allowed
+  set, the bans and any replacement scores.
 * A row that must finish without a token (``Plan.stop``) or whose policy returned a finish reason gets EOS forced
   on the next step; that EOS is an engine artefact and is never recorded, exactly as the loop never emits it.
 * rows the engine decodes on its own (free text, a whole-output grammar) are rebuilt afterwards by
@@ -30,42 +31,30 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 
 from formtax.constraints.compile import fill_masks
-from formtax.decoding.devicestep import Entry, apply_entries, clear_bits, pack_bool
-from formtax.decoding.loop import (
-    Plan,
-    Policy,
-    RowOutput,
-    RowRequest,
-    choose_vetted,
-    decide,
-    draw_divert,
-    masked_mass,
-    resolve_divert,
-)
-from formtax.decoding.plan import Finish, RowCursor
+from formtax.decoding.devicestep import Entry, apply_entries
+from formtax.decoding.plan import Finish, Policy, RowOutput, RowRequest
 from formtax.decoding.sampling import Sampling, as_sampling
+from formtax.decoding.step import DRAWN, Choice, End, RowCursor, draw_divert, edit_row, masked_mass, plan_end
 from formtax.tensorops import argmax
 
 log = logging.getLogger(__name__)
 
 
-class LiveRow:
-    """One row of the decode loop, stepped from inside the engine (see the module docstring)."""
+class EngineRow:
+    """One row of formtax's decode loop, stepped from inside an engine's logits processor (module docstring)."""
 
     def __init__(self, req: RowRequest, eos_id: int, n_logits: int, sampling: Sampling | float = 0.0,
-                 chooses: bool = False, on_done: Callable[[LiveRow], None] | None = None) -> None:
+                 chooses: bool = False, on_done: Callable[[EngineRow], None] | None = None) -> None:
         self.req = req
-        self.chooses = chooses  # the row picks every token itself (module docstring)
+        self.chooses = chooses  # the row draws every token itself (module docstring)
         self.on_done = on_done  # told once, when the row finishes
-        self.chosen: list[int] = []  # the tokens a choosing row forced, in order
         self.key: str | None = None  # the request's row key (formtax's own backend)
-        self.on_token: Callable[[int, str], None] | None = None  # a choosing row's tokens and phases, as taken
+        self.on_token: Callable[[int, str], None] | None = None  # the row's tokens and phases, as the engine takes them
         self.sampling = as_sampling(sampling)
-        # a diverting plan's coin (InWriting's sampled switch), seeded per row like the loop's generator
+        # the row's own draws (a divert's, a veto's, a choosing row's), seeded per row like the loop's generator
         self.gen = None if self.sampling.greedy else torch.Generator().manual_seed(int(req.seed))
         self.cursor = RowCursor(req)  # the loop's own bookkeeping of the row
         self.policy = req.policy
@@ -74,7 +63,7 @@ class LiveRow:
         self.out = self.cursor.out
         self.n_seen = 0  # engine tokens handled so far (recorded ones plus artefacts after the finish)
         self.n_planned = 0  # plans that expect one engine token each
-        self.pending: tuple[bool, bool, int | None] | None = None  # (forced, masked, the forced token)
+        self.pending: Choice | None = None  # the flags of the token the engine draws (its token: DRAWN)
         self.done = False
         self.error: str | None = None
         # a stock client's row that fails writes why (tokens from ``explain``) before its EOS (vllm_rows.py)
@@ -95,6 +84,11 @@ class LiveRow:
             if self.on_done is not None:
                 self.on_done(self)
 
+    def end(self, end: End | None) -> None:
+        """Act on the kernel's :class:`~formtax.decoding.step.End` (None: the row goes on; no rewind here)."""
+        if end is not None:
+            self.finish(end.reason or Finish.BACKEND_ERROR, end.error)
+
     def fail(self, error: Exception | str) -> None:
         """The row's policy raised (or the engine broke its contract): this row alone ends, with the reason."""
         text = error if isinstance(error, str) else f"{type(error).__name__}: {' '.join(str(error).split())}"
@@ -108,21 +102,20 @@ class LiveRow:
         self.cursor = RowCursor(self.req)
         self.policy = self.req.policy
         self.out = self.cursor.out
-        self.n_planned, self.pending, self.chosen = 0, None, []
+        self.n_planned, self.pending = 0, None
         self.gen = None if self.sampling.greedy else torch.Generator().manual_seed(int(self.req.seed))
 
     def catch_up(self, tokens: Sequence[int]) -> None:
-        """Hand the engine's new tokens to the policy, the way the loop does after choosing each one."""
+        """Hand the engine's new tokens to the row: a token the row took at its plan (forced) is checked, a token
+        the engine drew is taken now, the way the loop takes each one after choosing it."""
         while self.n_seen < len(tokens):
             token = int(tokens[self.n_seen])
+            k = self.n_seen
             self.n_seen += 1
-            if self.chooses:  # the token was chosen and taken at its plan: check that the engine emitted it
-                k = self.n_seen - 1
-                if k < len(self.chosen) and token != self.chosen[k]:
-                    self.finish(Finish.BACKEND_ERROR, f"the engine emitted {token} where {self.chosen[k]} was forced")
-                elif k >= len(self.chosen) and not self.done:
-                    self.finish(Finish.BACKEND_ERROR, "the engine emitted a token no plan was made for")
-                elif k < len(self.out.steps) and self.on_token is not None:  # streamed once the engine took it
+            if k < len(self.out.tokens):  # taken at its plan: check that the engine emitted it
+                if token != self.out.tokens[k]:
+                    self.finish(Finish.BACKEND_ERROR, f"the engine emitted {token} where {self.out.tokens[k]} was forced")
+                elif self.on_token is not None:  # streamed once the engine took it
                     self.on_token(token, self.out.steps[k].phase)
                 continue
             if self.done:
@@ -130,14 +123,14 @@ class LiveRow:
             if self.pending is None:
                 self.finish(Finish.BACKEND_ERROR, "the engine emitted a token no plan was made for")
                 continue
-            forced, masked, want = self.pending
-            self.pending = None
-            if want is not None and token != want:
-                self.finish(Finish.BACKEND_ERROR, f"the engine emitted {token} where {want} was forced")
-                continue
-            reason = self.cursor.accept(token, forced, masked)  # the phase is still the planned one
-            if reason is not None:
-                self.finish(reason)
+            choice, self.pending = self.pending._replace(token=token), None
+            self.take(choice)  # the phase is still the planned one
+            if self.on_token is not None and k < len(self.out.steps):
+                self.on_token(token, self.out.steps[k].phase)
+
+    def take(self, choice: Choice) -> None:
+        """Emit the row's token and advance its policy; the row ends where the kernel says."""
+        self.end(self.cursor.accept(choice))
 
     def apply(self, row: torch.Tensor, view: torch.Tensor | None = None) -> None:
         """Plan this step and edit the logits row in place (``row`` is the raw float32 row of this request;
@@ -146,8 +139,11 @@ class LiveRow:
         apply_rows(row.unsqueeze(0), [(self, 0, view)])
 
     def edit(self, row: torch.Tensor, view: torch.Tensor | None, index: int) -> Entry | None:
-        """Plan this step: the edit of the row at ``index`` of the batch's logits (None: leave it). Replacement
-        scores are copied into ``row`` here; masks, bans and forced tokens are applied for the whole batch."""
+        """Plan this step: the edit of the row at ``index`` of the batch's logits (None: leave it), as the step
+        kernel makes it (:func:`~formtax.decoding.step.edit_row`). A token the kernel decides (forced, a divert's or
+        a veto's, every token of a choosing row) is taken now and forced, so the row knows it before the engine
+        emits it; a token the engine draws is taken when it comes (:meth:`catch_up`). Replacement scores are
+        copied into ``row`` here; masks, bans and forced tokens are applied for the whole batch."""
         if self.n_planned > self.n_seen and not self.done:  # a plan whose token never came
             if self.n_seen == 0 and self.rebuild is not None:  # a partial prefill's discarded sample: plan again
                 self.restart()
@@ -160,86 +156,32 @@ class LiveRow:
             return Entry(index, forced=self.eos_id)
         if view is None:  # policies compute on CPU, as in the loop
             view = row if row.device.type == "cpu" else row.detach().cpu()
-        if self.chooses:
-            return self._choose(view, index)
-        plan: Plan = self.cursor.plan(view)
-        if plan.divert is not None:  # the engine draws after this edit, so the divert is decided here
-            plan = resolve_divert(plan, view, self.sampling, self.gen)
-        self.cursor.note(plan)
-        if plan.stop is not None:
-            self.finish(plan.stop)
-            return Entry(index, forced=self.eos_id)
-        if plan.rewind is not None:
-            self.finish(Finish.BACKEND_ERROR, "the vllm backend cannot rewind a row (no KV crop)")
-            return Entry(index, forced=self.eos_id)
-        self.cursor.measure(plan, lambda: masked_mass(view, plan.allowed))  # type: ignore[arg-type]
-        self.n_planned += 1
-        if plan.forced is not None:
-            self.pending = (True, plan.allowed is not None, int(plan.forced))
-            return Entry(index, forced=int(plan.forced))
-        if plan.veto is not None:  # the engine cannot ask the veto: choose here as the loop does, then force it
-            base = plan.scores if plan.scores is not None else view
-            token, masked, forced = choose_vetted(base, plan, self.sampling, self.gen)
-            self.pending = (forced, masked, token)
-            return Entry(index, forced=token)
-        if plan.scores is not None:
-            row.copy_(plan.scores.to(device=row.device, dtype=row.dtype))
-        masked = plan.allowed is not None or bool(plan.banned)
-        forced = plan.allowed is not None and plan.allowed_count() == 1
-        self.pending = (forced, masked, None)
-        if not masked:
-            return None
-        if plan.allowed is None and row.device.type == "cpu":
-            # bans alone (InWriting's reasoning phase bans EOS) on the host: set those few scores here. Same edit as
-            # the batched application, which would unpack a whole-vocabulary mask for this row (issue 44's
-            # profile: most of InWriting's plugin time at 64 rows)
-            row[torch.tensor(sorted(plan.banned), dtype=torch.long)] = float("-inf")
-            return None
-        n_words = (self.n_logits + 31) // 32
-        words = None
-        if plan.allowed is not None:
-            words = plan.packed_words()
-            if words is None:
-                words = pack_bool(plan.allowed, n_words)
-        if plan.banned:
-            words = clear_bits(words if words is not None else np.full(n_words, -1, dtype=np.int32), plan.banned)
-        return Entry(index, words)
-
-    def _choose(self, view: torch.Tensor, index: int) -> Entry:
-        """A choosing row's step: the loop's own plan, draw and choice; the token is taken now and forced."""
-        cur = self.cursor
-        plan, drawn = draw_divert(cur.plan(view), view, self.sampling, self.gen, lambda: argmax(view))
+        cur, host = self.cursor, view
+        plan, drawn = draw_divert(cur.plan(host), host, self.sampling, self.gen, lambda: argmax(host))
         cur.note(plan)
-        if plan.stop is not None:
-            self.finish(plan.stop)
+        end = plan_end(plan, rewinds=False)
+        if end is not None:
+            self.end(end)
             return Entry(index, forced=self.eos_id)
-        if plan.rewind is not None:
-            self.finish(Finish.BACKEND_ERROR, "a row in vLLM's engine cannot rewind (no KV crop)")
-            return Entry(index, forced=self.eos_id)
-        cur.measure(plan, lambda: masked_mass(view, plan.allowed))  # type: ignore[arg-type]
-        token, masked, forced = decide(plan, drawn, view, self.sampling, self.gen)
+        cur.measure(plan, lambda: masked_mass(host, plan.allowed))  # type: ignore[arg-type]
+        choice, entry = edit_row(row, index, plan, drawn, host, self.sampling, self.gen, draws=not self.chooses)
         self.n_planned += 1
-        self.chosen.append(int(token))
-        reason = cur.accept(int(token), forced, masked)
-        if reason is not None:
-            self.finish(reason)
-        return Entry(index, forced=int(token))
+        if choice.token == DRAWN:
+            self.pending = choice
+        else:
+            self.take(choice)
+        return entry
 
     def finalize(self, tokens: Sequence[int], engine_finish: str | None) -> RowOutput:
         """After the engine is done with the request: take its last tokens and name the finish."""
         self.catch_up(tokens)
-        if not self.done:
-            # The engine stopped on its own: at EOS (a policy that let EOS through), or for a reason of its own.
-            last = self.out.tokens[-1] if self.out.tokens else None
-            if engine_finish == "stop" and last == self.eos_id:
-                self.finish(Finish.EOS)
-            else:
-                self.finish(Finish.BACKEND_ERROR, f"the engine stopped the row ({engine_finish}) before its policy did")
+        if not self.done:  # the engine stopped on its own: at an EOS the policy let through, or for its own reason
+            self.end(self.cursor.engine_end(engine_finish, self.eos_id))
         self.out.forward_passes = len(tokens)
         return self.out
 
 
-def apply_rows(logits: torch.Tensor, rows: Sequence[tuple[LiveRow, int, torch.Tensor | None]]) -> None:
+def apply_rows(logits: torch.Tensor, rows: Sequence[tuple[EngineRow, int, torch.Tensor | None]]) -> None:
     """Plan every row's step (``(row, its index in logits, its host copy or None)``) and edit the batch's logits
     in place with one batched application (:func:`~formtax.decoding.devicestep.apply_entries`): the mask fill and
     the edit cost the same few device operations at any batch size."""
@@ -260,27 +202,27 @@ _PROCESSOR: type | None = None
 
 
 def processor_class() -> type:
-    """The vLLM v1 logits processor class that steps registered LiveRows (defined on first use: needs vllm)."""
+    """The vLLM v1 logits processor class that steps registered EngineRows (defined on first use: needs vllm)."""
     global _PROCESSOR
     if _PROCESSOR is not None:
         return _PROCESSOR
     from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
-    class PolicyLogitsProcessor(LogitsProcessor):
+    class EngineRowProcessor(LogitsProcessor):
         """Steps formtax policies for the requests :meth:`row_for` gives a row; leaves all others alone."""
 
         def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
-            self.by_index: dict[int, tuple[LiveRow, list[int], Any]] = {}  # row, its engine tokens, its params
+            self.by_index: dict[int, tuple[EngineRow, list[int], Any]] = {}  # row, its engine tokens, its params
 
         def is_argmax_invariant(self) -> bool:
             return False  # it changes what greedy decoding picks: vLLM must call it for greedy rows too
 
-        def row_for(self, params: Any, prompt_ids: Sequence[int] | None) -> LiveRow | None:
+        def row_for(self, params: Any, prompt_ids: Sequence[int] | None) -> EngineRow | None:
             """The row a newly added request steps (None: not formtax's); formtax.vllm_plugin builds it from the
             request's arguments."""
             return None
 
-        def row_removed(self, row: LiveRow, params: Any) -> None:
+        def row_removed(self, row: EngineRow, params: Any) -> None:
             """A row left the batch (finished, aborted, or preempted: it may be added again)."""
 
         def update_state(self, batch_update: BatchUpdate | None) -> None:
@@ -327,5 +269,5 @@ def processor_class() -> type:
             apply_rows(logits, [(row, index, view) for (index, (row, _o, _p)), view in zip(items, views, strict=True)])
             return logits
 
-    _PROCESSOR = PolicyLogitsProcessor
+    _PROCESSOR = EngineRowProcessor
     return _PROCESSOR

@@ -34,7 +34,7 @@ same logits); sampled free and grammar rows use vLLM's seeded sampler: the same 
 Engine settings that formtax needs are fixed: no asynchronous scheduling (a row is planned before the engine
 appends its previous token; the plugin refuses it at load), the llguidance structured-output backend, prefix
 caching on. Chunked prefill stays off for formtax's own engine as it was measured; the plugin's rows are correct
-under it too (a partial prefill's discarded sample replans the row: ``LiveRow.restart``).
+under it too (a partial prefill's discarded sample replans the row: ``EngineRow.restart``).
 ``tensor_parallel_size``, ``distributed_executor_backend`` and any other ``vllm.LLM`` keyword pass through
 (``--tensor-parallel-size``, ``--engine-opt KEY=VALUE``). On CPU the KV cache is capped at 1 GiB unless
 ``VLLM_CPU_KVCACHE_SPACE`` or ``kv_cache_memory_bytes`` says otherwise. Live rows report over an ``ipc://`` socket

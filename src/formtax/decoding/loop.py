@@ -21,40 +21,32 @@ from collections.abc import Callable, Sequence
 import torch
 
 from formtax.constraints.compile import MaskFill
-from formtax.decoding.devicestep import Entry, device_round, pack_bool, to_host
+from formtax.decoding.devicestep import Entry, device_round, to_host
 from formtax.decoding.engine import Backend, Batch
-from formtax.decoding.plan import (
-    Divert,
-    Finish,
-    Plan,
-    Policy,
-    RowCursor,
-    RowOutput,
-    RowRequest,
-    Step,
-    Veto,
-    relay,
-)
+from formtax.decoding.plan import Divert, Finish, Plan, Policy, RowOutput, RowRequest, Step, Veto, relay
 from formtax.decoding.sampling import GREEDY, Sampling, as_sampling
 from formtax.decoding.step import (
     Choice,
+    End,
+    RowCursor,
     allowed_words,
-    choose_vetted,
     decide,
     draw_divert,
     flags,
     greedy_batch,
     masked_mass,
-    resolve_divert,
+    mass_words,
+    plan_end,
     vetted,
 )
 from formtax.tensorops import argmax_rows
 
-# the vocabulary lives in decoding/plan.py; re-exported here, where the strategies have always found it
+# the vocabulary lives in decoding/plan.py (re-exported here, where the strategies have always found it); every
+# decision of a step is the step kernel's (decoding/step.py), imported from there
 log = logging.getLogger(__name__)
 
-__all__ = ["Divert", "Plan", "Policy", "RowCursor", "RowOutput", "RowRequest", "Step", "Veto", "choose_vetted",
-           "decide", "decode", "draw_divert", "masked_mass", "relay", "resolve_divert"]
+__all__ = ["DEVICE_STEP", "Divert", "Plan", "Policy", "RowOutput", "RowRequest", "Step", "Veto", "decode", "relay",
+           "row_generator"]
 
 
 def _rewind(batch: Batch, pos: int, req: RowRequest, out: RowOutput, n: int) -> int:
@@ -109,6 +101,7 @@ class _Stepper:
         self.rows: Sequence[torch.Tensor] = logits.unbind(0)  # one call for every row's view (indexing is not free)
         self.decided: dict[int, Choice] = {}  # pos -> the row's choice
         self.plans: dict[int, Plan] = {}
+        self.ends: dict[int, End] = {}  # pos -> how the row's plan ends its step without a token (stop, rewind)
         self.greedy: list[tuple[int, Plan]] = []
         self.mass_rows: list[int] = []  # device path: rows whose masked mass the round measures
         self.keep: list[int] = []
@@ -133,7 +126,7 @@ class _Stepper:
             self._plan_row(pos, i)
         except Exception as e:  # noqa: BLE001 - one row's fault ends that row, never its batch
             self.fault(i, e)
-            self.plans[pos] = Plan(stop=Finish.ROW_FAULT)
+            self.ends[pos] = End(Finish.ROW_FAULT)
             self.decided.pop(pos, None)
             self.greedy = [(p, plan) for p, plan in self.greedy if p != pos]
             self.mass_rows = [p for p in self.mass_rows if p != pos]
@@ -147,16 +140,21 @@ class _Stepper:
     def _plan_row(self, pos: int, i: int) -> None:
         cur, gen, sampling = self.cursors[i], self.gens[i], self.samplings[i]
         row_logits = self.rows[pos]
-        plan, drawn = draw_divert(cur.plan(row_logits), row_logits, sampling, gen, lambda: self.top()[pos])
-        cur.note(plan)
+        plan = cur.plan(row_logits)
+        drawn = None
+        if plan.divert is not None:  # (each test below skips a call most rows do not need: this runs per row-step)
+            plan, drawn = draw_divert(plan, row_logits, sampling, gen, lambda: self.top()[pos])
+        if plan.event is not None:
+            cur.note(plan)
         self.plans[pos] = plan
         if plan.stop is not None or plan.rewind is not None:
+            self.ends[pos] = plan_end(plan, rewinds=True)  # type: ignore[assignment]
             return
-        if self.on_device and plan.scores is None:  # measured in the step's device round
-            if plan.measure_mass and plan.allowed is not None and cur.out.masked_mass is None:
+        if plan.measure_mass and cur.measures(plan):
+            if self.on_device and plan.scores is None:  # measured in the step's device round
                 self.mass_rows.append(pos)
-        else:
-            cur.measure(plan, lambda: masked_mass(row_logits, plan.allowed))  # type: ignore[arg-type]
+            else:
+                cur.measure(plan, lambda: masked_mass(row_logits, plan.allowed))  # type: ignore[arg-type]
         if sampling.greedy and self.together and plan.forced is None and drawn is None:
             self.greedy.append((pos, plan))
         else:  # forced, kept from a divert, sampled (from the row's own generator), or a coupled row
@@ -171,7 +169,7 @@ class _Stepper:
             return
         for (pos, plan), first in zip(self.greedy, greedy_batch(self.rows, self.greedy, self.top), strict=True):
             if plan.veto is not None:
-                first = vetted(plan.base(self.rows[pos]), plan, GREEDY, None, *first)
+                first = vetted(plan.base(self.rows[pos]), plan, GREEDY, None, first)
             self.decided[pos] = first
 
     def _choose_on_device(self) -> None:
@@ -179,7 +177,7 @@ class _Stepper:
         needed; otherwise one round chooses for every row of the step (forced and drawn rows ride along as
         forced entries, so the round's ids can feed the next forward pass without a copy back) and measures the
         masked masses. A vetoed row also gets its ranked best ids in the same round, which its refusals walk
-        (:meth:`_refuse`): no further round."""
+        (:func:`~formtax.decoding.step.vetted`): no further round."""
         simple = all(p.allowed is None and not p.banned and p.scores is None for _pos, p in self.greedy)
         if simple and not self.mass_rows:
             top = self.top() if self.greedy else None
@@ -203,14 +201,11 @@ class _Stepper:
         for pos, mass in zip(order, got.masses, strict=True):
             if mass is not None:
                 self.cursors[self.live[pos]].measure(self.plans[pos], lambda m=mass: m)  # type: ignore[misc]
-        refused: list[int] = []
         for pos, plan in self.greedy:
-            token = by_pos[pos]
-            self.decided[pos] = flags(plan, token)
-            if plan.veto is not None and not plan.veto.accept(token):
-                refused.append(pos)
-        if refused:
-            self._refuse(refused, ranked)
+            first = flags(plan, by_pos[pos])
+            if plan.veto is not None:  # the veto's re-choices walk the round's ranked ids (after the first)
+                first = vetted(self.rows[pos], plan, GREEDY, None, first, ranked[pos][1:])
+            self.decided[pos] = first
         if order == list(range(len(self.rows))):
             self.device_ids = (got.device_ids, got.ids)
 
@@ -218,27 +213,11 @@ class _Stepper:
         """A row of the device round for ``plan``: its packed allowed set less its bans, its forced token (rows
         decided before the round ride along forced), and whether its masked mass is measured."""
         n_words = (max(self.logits.shape[1], self._vocab()) + 31) // 32
-        measured = None
-        if measure and plan.allowed is not None:  # the mass outside the grammar's set (bans are not the grammar)
-            measured = plan.packed_words()
-            if measured is None:
-                measured = pack_bool(plan.allowed, n_words)
-        words = allowed_words(plan, n_words)
-        forced = self.decided[pos][0] if pos in self.decided else -1
+        # the mass outside the grammar's set (bans are not the grammar); the same words when nothing is banned
+        measured = mass_words(plan, n_words) if measure else None
+        words = allowed_words(plan, n_words, measured)
+        forced = self.decided[pos].token if pos in self.decided else -1
         return Entry(base, words, forced, measured)
-
-    def _refuse(self, refused: list[int], ranked: dict[int, list[int]]) -> None:
-        """Rows whose veto refused their choice take the next of their ranked ids the veto accepts, up to its
-        ``tries`` choices in all; then its fallback is emitted (forced). The ranked ids are the host's repeated
-        masked argmax, so this is token for token what :func:`~formtax.decoding.step.vetted` does row by row, without another round."""
-        for pos in refused:
-            veto = self.plans[pos].veto
-            assert veto is not None
-            self.decided[pos] = Choice(veto.fallback, True, True)
-            for token in ranked[pos][1: veto.tries]:
-                if veto.accept(token):
-                    self.decided[pos] = Choice(token, True, False)
-                    break
 
     def _vocab(self) -> int:
         if not self.vocab:
@@ -248,25 +227,24 @@ class _Stepper:
     def emit_row(self, pos: int, i: int) -> None:
         """Emit the row's token and advance its policy; then finish the row or keep it."""
         cur = self.cursors[i]
-        plan = self.plans[pos]
-        if plan.stop is not None:
-            self._finish(cur, plan.stop)
-            return
-        if plan.rewind is not None:  # nothing emitted: the row feeds its last kept token again
+        end = self.ends.get(pos)
+        if end is None:
+            choice = self.decided[pos]
+            try:
+                end = cur.accept(choice)
+            except Exception as e:  # noqa: BLE001 - the row's policy broke on its token: that row ends alone
+                self.fault(i, e)
+                end = End(Finish.ROW_FAULT)
+            if end is None:
+                self.keep.append(pos)
+                self.next_tokens.append(choice.token)
+                return
+        if end.rewind is not None:  # nothing emitted: the row feeds its last kept token again
             self.keep.append(pos)
-            self.next_tokens.append(_rewind(self.batch, pos, cur.req, cur.out, plan.rewind))
+            self.next_tokens.append(_rewind(self.batch, pos, cur.req, cur.out, end.rewind))
             return
-        token, masked, forced = self.decided[pos]
-        try:
-            reason = cur.accept(token, forced, masked)
-        except Exception as e:  # noqa: BLE001 - the row's policy broke on its token: that row ends alone
-            self.fault(i, e)
-            reason = Finish.ROW_FAULT
-        if reason is not None:
-            self._finish(cur, reason)
-            return
-        self.keep.append(pos)
-        self.next_tokens.append(token)
+        assert end.reason is not None
+        self._finish(cur, end.reason)
 
     def forward(self) -> torch.Tensor:
         """Launch the next forward pass: with the round's ids where they are already on the device and every row
@@ -332,8 +310,8 @@ def decode(
     passes = 1
     live = list(range(len(rows)))
     for i in live:
-        if not outs[i].finish_reason and rows[i].max_tokens <= 0:
-            outs[i].finish_reason = rows[i].policy.budget_exhausted()
+        if not outs[i].finish_reason and (end := cursors[i].opening()) is not None:
+            outs[i].finish_reason = end.reason or ""
         if outs[i].finish_reason and on_finish is not None:
             on_finish(i, outs[i])
     live = [i for i in live if not outs[i].finish_reason]
@@ -410,8 +388,9 @@ def _admit(backend: Backend, batch: Batch, logits: torch.Tensor, new: Sequence[R
         outs.append(cursors[-1].out)
         samplings.append(r.sampling or sampling)
         gens.append(_generator(samplings[-1], r, logits.device, outs[i]))
-        if outs[i].finish_reason or r.max_tokens <= 0:
-            outs[i].finish_reason = outs[i].finish_reason or r.policy.budget_exhausted()
+        if not outs[i].finish_reason and (end := cursors[i].opening()) is not None:
+            outs[i].finish_reason = end.reason or ""
+        if outs[i].finish_reason:
             if on_finish is not None:
                 on_finish(i, outs[i])
             continue

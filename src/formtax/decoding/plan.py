@@ -1,11 +1,10 @@
-"""The decode loop's vocabulary and one row's cursor, shared by every driver of a policy.
+"""The decode loop's vocabulary, shared by every driver of a policy.
 
 A :class:`Policy` plans each step of one row (a :class:`Plan`) and is told the emitted token. Three drivers step
 policies: the decode loop (:func:`formtax.decoding.loop.decode`), the replay of an engine's own tokens
 (:func:`formtax.decoding.rowengine.replay`) and vLLM's logits processor (``backends/logits_processor.py``). They
-differ only in where a token comes from; what happens around it is :class:`RowCursor`'s, written once: the
-plan's event recorded at its step, the masked mass at the first measured step, a token emitted with its flags
-and the policy advanced under the budget rule, the finish reason named.
+differ only in where a token comes from; every decision around it is the step kernel's
+(:mod:`formtax.decoding.step`), and so is a row's bookkeeping (``RowCursor``).
 """
 
 from __future__ import annotations
@@ -248,48 +247,3 @@ def relay(plan: Plan, sync: Callable[[], None]) -> Plan:
         return replaced
 
     return dataclasses.replace(plan, divert=Divert(plan.divert.tokens, then, other, plan.divert.by_argmax))
-
-
-class RowCursor:
-    """One row being decoded (see the module docstring): its request, its output, and the bookkeeping of a step.
-
-    A driver asks :meth:`plan`, decides the token its own way, then calls :meth:`note` (the final plan's event,
-    after any divert), :meth:`measure` (unless the plan stops or rewinds) and :meth:`accept`."""
-
-    def __init__(self, req: RowRequest) -> None:
-        self.req = req
-        self.policy = req.policy
-        self.out = RowOutput(prompt_ids=list(req.prompt_ids))
-
-    @property
-    def step(self) -> int:
-        """Tokens generated so far: the index of the step being planned."""
-        return len(self.out.tokens)
-
-    def plan(self, logits: torch.Tensor) -> Plan:
-        return self.policy.plan(logits, self.step)
-
-    def note(self, plan: Plan) -> None:
-        """Record the plan's event at this step."""
-        if plan.event is not None:
-            self.out.events.append({"step": self.step, **plan.event})
-
-    def measure(self, plan: Plan, mass: Callable[[], float | None]) -> None:
-        """The masked mass of the row's first measured, masked step (``mass`` is asked only then)."""
-        if plan.measure_mass and plan.allowed is not None and self.out.masked_mass is None:
-            self.out.masked_mass = mass()
-
-    def accept(self, token: int, forced: bool, masked: bool) -> str | None:
-        """Emit ``token`` and advance the policy; the finish reason (the policy's, or the budget's), or None."""
-        self.out.tokens.append(token)
-        self.out.steps.append(Step(token, self.policy.phase, forced, masked))
-        reason = self.policy.advance(token)
-        if reason is None and len(self.out.tokens) >= self.req.max_tokens:
-            reason = self.policy.budget_exhausted()
-        return reason
-
-    def finish(self, reason: str) -> None:
-        self.out.finish_reason = reason
-        stats = self.policy.row_stats()
-        if stats:
-            self.out.events.append({"step": self.step, "stats": stats})

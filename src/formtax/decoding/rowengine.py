@@ -27,11 +27,10 @@ import torch
 
 from formtax.constraints.spec import Constraint
 from formtax.decoding.engine import Backend, Driver
-from formtax.decoding.loop import RowOutput, RowRequest
 from formtax.decoding.lowering import LoweredRow, Lowering
-from formtax.decoding.plan import Finish, RowCursor
-from formtax.decoding.sampling import Sampling
-from formtax.decoding.step import admits, flags
+from formtax.decoding.plan import Finish, RowOutput, RowRequest
+from formtax.decoding.sampling import GREEDY, Sampling
+from formtax.decoding.step import RowCursor, admits, decide, flags, plan_end
 from formtax.errors import ConfigError
 
 _EMPTY = torch.empty(0)
@@ -131,26 +130,23 @@ def replay(req: RowRequest, tokens: Sequence[int], engine_finish: str | None,
     for token in tokens:
         plan = cur.plan(_EMPTY)
         cur.note(plan)
-        if plan.stop is not None:
-            cur.finish(plan.stop)  # e.g. the grammar is complete: the engine's EOS is not part of the output
-            break
-        cur.measure(plan, lambda: first_mass)
-        ok = admits(plan, token)  # replay cannot divert: a diverting plan admits none of its divert tokens
-        if plan.forced is not None:
-            forced, masked = True, plan.allowed is not None
-        else:
-            _, masked, forced = flags(plan, token)
-            masked = masked or plan.divert is not None
-        if not ok:  # the engine ignored the constraint: never accept the token, and say so
-            cur.finish(Finish.CONSTRAINT_ERROR)
-            out.events.append({"step": cur.step, "stats": {"constraint_ignored": True, "rejected_token": int(token)}})
-            break
-        reason = cur.accept(int(token), forced, masked)
-        if reason is not None:
-            cur.finish(reason)
+        end = plan_end(plan, rewinds=False)  # e.g. the grammar is complete: the engine's EOS is not in the output
+        if end is None:
+            cur.measure(plan, lambda: first_mass)
+            if not admits(plan, token):  # the engine ignored the constraint: never accept the token, and say so
+                cur.finish(Finish.CONSTRAINT_ERROR)
+                out.events.append({"step": cur.step, "stats": {"constraint_ignored": True,
+                                                               "rejected_token": int(token)}})
+                break
+            if plan.forced is None and plan.divert is None:
+                choice = flags(plan, int(token))
+            else:  # a forced token, or a draw the divert kept (as the loop flags them)
+                choice = decide(plan, int(token), _EMPTY, GREEDY, None)
+            end = cur.accept(choice)
+        if end is not None:
+            cur.finish(end.reason or Finish.BACKEND_ERROR)
             break
     if not out.finish_reason:
-        plan = cur.plan(_EMPTY)
-        out.finish_reason = plan.stop or f"engine-{engine_finish or 'stop'}"
+        out.finish_reason = cur.engine_end(engine_finish).reason or ""
     out.forward_passes = len(tokens)
     return out

@@ -7,14 +7,19 @@ engine's tokens) asks the same questions at a step, and each is answered here on
 * the flags of an emitted token (:class:`Choice`: ``masked``, ``forced``; :func:`flags`);
 * the allowed set less the bans, as llguidance's packed words (:func:`allowed_words`), for a device round or an
   engine's batched mask;
-* greedy or sampled choice under a mask and bans (:func:`choose`), the veto's re-choice (:func:`choose_vetted`),
-  a batch of greedy rows at once (:func:`greedy_batch`);
-* a divert's draw and the plan that stands (:func:`draw_divert`, :func:`decide`), or, for an engine that samples
-  on its own, the divert resolved before it draws (:func:`resolve_divert`);
+* greedy or sampled choice under a mask and bans (:func:`choose`), the veto's re-choice (:func:`vetted`, also
+  from a device round's ranked ids), a batch of greedy rows at once (:func:`greedy_batch`);
+* a divert's draw and the plan that stands (:func:`draw_divert`, :func:`decide`);
+* for an engine that samples on its own, the edit of a row's logits (:func:`edit_row`: what the engine cannot decide,
+  a veto, a divert, a forced token, is decided here and forced);
+* whether a step ends the row (:class:`End`: a plan's stop or rewind, :func:`plan_end`; the policy's finish and
+  the budget, :meth:`RowCursor.accept`; an engine that stopped first, :meth:`RowCursor.engine_end`);
 * whether a token an engine emitted is one the plan admits (:func:`admits`, replay);
 * the masked mass (:func:`masked_mass`).
 
-The loop (loop.py) keeps only the order of things: plan every row, choose, emit, advance, rewind or finish.
+:class:`RowCursor` is one row's bookkeeping around those decisions (its events, its masked mass, its tokens and
+their flags, its finish), the same for every driver. The loop (loop.py) keeps only the order of things: plan
+every row, choose, emit, advance, rewind or finish.
 """
 
 from __future__ import annotations
@@ -26,22 +31,50 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from formtax.decoding.devicestep import clear_bits, pack_bool
-from formtax.decoding.plan import Plan
-from formtax.decoding.sampling import GREEDY, Sampling, as_sampling
-from formtax.tensorops import argmax, argmax_rows, holds, masked_argmax, ranked_masked
+from formtax.decoding.devicestep import Entry, clear_bits, device_round, pack_bool
+from formtax.decoding.plan import Finish, Plan, RowOutput, RowRequest, Step
+from formtax.decoding.sampling import GREEDY, Sampling
+from formtax.tensorops import argmax, holds, masked_argmax, ranked_masked
 
-__all__ = ["Choice", "admits", "allowed_words", "choose", "choose_vetted", "decide", "draw_divert", "flags",
-           "greedy_batch", "masked_mass", "resolve_divert", "vetted"]
+__all__ = ["DRAWN", "Choice", "End", "RowCursor", "admits", "allowed_words", "choose", "choose_vetted", "decide",
+           "draw_divert", "edit_row", "flags", "greedy_batch", "mass_words", "masked_mass", "plan_end", "vetted"]
 
 
 class Choice(NamedTuple):
     """A row's token at one step, and how it came: ``masked`` (a mask or bans applied), ``forced`` (no choice: a
-    forced token, a one-token allowed set, or the veto's fallback)."""
+    forced token, a one-token allowed set, or the veto's fallback). An engine that draws the token itself gets a
+    choice whose token is :data:`DRAWN` (the flags are known before the draw)."""
 
     token: int
     masked: bool
     forced: bool
+
+
+DRAWN = -1
+"""The token of a :class:`Choice` an engine draws after the edit (:func:`edit_row`): known only once it is emitted."""
+
+
+class End(NamedTuple):
+    """How a step ends a row, the one answer every driver acts on (:func:`plan_end`, :meth:`RowCursor.accept`,
+    :meth:`RowCursor.opening`, :meth:`RowCursor.engine_end`): finish with ``reason`` (``error``: why an engine's
+    row failed, its client's text), or, with ``rewind``, emit nothing and go back to that many tokens."""
+
+    reason: str | None = None
+    rewind: int | None = None
+    error: str | None = None
+
+
+def plan_end(plan: Plan, rewinds: bool) -> End | None:
+    """Whether a plan ends its row's step without a token: a stop (the grammar is complete, a policy's finish), or
+    a rewind, which a driver that cannot crop its cache (``rewinds=False``: an engine's row) turns into an
+    error. None: the step emits a token."""
+    if plan.stop is not None:
+        return End(plan.stop)
+    if plan.rewind is not None:
+        if rewinds:
+            return End(rewind=plan.rewind)
+        return End(Finish.BACKEND_ERROR, error="a row inside an engine cannot rewind (no KV crop)")
+    return None
 
 
 def flags(plan: Plan, token: int) -> Choice:
@@ -50,14 +83,21 @@ def flags(plan: Plan, token: int) -> Choice:
                   plan.allowed is not None and plan.allowed_count() == 1)
 
 
-def allowed_words(plan: Plan, n_words: int) -> np.ndarray | None:
-    """The plan's allowed set less its bans as packed int32 words (llguidance's layout; None: nothing masked)."""
-    words = plan.packed_words() if plan.allowed is not None else None
-    if plan.allowed is not None and words is None:
-        words = pack_bool(plan.allowed, n_words)
+def allowed_words(plan: Plan, n_words: int, allowed: np.ndarray | None = None) -> np.ndarray | None:
+    """The plan's allowed set less its bans as packed int32 words (llguidance's layout; None: nothing masked).
+    ``allowed``: the allowed set's words when the caller has them already (:func:`mass_words`)."""
+    words = mass_words(plan, n_words) if allowed is None else allowed
     if plan.banned:
         words = clear_bits(words if words is not None else np.full(n_words, -1, dtype=np.int32), plan.banned)
     return words
+
+
+def mass_words(plan: Plan, n_words: int) -> np.ndarray | None:
+    """The plan's allowed set alone (before its bans: the masked mass is the grammar's) as packed words."""
+    if plan.allowed is None:
+        return None
+    words = plan.packed_words()
+    return pack_bool(plan.allowed, n_words) if words is None else words
 
 
 def admits(plan: Plan, token: int) -> bool:
@@ -70,70 +110,53 @@ def admits(plan: Plan, token: int) -> bool:
                     and (token in plan.divert.tokens or plan.divert.otherwise is not None)))
 
 
-def resolve_divert(plan: Plan, logits: torch.Tensor, sampling: Sampling | float, gen: torch.Generator | None
-                   ) -> Plan:
-    """A diverting plan as one an engine that samples on its own can apply (vLLM's logits processor).
-
-    Greedy (or a divert decided by the argmax): the replacement plan if the argmax is a divert token, else the
-    ``otherwise`` plan if there is one, else the plan with those tokens banned (whose argmax is the same token).
-    Sampled: the replacement with probability ``p(divert tokens)``, else as above, from which the engine's draw
-    is distributed as the loop's kept draw (the model's distribution conditioned on not drawing a divert token).
-    So the outputs have the loop's distribution; the random stream is the engine's.
-    """
-    assert plan.divert is not None
-    s = as_sampling(sampling)
-    d = plan.divert
-    if s.greedy or d.by_argmax:
-        hit = int(torch.argmax(logits).item()) in d.tokens
-    else:
-        p = torch.softmax(s.warp(logits).double(), dim=-1)
-        hit = float(torch.rand((), generator=gen, dtype=torch.float64).item()) < float(p[sorted(d.tokens)].sum())
-    if hit:
-        return d.then()
-    if d.otherwise is not None:
-        return d.otherwise()
-    return dataclasses.replace(plan, divert=None, banned=sorted(set(plan.banned) | d.tokens))
-
-
-def choose(
-    logits: torch.Tensor, plan: Plan, sampling: Sampling, gen: torch.Generator | None
-) -> tuple[int, bool]:
-    """Pick a token under the plan; returns (token, masked)."""
-    masked = plan.allowed is not None or bool(plan.banned)
-    if masked:
+def _pick(logits: torch.Tensor, plan: Plan, sampling: Sampling, gen: torch.Generator | None) -> int:
+    """The token chosen under the plan's mask and bans: the masked argmax, or a draw from the masked, warped
+    distribution with the row's generator."""
+    if plan.allowed is not None or plan.banned:
         logits = logits.clone()
         if plan.allowed is not None:
             logits.masked_fill_(~plan.allowed.to(logits.device), float("-inf"))
         if plan.banned:
             logits[list(plan.banned)] = float("-inf")
     if sampling.greedy:
-        return argmax(logits), masked
+        return argmax(logits)
     probs = torch.softmax(sampling.warp(logits), dim=-1)  # the filters act on the masked distribution
-    return int(torch.multinomial(probs, 1, generator=gen).item()), masked
+    return int(torch.multinomial(probs, 1, generator=gen).item())
+
+
+def choose(logits: torch.Tensor, plan: Plan, sampling: Sampling, gen: torch.Generator | None) -> Choice:
+    """Pick a token under the plan's mask and bans (greedy, or sampled from the row's generator)."""
+    return flags(plan, _pick(logits, plan, sampling, gen))
 
 
 def choose_vetted(
     logits: torch.Tensor, plan: Plan, sampling: Sampling, gen: torch.Generator | None
 ) -> Choice:
-    """Pick a token under a plan that may carry a :class:`Veto`; returns (token, masked, forced)."""
-    token, masked = choose(logits, plan, sampling, gen)
-    forced = plan.allowed is not None and plan.allowed_count() == 1
-    return vetted(logits, plan, sampling, gen, token, masked, forced)
+    """Pick a token under a plan that may carry a :class:`Veto`."""
+    return vetted(logits, plan, sampling, gen, choose(logits, plan, sampling, gen))
 
 
-def vetted(logits: torch.Tensor, plan: Plan, sampling: Sampling, gen: torch.Generator | None, token: int,
-           masked: bool, forced: bool) -> Choice:
-    """The plan's veto applied to a first choice ``token`` (the rest of :func:`choose_vetted`)."""
+def vetted(logits: torch.Tensor, plan: Plan, sampling: Sampling, gen: torch.Generator | None, first: Choice,
+           ranked: Sequence[int] | None = None) -> Choice:
+    """The plan's veto applied to a first choice (the rest of :func:`choose_vetted`): a refused token is masked
+    and the choice made again, up to the veto's ``tries`` choices in all, then its fallback is forced.
+
+    Greedy re-choices walk the row's ranked ids (what the repeated masked argmax gives, refusals banned one by
+    one): ``ranked``, the next ids after ``first`` when a device round ranked them already, else ranked here
+    on the host without a masked copy of the row; sampled ones draw again from the row's generator."""
     veto = plan.veto
+    token = first.token
     if veto is None or veto.accept(token):
-        return Choice(token, masked, forced)
+        return first
     refused = [token]
-    ranked = ranked_masked(logits, plan.allowed, [*plan.banned, token], veto.tries - 1) if sampling.greedy else None
+    if ranked is None and sampling.greedy:
+        ranked = ranked_masked(logits, plan.allowed, [*plan.banned, token], veto.tries - 1)
     for k in range(veto.tries - 1):
-        if ranked is not None:  # greedy on the host: the same tokens, ranked once without a masked copy of the row
+        if ranked is not None:
             token = ranked[k]
         else:
-            token, _m = choose(logits, dataclasses.replace(plan, banned=[*plan.banned, *refused]), sampling, gen)
+            token = _pick(logits, dataclasses.replace(plan, banned=[*plan.banned, *refused]), sampling, gen)
         if veto.accept(token):
             return Choice(token, True, False)
         refused.append(token)
@@ -141,33 +164,71 @@ def vetted(logits: torch.Tensor, plan: Plan, sampling: Sampling, gen: torch.Gene
 
 
 def draw_divert(plan: Plan, logits: torch.Tensor, sampling: Sampling, gen: torch.Generator | None,
-                top: Callable[[], int]) -> tuple[Plan, tuple[int, bool] | None]:
+                top: Callable[[], int]) -> tuple[Plan, int | None]:
     """The plan that stands at a step, and the draw it keeps: a diverting plan draws first (``top()``: the row's
     unmasked argmax, asked only when the draw is that), and a draw among its divert tokens is replaced by the next
-    plan's choice (:class:`Divert`). Every driver that chooses tokens itself (the loop, formtax's rows inside
-    vLLM) takes a step through this and :func:`decide`."""
+    plan's choice (:class:`Divert`). Every driver takes a step through this and :func:`decide` (or :func:`edit_row`,
+    for an engine that draws after the edit: a divert is then settled here and its token forced)."""
     if plan.divert is None:
         return plan, None
     base = plan.base(logits)
     unmasked = plan.scores is None and plan.allowed is None and not plan.banned
     if (sampling.greedy or plan.divert.by_argmax) and unmasked:
-        drawn = (top(), False)
+        drawn = top()
     elif plan.divert.by_argmax:
-        drawn = choose(base, plan, GREEDY, None)
+        drawn = _pick(base, plan, GREEDY, None)
     else:
-        drawn = choose(base, plan, sampling, gen)
-    replaced = plan.divert.resolve(drawn[0])
+        drawn = _pick(base, plan, sampling, gen)
+    replaced = plan.divert.resolve(drawn)
     return (plan, drawn) if replaced is None else (replaced, None)
 
 
-def decide(plan: Plan, drawn: tuple[int, bool] | None, logits: torch.Tensor, sampling: Sampling,
+def decide(plan: Plan, drawn: int | None, logits: torch.Tensor, sampling: Sampling,
            gen: torch.Generator | None) -> Choice:
-    """The token of a plan that stands (after :func:`draw_divert`): (token, masked, forced)."""
+    """The token of a plan that stands (after :func:`draw_divert`)."""
     if plan.forced is not None:
         return Choice(plan.forced, plan.allowed is not None, True)
     if drawn is not None:  # kept from the diverting plan: its divert tokens were in effect masked
-        return Choice(drawn[0], True, False)
+        return Choice(drawn, True, False)
     return choose_vetted(plan.base(logits), plan, sampling, gen)
+
+
+def edit_row(row: torch.Tensor, index: int, plan: Plan, drawn: int | None, view: torch.Tensor, sampling: Sampling,
+         gen: torch.Generator | None, draws: bool) -> tuple[Choice, Entry | None]:
+    """A step of a row of an engine that samples on its own (vLLM's logits processor): the row's choice and the
+    edit of its logits (``row``, at ``index`` of the batch's logits; ``view``: the same row on the host).
+
+    Whatever the engine cannot decide is decided here, as :func:`decide` decides it, and forced: a forced token,
+    a draw a divert kept, a veto's choice, and every token of a row that chooses its own (``draws=False``:
+    formtax's own backend, whose rows draw from their own generators). Otherwise (``draws``) the engine draws
+    from the edited row: the plan's scores copied into ``row`` here, its allowed set less its bans as a batch
+    entry (:func:`~formtax.decoding.devicestep.apply_entries`), bans alone set here on the host; the choice's
+    token is then :data:`DRAWN`. None: the row's logits stand as they are."""
+    if not draws or plan.forced is not None or drawn is not None or plan.veto is not None:
+        choice = decide(plan, drawn, view, sampling, gen)
+        return choice, Entry(index, forced=choice.token)
+    choice = flags(plan, DRAWN)
+    if plan.scores is not None:
+        row.copy_(plan.scores.to(device=row.device, dtype=row.dtype))
+    if not choice.masked:
+        return choice, None
+    if plan.allowed is None and row.device.type == "cpu":
+        # bans alone (InWriting's reasoning phase bans EOS) on the host: set those few scores here. Same edit as
+        # the batched application, which would unpack a whole-vocabulary mask for this row (issue 44's
+        # profile: most of InWriting's plugin time at 64 rows)
+        row[torch.tensor(sorted(plan.banned), dtype=torch.long)] = float("-inf")
+        return choice, None
+    return choice, Entry(index, allowed_words(plan, (row.shape[-1] + 31) // 32))
+
+
+def _holds(plan: Plan, token: int) -> bool:
+    """Whether the plan's allowed set holds ``token``: one bit of its packed words when the policy handed them
+    over (no numpy view of the mask to make), else the mask's entry."""
+    words = plan.packed_words()
+    if words is not None:
+        return 0 <= token < 32 * words.size and bool((int(words[token >> 5]) >> (token & 31)) & 1)
+    assert plan.allowed is not None
+    return holds(plan.allowed, token)
 
 
 def greedy_batch(logits: Sequence[torch.Tensor], chosen: list[tuple[int, Plan]], top: Callable[[], list[int]]
@@ -179,8 +240,8 @@ def greedy_batch(logits: Sequence[torch.Tensor], chosen: list[tuple[int, Plan]],
     whose top token is allowed and not banned takes it too: the first maximal index overall, when allowed, is
     the first maximal index among the allowed ones, so this is exactly the masked argmax, without touching the
     logits. The other masked rows (and rows choosing from their own scores) take the first maximal index among
-    their allowed ids, read on the host (:func:`~formtax.tensorops.masked_argmax`); on a device, one masked fill
-    over their stacked logits and one argmax. Allowed sets are counted (a set of one is a forced token) by
+    their allowed ids, read on the host (:func:`~formtax.tensorops.masked_argmax`); off the host's fast path (a
+    device, a dtype numpy cannot read), one :func:`~formtax.decoding.devicestep.device_round` for them all. Allowed sets are counted (a set of one is a forced token) by
     :meth:`Plan.allowed_count`."""
     out: list[Choice] = [Choice(0, False, False)] * len(chosen)
     rest: list[int] = []
@@ -191,7 +252,7 @@ def greedy_batch(logits: Sequence[torch.Tensor], chosen: list[tuple[int, Plan]],
         token = top()[pos]
         if plan.allowed is None and not plan.banned:
             out[k] = Choice(token, False, False)
-        elif (plan.allowed is None or holds(plan.allowed, token)) and token not in plan.banned:
+        elif (plan.allowed is None or _holds(plan, token)) and token not in plan.banned:
             out[k] = flags(plan, token)
         else:
             rest.append(k)
@@ -207,24 +268,97 @@ def greedy_batch(logits: Sequence[torch.Tensor], chosen: list[tuple[int, Plan]],
         out[k] = flags(plan, found)
     if not slow:
         return out
-    rows = [chosen[k] for k in slow]  # on a device: one masked fill over the stacked rows, one argmax
-    base = torch.stack([plan.base(logits[pos]) for pos, plan in rows])
-    with_allowed = [j for j, (_, plan) in enumerate(rows) if plan.allowed is not None]
-    if with_allowed:
-        allowed = torch.stack([rows[j][1].allowed for j in with_allowed])  # type: ignore[misc]
-        sub = base[with_allowed] if len(with_allowed) != len(rows) else base
-        sub.masked_fill_(~allowed.to(base.device, non_blocking=True), float("-inf"))
-        if sub is not base:
-            base[with_allowed] = sub
-    for j, (_, plan) in enumerate(rows):
-        if plan.banned:
-            base[j, list(plan.banned)] = float("-inf")
-    tokens = argmax_rows(base)
+    rows = [chosen[k] for k in slow]  # on a device: one round, as the device step chooses (devicestep.py)
+    bases = [plan.base(logits[pos]) for pos, plan in rows]
+    width = int(bases[0].shape[-1])
+    n_words = (width + 31) // 32
+    got = device_round(bases, [Entry(j, allowed_words(plan, n_words)) for j, (_pos, plan) in enumerate(rows)],
+                       width)
     for j, k in enumerate(slow):
-        out[k] = flags(rows[j][1], tokens[j])
+        out[k] = flags(rows[j][1], got.ids[j])
     return out
 
+
 def masked_mass(logits: torch.Tensor, allowed: torch.Tensor) -> float:
-    """Probability mass the unconstrained model puts outside ``allowed`` (softmax of raw logits)."""
+    """Probability mass the unconstrained model puts outside ``allowed`` (softmax of raw logits, in float64).
+
+    On the host through numpy (ours, and why: the same float64 softmax without torch's intra-op threads, which
+    on a busy machine made this one row 50-70 ms instead of 0.3; the sum over the allowed set as a product, as
+    a masked reduction does not vectorise); elsewhere with torch."""
+    if (logits.device.type == "cpu" and allowed.device.type == "cpu" and not logits.requires_grad
+            and logits.dtype in (torch.float32, torch.float64, torch.float16)):
+        d = logits.numpy().astype(np.float64)
+        d -= d.max()
+        np.exp(d, out=d)
+        total = float(d.sum())
+        d *= allowed.numpy()
+        return 1.0 - float(d.sum()) / total
     p = torch.softmax(logits.double(), dim=-1)
     return float(1.0 - p[allowed].sum().item())
+
+
+class RowCursor:
+    """One row being decoded, the same for every driver: its request, its output, and the bookkeeping of a step.
+
+    A driver asks :meth:`plan`, settles the plan (:func:`draw_divert`), calls :meth:`note` (the final plan's
+    event), acts on :func:`plan_end` (a stop or a rewind: no token), calls :meth:`measure`, decides the token its
+    own way, then :meth:`accept` it and acts on the :class:`End` that returns; :meth:`finish` names the finish."""
+
+    def __init__(self, req: RowRequest) -> None:
+        self.req = req
+        self.policy = req.policy
+        self.out = RowOutput(prompt_ids=list(req.prompt_ids))
+
+    @property
+    def step(self) -> int:
+        """Tokens generated so far: the index of the step being planned."""
+        return len(self.out.tokens)
+
+    def plan(self, logits: torch.Tensor) -> Plan:
+        return self.policy.plan(logits, self.step)
+
+    def note(self, plan: Plan) -> None:
+        """Record the plan's event at this step."""
+        if plan.event is not None:
+            self.out.events.append({"step": self.step, **plan.event})
+
+    def measure(self, plan: Plan, mass: Callable[[], float | None]) -> None:
+        """The masked mass of the row's first measured, masked step (``mass`` is asked only then)."""
+        if self.measures(plan):
+            self.out.masked_mass = mass()
+
+    def measures(self, plan: Plan) -> bool:
+        """Whether :meth:`measure` records this plan's masked mass (the row's first measured, masked step)."""
+        return plan.measure_mass and plan.allowed is not None and self.out.masked_mass is None
+
+    def opening(self) -> End | None:
+        """A row with no budget ends before its first step, as its policy names an exhausted budget."""
+        return End(self.policy.budget_exhausted()) if self.req.max_tokens <= 0 else None
+
+    def accept(self, choice: Choice) -> End | None:
+        """Emit the choice's token and advance the policy: the row's end (the policy's finish, e.g. a stop
+        string, then the budget's), or None to go on."""
+        self.out.tokens.append(choice.token)
+        self.out.steps.append(Step(choice.token, self.policy.phase, choice.forced, choice.masked))
+        reason = self.policy.advance(choice.token)
+        if reason is None and len(self.out.tokens) >= self.req.max_tokens:
+            reason = self.policy.budget_exhausted()
+        return None if reason is None else End(reason)
+
+    def engine_end(self, engine_finish: str | None, eos_id: int | None = None) -> End:
+        """The end of a row whose engine stopped before its policy ended it. A live row (``eos_id``: the EOS its
+        policy may let through) ends at that EOS, else the engine broke its plan; a replayed row ends with its
+        policy's own stop when its next plan makes one, else with the engine's reason."""
+        if eos_id is None:
+            stop = self.plan(torch.empty(0)).stop
+            return End(stop or f"engine-{engine_finish or 'stop'}")
+        last = self.out.tokens[-1] if self.out.tokens else None
+        if engine_finish == "stop" and last == eos_id:
+            return End(Finish.EOS)
+        return End(Finish.BACKEND_ERROR, error=f"the engine stopped the row ({engine_finish}) before its policy did")
+
+    def finish(self, reason: str) -> None:
+        self.out.finish_reason = reason
+        stats = self.policy.row_stats()
+        if stats:
+            self.out.events.append({"step": self.step, "stats": stats})

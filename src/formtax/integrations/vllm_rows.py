@@ -262,8 +262,8 @@ class RowSpec:
         return self.witnesses
 
     def live_row(self, engine: EngineSide, prompt_ids: Sequence[int], params: Any) -> Any:
-        """The request's :class:`LiveRow`, built with the strategy's own code from the engine's tokenizer."""
-        from formtax.backends.logits_processor import LiveRow
+        """The request's :class:`EngineRow`, built with the strategy's own code from the engine's tokenizer."""
+        from formtax.backends.logits_processor import EngineRow
         from formtax.decoding.plan import RowRequest
 
         sampling = params_sampling(params)
@@ -272,7 +272,7 @@ class RowSpec:
         budget = int(params.max_tokens) - self.reserved + int(self.seamed)
         row = RowRequest(list(prompt_ids), policy, budget, int(params.seed or 0), sampling)
         tok = engine.tokenizer
-        live = LiveRow(row, min(tok.eos_ids), tok.n_logits, sampling)
+        live = EngineRow(row, min(tok.eos_ids), tok.n_logits, sampling)
         live.rebuild = lambda: self.policy(engine, params)
         return live
 
@@ -389,11 +389,11 @@ def caller_context(depth: int = 40) -> tuple[str | None, Any]:
 def error_row(engine: EngineSide, reason: str, max_tokens: int) -> Any:
     """A row that writes ``[formtax error: reason]`` (as much as ``max_tokens`` holds) and stops: what a client of
     a stock server sees of a row that could not be built in the engine."""
-    from formtax.backends.logits_processor import LiveRow
+    from formtax.backends.logits_processor import EngineRow
     from formtax.decoding.plan import Finish, RowRequest
 
     tok = engine.tokenizer
-    row = LiveRow(RowRequest([], StopPolicy(), max(1, int(max_tokens))), min(tok.eos_ids), tok.n_logits)
+    row = EngineRow(RowRequest([], StopPolicy(), max(1, int(max_tokens))), min(tok.eos_ids), tok.n_logits)
     row.explain = explainer(tok)
     row.finish(Finish.BACKEND_ERROR, reason)
     return row

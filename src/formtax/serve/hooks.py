@@ -93,7 +93,7 @@ class Hooked(Wrapping):
         if self.hooks.logprobs:
             self._logp = torch.log_softmax(logits.double(), dim=-1)
         if self.hooks.edits_scores and plan.forced is None and plan.stop is None and plan.rewind is None:
-            plan = dataclasses.replace(plan, scores=self._edited(plan.scores if plan.scores is not None else logits))
+            plan = dataclasses.replace(plan, scores=self._edited(plan.base(logits)))
         return plan
 
     def _edited(self, base: torch.Tensor) -> torch.Tensor:
