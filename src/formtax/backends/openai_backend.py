@@ -162,7 +162,7 @@ class OpenAIBackend(RowEngine):
     name = "openai"
     lowerings = frozenset({Lowering.FREE, Lowering.GRAMMAR})
     ignored_constraint = "the server returned text outside the constraint (caught by the replay and the oracle)"
-    capabilities = frozenset({Capability.GRAMMAR_PARAM, Capability.TOPK_LOGPROBS})
+    capabilities = frozenset({Capability.GRAMMAR_PARAM})
 
     def __init__(self, client: _Client, tok: TokenizerInfo, served_model: str, flavor: str,
                  server_version: str | None = None, top_logprobs: int = 20, concurrency: int = 64,

@@ -131,7 +131,7 @@ class VLLMBackend(RowEngine):
 
     name = "vllm"
     lowerings = frozenset({Lowering.FREE, Lowering.GRAMMAR, Lowering.LIVE})
-    capabilities = frozenset({Capability.STEP_LOGITS, Capability.GRAMMAR_PARAM, Capability.TOPK_LOGPROBS})
+    capabilities = frozenset({Capability.STEP_LOGITS, Capability.GRAMMAR_PARAM})
 
     def __init__(self, llm: Any, tok: TokenizerInfo, model_id: str, source: ModelSource | None = None,
                  engine: dict[str, Any] | None = None, dtype: str = "auto") -> None:

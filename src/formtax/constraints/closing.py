@@ -305,7 +305,6 @@ class Closer:
     witness: list[int] | None = None
     _known: bool = False
     _after: dict[int, list[int] | None] = field(default_factory=dict)
-    searches: int = 0
     refused: int = 0
     timed_out: int = 0  # searches the time bound stopped (their tokens were refused)
     pooled: int = 0  # witnesses taken from the pools instead of a search
@@ -373,7 +372,6 @@ class Closer:
     def _search(self, ll: llguidance.LLMatcher, left: int, after: bytes, ms: float = STEP_MS,
                 nodes: int = STEP_NODES) -> list[int] | None:
         """The witness from ``ll`` (the row's state, then ``after``), within ``left`` tokens, or None."""
-        self.searches += 1
         found = find_witness(ll, self.matcher.tokenizer, self.matcher.grammar, bytes(self.prefix) + after, left,
                              ms, start=lambda: self._state(after), hints=self.matcher.hints, oracle=self.oracle,
                              oracle_key=self.oracle_key, max_nodes=nodes)
