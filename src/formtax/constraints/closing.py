@@ -159,12 +159,6 @@ def find_witness(ll: llguidance.LLMatcher, tok: EngineTokenizer, grammar: str, b
     return Witness(w, timed_out=w is None and time.perf_counter() > deadline)
 
 
-def shortest_known(matcher: Matcher, max_depth: int = MAX_DEPTH) -> list[int] | None:
-    """The witness from a fresh per-request matcher's start state (at most ``max_depth`` tokens)."""
-    return find_witness(matcher.ll, matcher.tokenizer, matcher.grammar, b"", max_depth, START_MS,
-                        hints=matcher.hints, max_nodes=START_NODES).tokens
-
-
 class WitnessPool:
     """Every suffix of some witnesses (module docstring), distinct and shortest first."""
 
