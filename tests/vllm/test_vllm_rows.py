@@ -185,7 +185,7 @@ def test_an_engine_that_ignores_the_constraint_is_caught():
     m = compile_grammar(c.grammar, tok.engine).matcher(tok.n_logits)
     row = RowRequest([1], ConstrainedPolicy(m, tok.eos_ids, measure=False), 20)
     bad = tok.encode("Nope")
-    out = replay(row, bad, "stop")
+    out = replay(row, bad)
     assert out.finish_reason == "constraint-error" and out.tokens == []
     assert out.events[-1]["stats"] == {"constraint_ignored": True, "rejected_token": bad[0]}
 
@@ -201,7 +201,7 @@ def test_replay_rebuilds_the_loops_row_output():
         return RowRequest(tok.prompt_ids(Q[0]), ForcedPrefix(tok.encode("Ok. "), ConstrainedPolicy(m, tok.eos_ids)), 40)
 
     ref = decode(fake, [row()])[0]
-    got = replay(row(), ref.tokens, "stop", ref.masked_mass)
+    got = replay(row(), ref.tokens, ref.masked_mass)
     assert got.tokens == ref.tokens and got.steps == ref.steps and got.finish_reason == ref.finish_reason
 
 
