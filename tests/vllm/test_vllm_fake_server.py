@@ -23,7 +23,7 @@ from formtax.constraints.parse import parse_spec
 from formtax.errors import CapabilityError, ConfigError, FormtaxError
 from formtax.records import read_records
 from formtax.runner import RunConfig, run
-from formtax.strategies.base import answer_reserve
+from formtax.strategies.reserve import answer_reserve
 
 pytestmark = pytest.mark.model  # the default model's tokenizer (no weights are run)
 

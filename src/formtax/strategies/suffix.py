@@ -66,7 +66,6 @@ from formtax.strategies.base import (
     Result,
     Strategy,
     TokenCounts,
-    answer_reserve,
     batch_sampling,
     call_info,
     engine_results,
@@ -79,6 +78,7 @@ from formtax.strategies.base import (
 )
 from formtax.strategies.basic import Free
 from formtax.strategies.options import SuffixBeamOptions, SuffixOptions
+from formtax.strategies.reserve import answer_reserve
 from formtax.strategies.suffix_policies import (
     LEADING_WHITESPACE,
     BeamConstrainedPolicy,
