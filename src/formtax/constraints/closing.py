@@ -259,7 +259,7 @@ def _keep(key: tuple[str, str, str], found: Witness) -> Witness:
 
 def closing_oracle(constraint: object) -> tuple[Oracle | None, str]:
     """The oracle closing keeps to for ``constraint`` and its cache key: a JSON schema the grammar only approximates
-    (spec.approximate_schema) is checked by its own validator, so closing steers to an answer that parses; every
+    (schema_approx.approximate_schema) is checked by its own validator, so closing steers to an answer that parses; every
     other constraint is its grammar (no oracle)."""
     from formtax.constraints.spec import JsonConstraint
 
