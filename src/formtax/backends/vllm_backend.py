@@ -387,10 +387,11 @@ def _engine_sink(row: RowRequest, low: LoweredRow, sink: Callable[[int, str], No
     return push
 
 
-def _runs_live(plan: LoweredRow) -> bool:
+def _runs_live(lowered: LoweredRow) -> bool:
     """Whether a row is stepped in the engine: a live policy, or a grammar row whose masked mass is measured (the
     engine's grammar masks the logits before any processor sees them)."""
-    return plan.kind is Lowering.LIVE or (plan.kind is Lowering.GRAMMAR and getattr(plan.inner, "_measure", True))
+    live = lowered.kind is Lowering.LIVE
+    return live or (lowered.kind is Lowering.GRAMMAR and getattr(lowered.inner, "_measure", True))
 
 
 def _jsonable(v: Any) -> bool:

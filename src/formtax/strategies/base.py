@@ -401,13 +401,13 @@ class SinglePass(Strategy):
                 policy = self.policy(engine, r)
             except ConstraintError:
                 continue  # an error result for that request, as on every backend
-            plan = lower_row(RowRequest([0], policy, r.max_tokens), self.whole_output_constraint(r, policy))
-            if plan.kind not in engine.lowerings:
+            lowered = lower_row(RowRequest([0], policy, r.max_tokens), self.whole_output_constraint(r, policy))
+            if lowered.kind not in engine.lowerings:
                 raise CapabilityError(
                     f"strategy {self.name!r} cannot run on backend {engine.name!r}: its policy "
-                    f"({type(plan.inner).__name__}) must see the logits of every step, which this engine does not "
+                    f"({type(lowered.inner).__name__}) must see the logits of every step, which this engine does not "
                     "expose")
-            kinds.add(plan.kind)
+            kinds.add(lowered.kind)
         engine.check_rows(self.name, kinds, [request_sampling(r) for r in requests])
 
     def run_on_engine(self, engine: RowEngine, requests: Sequence[Request]) -> list[Result]:
