@@ -2,7 +2,7 @@
 
 Closing already finishes every answer inside ``max_tokens`` whenever a completion fits, so json and InWriting no
 longer refuse budgets by the byte-level worst case of their answer; they reserve what the answer plausibly takes
-(``strategies.base.closing_room``: the shortest answer in the model's own tokens plus 16). Without closing the
+(``strategies.reserve.closing_room``: the shortest answer in the model's own tokens plus 16). Without closing the
 worst-case bound stays, since nothing else would finish the answer.
 """
 

@@ -61,17 +61,6 @@ def _summary(r: Any) -> dict[str, Any]:
             "answer_text": r.answer_text, "parse_ok": r.parse_ok, "error": r.error}
 
 
-@pytest.fixture(scope="module")
-def fems(tmp_path_factory):
-    out = tmp_path_factory.mktemp("golden-fem")
-    paths = {}
-    for name, form in (("decog", "instruction-aware"), ("ctrlg", "unconditional")):
-        hmm, meta = build_fem(FakeBackend(), DistillConfig(task="arith", form=form, states=8, samples=6, max_tokens=32,
-                                                           em_iters=2))
-        paths[name] = str(save_fem(out / f"{name}.npz", hmm, meta))
-    return paths
-
-
 def _outputs(backend: Any, fems: dict[str, str], max_tokens: int, prompts: list[str] = PROMPTS) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for strategy, spec, kw in CASES:
@@ -122,8 +111,8 @@ def _exact(outputs: Any, section: str) -> Any:
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-def test_every_strategy_on_the_fake_backend_matches_its_golden_outputs(fems, seed):
-    _compare(f"fake-{seed}", _outputs(FakeBackend(random_logits(seed=seed)), fems, 100))
+def test_every_strategy_on_the_fake_backend_matches_its_golden_outputs(fake_fem_paths, seed):
+    _compare(f"fake-{seed}", _outputs(FakeBackend(random_logits(seed=seed)), fake_fem_paths, 100))
 
 
 @pytest.mark.model

@@ -63,12 +63,8 @@ def _fresh() -> tuple[str, dict]:
 
 
 @pytest.fixture(scope="module")
-def server():
-    from formtax.serve.app import ServerThread, create_app
-
-    app = create_app(FakeBackend(random_logits(seed=0)), window_s=0.0, temperature=0.0)
-    with ServerThread(app) as srv:
-        yield srv
+def srv(start_fake_server):
+    return start_fake_server(0, window_s=0.0, temperature=0.0)
 
 
 def _once(seen: Counter[str]) -> None:
@@ -92,9 +88,9 @@ def test_stream(counts):
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_serve_chat(server, counts, stream):
+def test_serve_chat(srv, counts, stream):
     prompt, schema = _fresh()
-    r = httpx.post(server.url + "/chat/completions", json={
+    r = httpx.post(srv.url + "/chat/completions", json={
         "messages": [{"role": "user", "content": prompt}], "max_tokens": 30, "stream": stream,
         "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}}, timeout=60)
     assert r.status_code == 200, r.text
@@ -114,9 +110,9 @@ def test_serve_chat_two_calls(server, counts):
     assert counts["tokenized"] == 2, counts  # the question, then call 2's own prompt (the reasoning in it)
 
 
-def test_serve_responses(server, counts):
+def test_serve_responses(srv, counts):
     prompt, schema = _fresh()
-    r = httpx.post(server.url + "/responses", json={
+    r = httpx.post(srv.url + "/responses", json={
         "input": prompt, "max_output_tokens": 30,
         "text": {"format": {"type": "json_schema", "name": "a", "schema": schema}}}, timeout=60)
     assert r.status_code == 200, r.text

@@ -44,7 +44,7 @@ class _Server:
 
 
 @pytest.fixture
-def server():
+def http_stub():
     servers = []
 
     def make(script=()):
@@ -56,31 +56,31 @@ def server():
         s.close()
 
 
-def test_connections_are_reused(server):
-    s = server()
+def test_connections_are_reused(http_stub):
+    s = http_stub()
     c = _Client(s.url, None, timeout=10, retries=0, backoff=0.01)
     for _ in range(10):
         assert c.request(s.url + "/completions", {"x": 1}) == {"ok": True}
     assert len(s.ports) == 1  # one connection for ten sequential requests (urllib opened one each)
 
 
-def test_retry_after_is_honoured(server):
-    s = server([(429, {"Retry-After": "0.6"}, b'{"error": {}}')])
+def test_retry_after_is_honoured(http_stub):
+    s = http_stub([(429, {"Retry-After": "0.6"}, b'{"error": {}}')])
     c = _Client(s.url, None, timeout=10, retries=2, backoff=0.01)
     assert c.request(s.url + "/completions", {"x": 1}) == {"ok": True}
     assert len(s.hits) == 2 and s.hits[1] - s.hits[0] >= 0.55  # the backoff alone would wait 0.01 s
 
 
-def test_a_body_that_is_not_json_is_not_retried(server):
-    s = server([(200, {}, b"<html>proxy error</html>")])
+def test_a_body_that_is_not_json_is_not_retried(http_stub):
+    s = http_stub([(200, {}, b"<html>proxy error</html>")])
     c = _Client(s.url, None, timeout=10, retries=3, backoff=0.01)
     with pytest.raises(ServerRefused, match="not JSON"):
         c.request(s.url + "/completions", {"x": 1})
     assert len(s.hits) == 1
 
 
-def test_refusals_and_exhausted_retries(server):
-    s = server([(400, {}, json.dumps({"error": {"message": "bad"}}).encode())] + [(503, {}, b"{}")] * 3)
+def test_refusals_and_exhausted_retries(http_stub):
+    s = http_stub([(400, {}, json.dumps({"error": {"message": "bad"}}).encode())] + [(503, {}, b"{}")] * 3)
     c = _Client(s.url, None, timeout=10, retries=2, backoff=0.01)
     with pytest.raises(ServerRefused, match="400"):
         c.request(s.url + "/completions", {"x": 1})

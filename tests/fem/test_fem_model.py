@@ -23,7 +23,7 @@ TEMPLATES = {  # two templates per strategy keep the test short; together they c
 
 
 @pytest.fixture(scope="module")
-def fems(default_model) -> dict[str, FemArtifact]:
+def model_fems(default_model) -> dict[str, FemArtifact]:
     out = {}
     for name, form in (("decog", "instruction-aware"), ("ctrlg", "unconditional")):
         cfg = DistillConfig(task="gsm8k", form=form, states=16, samples=3, max_tokens=20, em_iters=2, batch_size=3)
@@ -35,12 +35,12 @@ def fems(default_model) -> dict[str, FemArtifact]:
 
 
 @pytest.mark.parametrize("strategy", ["decog", "ctrlg"])
-def test_always_in_the_format_on_the_default_model(default_model, fems, strategy: str) -> None:
+def test_always_in_the_format_on_the_default_model(default_model, model_fems, strategy: str) -> None:
     s = get_strategy(strategy)
     for k, answer in enumerate(TEMPLATES[strategy]):
         c = parse_spec(answer)
         budget = 20 + 4 * k
-        reqs = [Request([{"role": "user", "content": q}], c, max_tokens=budget, options={"fem": fems[strategy]})
+        reqs = [Request([{"role": "user", "content": q}], c, max_tokens=budget, options={"fem": model_fems[strategy]})
                 for q in QUESTIONS]
         for r in s.run(default_model, reqs):
             assert r.error is None and r.finish_reason in ("eos", "length"), (answer, r.finish_reason, r.text)

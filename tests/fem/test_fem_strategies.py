@@ -15,24 +15,11 @@ from formtax.fem.artifact import load_fem, save_fem
 from formtax.records import read_records
 from formtax.report import verify_report, write_report
 from formtax.runner import RunConfig, run
-from formtax.runner.distill import DistillConfig, build_fem
 from formtax.strategies import Request, get_strategy
 from formtax.strategies.decog import parse_fem_spec
 
 Q = [{"role": "user", "content": "What is 2+3?"}]
 TEMPLATES = ["The answer is: {int}", "The final answer is {int:0..99}", "Rating: {choice:good|bad}", "{letters:3}"]
-
-
-@pytest.fixture(scope="module")
-def fems(tmp_path_factory):
-    out = tmp_path_factory.mktemp("fem")
-    backend = FakeBackend()
-    paths = {}
-    for name, form in (("decog", "instruction-aware"), ("ctrlg", "unconditional")):
-        hmm, meta = build_fem(backend, DistillConfig(task="arith", form=form, states=8, samples=6, max_tokens=32,
-                                                     em_iters=2))
-        paths[name] = str(save_fem(out / f"{name}.npz", hmm, meta))
-    return paths
 
 
 def gen(backend, strategy, answer, fem, max_tokens=48, **options):
@@ -41,12 +28,12 @@ def gen(backend, strategy, answer, fem, max_tokens=48, **options):
 
 
 @pytest.mark.parametrize("strategy", ["decog", "ctrlg"])
-def test_every_output_is_in_the_format(fems, strategy: str) -> None:
+def test_every_output_is_in_the_format(fake_fem_paths, strategy: str) -> None:
     for seed in range(2):
         backend = FakeBackend(random_logits(seed=seed))
         for answer in TEMPLATES:
             for budget in (24, 40):
-                r = gen(backend, strategy, answer, fems[strategy], max_tokens=budget)
+                r = gen(backend, strategy, answer, fake_fem_paths[strategy], max_tokens=budget)
                 c = parse_spec(answer)
                 assert r.error is None and r.finish_reason in ("eos", "length"), (answer, r.finish_reason)
                 assert r.parse_ok and c.validate(r.answer_text).ok, (answer, r.text)
@@ -58,52 +45,55 @@ def test_every_output_is_in_the_format(fems, strategy: str) -> None:
                 assert len(r.stats["fem_mass"]) == r.tokens.total
 
 
-def test_a_model_that_already_writes_the_format_keeps_its_text(fems) -> None:
+def test_a_model_that_already_writes_the_format_keeps_its_text(fake_fem_paths) -> None:
     script = "Let me think. 2+3=5.\nThe answer is: 5"
-    r = gen(FakeBackend(scripted(script, margin=30.0)), "decog", "The answer is: {int}", fems["decog"], 100)
+    r = gen(FakeBackend(scripted(script, margin=30.0)), "decog", "The answer is: {int}", fake_fem_paths["decog"], 100)
     assert r.text == script and r.parsed == 5 and r.finish_reason == "eos"
     assert r.reasoning == "Let me think. 2+3=5.\n" and r.answer_text == "The answer is: 5"
     assert r.tokens.by_phase == {"reasoning": len(b"Let me think. 2+3=5.\n"), "answer": len(b"The answer is: 5") + 1}
 
 
-def test_a_model_that_never_answers_is_still_put_in_the_format_in_time(fems) -> None:
-    r = gen(FakeBackend(scripted("blah " * 100, margin=30.0)), "decog", "The answer is: {int}", fems["decog"], 40)
+def test_a_model_that_never_answers_is_still_put_in_the_format_in_time(fake_fem_paths) -> None:
+    r = gen(FakeBackend(scripted("blah " * 100, margin=30.0)), "decog", "The answer is: {int}",
+            fake_fem_paths["decog"], 40)
     assert r.parse_ok and r.finish_reason in ("eos", "length") and r.tokens.total <= 40
 
 
-def test_options_placement_gamma_topk_and_rc(fems) -> None:
+def test_options_placement_gamma_topk_and_rc(fake_fem_paths) -> None:
     backend = FakeBackend(random_logits(seed=4))
-    r = gen(backend, "decog", "The answer is: {int}", fems["decog"], 40, placement="anywhere", gamma=3.0, state_top_k=2)
+    r = gen(backend, "decog", "The answer is: {int}", fake_fem_paths["decog"], 40, placement="anywhere", gamma=3.0,
+            state_top_k=2)
     assert r.parse_ok and r.stats["fem_top_k"] == 2 and r.stats["fem_gamma"] == 3.0
     assert r.answer_text in r.text and parse_spec("The answer is: {int}").validate(r.answer_text).ok
     assert sum(r.tokens.by_phase.values()) == r.tokens.total
     assert all(0 < m <= 1 for m in r.stats["fem_mass"])
     req = Request(Q, parse_spec("The answer is: {int}"), max_tokens=40, reasoning_prefix="Let's think.",
-                  options={"fem": fems["ctrlg"]})
+                  options={"fem": fake_fem_paths["ctrlg"]})
     r = get_strategy("ctrlg").run(backend, [req])[0]
     assert r.text.startswith("Let's think.") and r.parse_ok and r.tokens.by_phase["rc"] == len("Let's think.")
     # the level "none" (constrain=False) decodes freely with the same prompt and budget
     free = get_strategy("decog").run(backend, [Request(Q, parse_spec("The answer is: {int}"), max_tokens=20,
-                                                       constrain=False, options={"fem": fems["decog"]})])[0]
+                                                       constrain=False, options={"fem": fake_fem_paths["decog"]})])[0]
     assert "fem_mass" not in free.stats
 
 
-def test_clear_errors(fems) -> None:
+def test_clear_errors(fake_fem_paths) -> None:
     backend = FakeBackend()
     with pytest.raises(ConfigError, match="needs an HMM"):
         gen(backend, "decog", "The answer is: {int}", None)
     with pytest.raises(ConfigError, match="unconditional"):
-        gen(backend, "decog", "The answer is: {int}", fems["ctrlg"])
-    assert gen(backend, "decog", "The answer is: {int}", fems["ctrlg"], allow_form=True).parse_ok
+        gen(backend, "decog", "The answer is: {int}", fake_fem_paths["ctrlg"])
+    assert gen(backend, "decog", "The answer is: {int}", fake_fem_paths["ctrlg"], allow_form=True).parse_ok
     with pytest.raises(ConfigError, match="answer template"):
-        gen(backend, "decog", "regex:[0-9]+", fems["decog"])
+        gen(backend, "decog", "regex:[0-9]+", fake_fem_paths["decog"])
     with pytest.raises(ConfigError, match="max_tokens"):
-        gen(backend, "decog", "The answer is: {int}", fems["decog"], max_tokens=5)
+        gen(backend, "decog", "The answer is: {int}", fake_fem_paths["decog"], max_tokens=5)
     with pytest.raises(ConfigError, match="unknown option"):
-        gen(backend, "decog", "The answer is: {int}", f"decog={fems['decog']},gama=2")
+        gen(backend, "decog", "The answer is: {int}", f"decog={fake_fem_paths['decog']},gama=2")
     # an artifact for another tokenizer
-    art = load_fem(fems["decog"])
-    other = save_fem(fems["decog"].replace("decog.npz", "other.npz"), art.hmm, {**art.meta, "tokenizer_sha256": "x"})
+    art = load_fem(fake_fem_paths["decog"])
+    other = save_fem(fake_fem_paths["decog"].replace("decog.npz", "other.npz"), art.hmm,
+                     {**art.meta, "tokenizer_sha256": "x"})
     with pytest.raises(ConfigError, match="another tokenizer"):
         gen(backend, "decog", "The answer is: {int}", str(other))
 
@@ -117,9 +107,9 @@ def test_fem_spec_parsing() -> None:
         parse_fem_spec("decog=a.npz,oops", "decog")
 
 
-def test_runner_report_and_verify_with_both_strategies(tmp_path, fems) -> None:
+def test_runner_report_and_verify_with_both_strategies(tmp_path, fake_fem_paths) -> None:
     cfg = RunConfig(task="arith", strategies=["free", "decog", "ctrlg"], backend="fake", limit=3, max_tokens=40,
-                    batch_size=2, fem=f"decog={fems['decog']},ctrlg={fems['ctrlg']}")
+                    batch_size=2, fem=f"decog={fake_fem_paths['decog']},ctrlg={fake_fem_paths['ctrlg']}")
     s = run(cfg, tmp_path)
     assert s.errors == 0
     recs = read_records(tmp_path / "records.jsonl")
@@ -151,13 +141,13 @@ def test_cli_fem_build_info_and_generate_errors(tmp_path, capsys) -> None:
     assert "--fem applies to ctrlg, decog, not 'free'" in capsys.readouterr().err
 
 
-def test_the_runner_gives_the_fem_option_only_to_fem_strategies(tmp_path, fems) -> None:
+def test_the_runner_gives_the_fem_option_only_to_fem_strategies(tmp_path, fake_fem_paths) -> None:
     cfg = RunConfig(task="arith", strategies=["suffix-last", "decog"], backend="fake", limit=2, max_tokens=40,
-                    fem=fems["decog"])
+                    fem=fake_fem_paths["decog"])
     assert run(cfg, tmp_path).errors == 0
 
 
-def test_top_k_is_a_share_of_the_states_by_default(fems) -> None:
+def test_top_k_is_a_share_of_the_states_by_default(fake_fem_paths) -> None:
     """Deco-G keeps 5% of the states by default (the paper: 200 of 4096), so pruning runs at CPU sizes too."""
     from formtax.strategies.decog import resolve_top_k
 
@@ -165,16 +155,16 @@ def test_top_k_is_a_share_of_the_states_by_default(fems) -> None:
     assert resolve_top_k(200, 4096) == 200 and resolve_top_k("none", 8) is None and resolve_top_k(0, 8) is None
     with pytest.raises(ValueError):
         resolve_top_k("150%", 8)
-    r = gen(FakeBackend(), "decog", "The answer is: {int}", fems["decog"], 40, placement="anywhere")
+    r = gen(FakeBackend(), "decog", "The answer is: {int}", fake_fem_paths["decog"], 40, placement="anywhere")
     assert r.stats["fem_top_k"] == 1 and r.stats["fem_h"] == 8  # ceil(5% of 8)
     assert all(0.0 < m <= 1.0 + 1e-9 for m in r.stats["fem_mass"])
 
 
-def test_the_report_draws_the_retained_mass_per_step(tmp_path, fems) -> None:
+def test_the_report_draws_the_retained_mass_per_step(tmp_path, fake_fem_paths) -> None:
     from formtax.report import verify_report, write_report
 
     cfg = RunConfig(task="arith", strategies=["decog", "free"], backend="fake", limit=3, max_tokens=40,
-                    fem=fems["decog"])
+                    fem=fake_fem_paths["decog"])
     assert run(cfg, tmp_path).errors == 0
     write_report(tmp_path, n_resamples=100)
     assert verify_report(tmp_path) == []
@@ -185,14 +175,14 @@ def test_the_report_draws_the_retained_mass_per_step(tmp_path, fems) -> None:
     assert list(cost["strategy"]) == ["decog"] and (cost["ms_per_step_mean"] > 0).all() and (cost["h"] == 8).all()
 
 
-def test_gsm8k_decodes_deco_gs_key_phrase_anywhere_by_default(tmp_path, fems, data_dir) -> None:
+def test_gsm8k_decodes_deco_gs_key_phrase_anywhere_by_default(tmp_path, fake_fem_paths, data_dir) -> None:
     """Deco-G's GSM8K setting (paper 001): the key phrase "The final answer is ..." only has to appear; the prompt
     asks for it, the FEM enforces it placed anywhere, the strict parser reads it, and the report says so."""
     from formtax.parsing import parse_all
     from formtax.tasks import OutputFormat, get_task
 
     cfg = RunConfig(task="gsm8k", strategies=["decog", "free", "constrained", "free:plain"], backend="fake", limit=2,
-                    max_tokens=48, fem=fems["decog"], data_dir=str(data_dir))
+                    max_tokens=48, fem=fake_fem_paths["decog"], data_dir=str(data_dir))
     assert run(cfg, tmp_path / "a").errors == 0
     recs = [r for r in read_records(tmp_path / "a" / "records.jsonl") if r.strategy == "decog"]
     assert recs and all(r.output_format == "reason-keyphrase" for r in recs)
@@ -222,7 +212,7 @@ def test_gsm8k_decodes_deco_gs_key_phrase_anywhere_by_default(tmp_path, fems, da
     assert list(cost["placement"]) == ["anywhere"] and list(cost["answer_format"]) == [recs[0].answer_spec]
     # --fem can still place it at the end
     cfg_end = RunConfig(task="gsm8k", strategies=["decog"], backend="fake", limit=1, max_tokens=48,
-                        fem=f"decog={fems['decog']},placement=end", data_dir=str(data_dir))
+                        fem=f"decog={fake_fem_paths['decog']},placement=end", data_dir=str(data_dir))
     assert run(cfg_end, tmp_path / "b").errors == 0
     assert read_records(tmp_path / "b" / "records.jsonl")[0].stats["fem_placement"] == "end"
     # the strict parser: the last phrase anywhere, its answer in canonical form; the lenient one repairs

@@ -29,11 +29,9 @@ class Apples(BaseModel):
 
 
 @pytest.fixture(scope="module")
-def srv():
-    app = create_app(FakeBackend(random_logits(seed=3), model_id="fake", context=4096), window_s=0.0,
-                     temperature=0.0, timeout_s=60)
-    with ServerThread(app) as s:
-        yield s
+def srv(start_fake_server):
+    return start_fake_server(3, backend={"model_id": "fake", "context": 4096}, window_s=0.0, temperature=0.0,
+                             timeout_s=60)
 
 
 def _client(s: ServerThread) -> openai.OpenAI:

@@ -20,7 +20,7 @@ Q = "Tom has 3 apples and buys 4 more. How many apples does he have?"
 
 
 @pytest.fixture(scope="module")
-def server(default_model) -> Iterator[tuple[openai.OpenAI, object]]:
+def model_server(default_model) -> Iterator[tuple[openai.OpenAI, object]]:
     app = create_app(default_model, max_batch=8, window_s=0.05, timeout_s=120, temperature=0.0,
                      served_model_names=("default", "m"))
     with ServerThread(app) as srv:  # a random free port, bounded start-up, always shut down
@@ -33,8 +33,8 @@ CASES = [("free", None), ("constrained", "The answer is: {int:0..99}"), ("json",
 
 
 @pytest.mark.parametrize(("strategy", "answer"), CASES)
-def test_every_strategy_matches_the_in_process_result(server, default_model, strategy, answer):
-    client, _ = server
+def test_every_strategy_matches_the_in_process_result(model_server, default_model, strategy, answer):
+    client, _ = model_server
     ref = formtax.generate(default_model, Q, strategy, answer, max_tokens=80)
     r = client.chat.completions.create(model="default", messages=[{"role": "user", "content": Q}], max_tokens=80,
                                        extra_body={"formtax": {"strategy": strategy, "answer": answer}})
@@ -50,12 +50,12 @@ def test_every_strategy_matches_the_in_process_result(server, default_model, str
     assert r.usage.completion_tokens == ref.tokens.total
 
 
-def test_response_format_json_schema_and_json_object(server):
+def test_response_format_json_schema_and_json_object(model_server):
     import json
 
     import jsonschema
 
-    client, _ = server
+    client, _ = model_server
     schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
               "additionalProperties": False}
     r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": Q}], max_tokens=40,
@@ -70,12 +70,12 @@ def test_response_format_json_schema_and_json_object(server):
         assert isinstance(json.loads(r.choices[0].message.content), dict)
 
 
-def test_tool_calls_carry_valid_arguments(server):
+def test_tool_calls_carry_valid_arguments(model_server):
     import json
 
     import jsonschema
 
-    client, _ = server
+    client, _ = model_server
     params = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
               "required": ["a", "b"], "additionalProperties": False}
     tools = [{"type": "function", "function": {"name": "add_numbers", "description": "Add two integers",
@@ -96,8 +96,8 @@ def test_tool_calls_carry_valid_arguments(server):
     assert m.tool_calls or m.content
 
 
-def test_streaming_and_completions(server, default_model):
-    client, _ = server
+def test_streaming_and_completions(model_server, default_model):
+    client, _ = model_server
     ref = formtax.generate(default_model, Q, "inwriting", "The answer is: {int:0..99}", max_tokens=80)
     chunks = list(client.chat.completions.create(
         model="m", messages=[{"role": "user", "content": Q}], max_tokens=80, stream=True,
@@ -125,8 +125,8 @@ def test_streaming_and_completions(server, default_model):
     ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}}, "response_format"),
     ({"messages": [{"role": "user", "content": "x"}], "formtax": {"strategy": "constrained"}}, "answer"),
 ])
-def test_bad_requests_are_400_with_one_line(server, body, needle):
-    client, _ = server
+def test_bad_requests_are_400_with_one_line(model_server, body, needle):
+    client, _ = model_server
     known = {k: v for k, v in body.items() if k != "formtax"}
     extra = {"formtax": body["formtax"]} if "formtax" in body else None
     with pytest.raises(openai.BadRequestError) as e:
@@ -135,8 +135,8 @@ def test_bad_requests_are_400_with_one_line(server, body, needle):
     assert needle in msg and "\n" not in msg
 
 
-def test_concurrent_requests_share_batches(server, default_model):
-    client, app = server
+def test_concurrent_requests_share_batches(model_server, default_model):
+    client, app = model_server
     prompts = [f"What is {k} plus {k}?" for k in range(6)]
     before = len(app.state.batcher.batches)
 
@@ -154,7 +154,7 @@ def test_concurrent_requests_share_batches(server, default_model):
     assert [r.model_extra["formtax"]["parsed"] for r in rs] == [x.parsed for x in ref]
 
 
-def test_instructor_tools_and_json_schema_modes(server):
+def test_instructor_tools_and_json_schema_modes(model_server):
     """instructor, the most used structured-output client, in its default TOOLS mode and in JSON_SCHEMA mode."""
     instructor = pytest.importorskip("instructor")
     from pydantic import BaseModel, Field
@@ -163,7 +163,7 @@ def test_instructor_tools_and_json_schema_modes(server):
         a: int = Field(description="the first number")
         b: int = Field(description="the second number")
 
-    client, _ = server
+    client, _ = model_server
     for mode in (instructor.Mode.TOOLS, instructor.Mode.JSON_SCHEMA):
         patched = instructor.from_openai(client, mode=mode)
         got = patched.chat.completions.create(model="m", response_model=Sum, max_retries=0, max_tokens=60,
@@ -171,7 +171,7 @@ def test_instructor_tools_and_json_schema_modes(server):
         assert isinstance(got, Sum), mode
 
 
-def test_a_tool_argument_called_name_or_arguments(server):
+def test_a_tool_argument_called_name_or_arguments(model_server):
     """Issue 47 point 4: LangChain's ``with_structured_output(method="function_calling")`` forces a call of a tool
     whose arguments are called ``name`` and ``arguments``. The call is written name first (``{"Record": {...}}``),
     so no argument shares a key with the call itself. Under the old ``{"name": <tool>, "arguments": {...}}`` form
@@ -191,7 +191,7 @@ def test_a_tool_argument_called_name_or_arguments(server):
         arguments: str
         name: str
 
-    client, _ = server
+    client, _ = model_server
     llm = lc.ChatOpenAI(base_url=str(client.base_url), api_key="none", model="m", temperature=0, max_tokens=64,
                         max_retries=0)
     for model, text, want in ((Person, "Alice is 30 years old.", {"name": "Alice", "age": 30}),
@@ -204,7 +204,7 @@ def test_a_tool_argument_called_name_or_arguments(server):
         assert {k: got[k] for k in want} == want, got
 
 
-def test_the_responses_api_on_the_real_model(server):
+def test_the_responses_api_on_the_real_model(model_server):
     """Issue 47: ``responses.parse`` into a Pydantic model and a streamed response, on the embedded model."""
     from pydantic import BaseModel
 
@@ -212,7 +212,7 @@ def test_the_responses_api_on_the_real_model(server):
         a: int
         b: int
 
-    client, _ = server
+    client, _ = model_server
     parsed = client.responses.parse(model="m", input="Add 3 and 4.", text_format=Sum, max_output_tokens=60)
     assert parsed.status == "completed" and isinstance(parsed.output_parsed, Sum)
     whole = client.responses.create(model="m", input=Q, max_output_tokens=24)

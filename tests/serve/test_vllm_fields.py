@@ -32,11 +32,9 @@ SCRIPT = Path(__file__).parent / "clients" / "vllm_structured_outputs.py"
 
 
 @pytest.fixture(scope="module")
-def srv():
-    app = create_app(FakeBackend(random_logits(seed=11), model_id="fake", context=4096), window_s=0.0,
-                     temperature=0.0, timeout_s=60)
-    with ServerThread(app) as s:
-        yield s
+def srv(start_fake_server):
+    return start_fake_server(11, backend={"model_id": "fake", "context": 4096}, window_s=0.0, temperature=0.0,
+                             timeout_s=60)
 
 
 def _post(s: ServerThread, **body):

@@ -23,7 +23,7 @@ from formtax.constraints.parse import parse_spec
 from formtax.errors import CapabilityError, ConfigError, FormtaxError
 from formtax.records import read_records
 from formtax.runner import RunConfig, run
-from formtax.strategies.base import answer_reserve
+from formtax.strategies.reserve import answer_reserve
 
 pytestmark = pytest.mark.model  # the default model's tokenizer (no weights are run)
 
@@ -124,7 +124,7 @@ def tok(default_model):
 
 
 @pytest.fixture
-def server(tok):
+def fake_vllm(tok):
     s = ScriptedServer(Script(tok))
     try:
         yield s
@@ -142,27 +142,27 @@ def probes_and_calls(bodies: list[dict]) -> tuple[list[dict], list[dict]]:
     return probes, [b for b in bodies if b.get("logprobs") is None]
 
 
-def connect(server, **kw):
-    return load_backend("openai", None, server=server.url, retries=kw.pop("retries", 2), backoff=0.01, **kw)
+def connect(fake_vllm, **kw):
+    return load_backend("openai", None, server=fake_vllm.url, retries=kw.pop("retries", 2), backoff=0.01, **kw)
 
 
-def test_strategies_compile_into_the_expected_requests(server):
-    m = connect(server)
-    assert m.flavor == "vllm" and m.model_id == f"scripted @ {server.url}"
+def test_strategies_compile_into_the_expected_requests(fake_vllm):
+    m = connect(fake_vllm)
+    assert m.flavor == "vllm" and m.model_id == f"scripted @ {fake_vllm.url}"
     r = formtax.generate(m, Q, "constrained", "The answer is: {int}", max_tokens=40)
-    [probe], [call] = probes_and_calls(server.script.bodies)
+    [probe], [call] = probes_and_calls(fake_vllm.script.bodies)
     assert probe["max_tokens"] == 1 and probe["logprob_token_ids"]  # the exact masked-mass probe
     assert call["structured_outputs"]["grammar"].startswith("start:") and "guided_choice" not in call
     assert call["prompt"] == m.tokenizer.prompt_ids(Q)  # token ids: byte-identical to the in-process prompt
     assert r.parse_ok and r.parsed == 12 and r.answer_text == ANSWER
     assert r.masked_mass == pytest.approx(0.4) and r.stats["masked_mass_exact"] is True
-    assert r.stats["server"] == server.url and r.model == m.model_id
+    assert r.stats["server"] == fake_vllm.url and r.model == m.model_id
 
 
-def test_inwriting_is_a_free_call_then_a_constrained_continuation(server):
-    m = connect(server)
+def test_inwriting_is_a_free_call_then_a_constrained_continuation(fake_vllm):
+    m = connect(fake_vllm)
     r = formtax.generate(m, Q, "inwriting", "The answer is: {int}", max_tokens=80)
-    [_probe], [free, cont] = probes_and_calls(server.script.bodies)
+    [_probe], [free, cont] = probes_and_calls(fake_vllm.script.bodies)
     pre = m.tokenizer.encode(REASONING)
     budget = 80 - answer_reserve(parse_spec("The answer is: {int}"))
     assert "structured_outputs" not in free and free["max_tokens"] == budget + 1  # tells EOS from the budget
@@ -171,11 +171,11 @@ def test_inwriting_is_a_free_call_then_a_constrained_continuation(server):
     assert r.phases["reasoning"] == REASONING and r.answer_text == ANSWER and r.parse_ok
 
 
-def test_sampled_inwriting_switches_on_the_free_calls_drawn_eos(server):
+def test_sampled_inwriting_switches_on_the_free_calls_drawn_eos(fake_vllm):
     """The sampled rule: the free call samples at the request's temperature and stops at a drawn EOS/PAD."""
-    m = connect(server)
+    m = connect(fake_vllm)
     r = formtax.generate(m, Q, "inwriting", "The answer is: {int}", max_tokens=80, temperature=0.7, seed=3)
-    [_probe], [free, cont] = probes_and_calls(server.script.bodies)
+    [_probe], [free, cont] = probes_and_calls(fake_vllm.script.bodies)
     assert free["temperature"] == pytest.approx(0.7) and cont["temperature"] == pytest.approx(0.7)
     assert r.stats["switch_reason"] == "eos" and r.parse_ok
 
@@ -199,14 +199,14 @@ def test_top_k_only_masked_mass_is_a_labelled_bound(tok):
         s.stop()
 
 
-def test_a_server_that_ignores_the_constraint_is_a_recorded_constraint_failure(server, tmp_path):
-    server.script.lie = True
-    m = connect(server)
+def test_a_server_that_ignores_the_constraint_is_a_recorded_constraint_failure(fake_vllm, tmp_path):
+    fake_vllm.script.lie = True
+    m = connect(fake_vllm)
     r = formtax.generate(m, Q, "constrained", "The answer is: {int}", max_tokens=40)
     assert r.finish_reason == "constraint-error" and not r.parse_ok and r.parsed is None
     assert r.stats["constraint_ignored"] is True and "I think it is 12" in r.stats["server_text"]
     s = run(RunConfig(task="arith", strategies=["constrained"], limit=3, batch_size=3, backend="openai",
-                      backend_options={"server": server.url}), tmp_path, backend=m)
+                      backend_options={"server": fake_vllm.url}), tmp_path, backend=m)
     recs = read_records(tmp_path / "records.jsonl")
     assert s.done == 3 and len(recs) == 3
     for rec in recs:  # never scored as parsed, whatever the parsers would read in the text
@@ -215,49 +215,49 @@ def test_a_server_that_ignores_the_constraint_is_a_recorded_constraint_failure(s
         assert not any(rec.scores.values())
 
 
-def test_5xx_is_retried(server):
-    server.script.fail_first = 2
-    m = connect(server, retries=3)
+def test_5xx_is_retried(fake_vllm):
+    fake_vllm.script.fail_first = 2
+    m = connect(fake_vllm, retries=3)
     r = formtax.generate(m, Q, "free", None, max_tokens=40)
-    assert r.text == REASONING and len(server.script.bodies) == 3
+    assert r.text == REASONING and len(fake_vllm.script.bodies) == 3
 
 
-def test_unreachable_server_fails_at_once_with_the_reason(server):
-    url = server.url
-    server.stop()
+def test_unreachable_server_fails_at_once_with_the_reason(fake_vllm):
+    url = fake_vllm.url
+    fake_vllm.stop()
     t = time.perf_counter()
     with pytest.raises(ConfigError, match="unreachable after 2 tries.*is the server running"):
         load_backend("openai", None, server=url, retries=1, backoff=0.01)
     assert time.perf_counter() - t < 10
 
 
-def test_a_hanging_server_times_out(server):
-    m = connect(server, timeout=0.5, retries=1)
-    server.script.hang_s = 2.0
+def test_a_hanging_server_times_out(fake_vllm):
+    m = connect(fake_vllm, timeout=0.5, retries=1)
+    fake_vllm.script.hang_s = 2.0
     with pytest.raises(ServerUnavailable):
         formtax.generate(m, Q, "free", None, max_tokens=40)
 
 
-def test_unsupported_strategies_are_refused_before_any_request(server):
-    m = connect(server)
+def test_unsupported_strategies_are_refused_before_any_request(fake_vllm):
+    m = connect(fake_vllm)
     with pytest.raises(CapabilityError, match="trigger"):
         formtax.generate(m, Q, "inwriting", "The answer is: {int}", max_tokens=80, triggers=["."])
     with pytest.raises(CapabilityError, match="logits of every step"):  # a statistics wrapper (first-token mass)
         formtax.generate(m, Q, "short", "choice:red|blue", max_tokens=8)
-    assert server.script.bodies == []
+    assert fake_vllm.script.bodies == []
 
 
-def test_a_generic_server_gets_no_constrained_strategy(server):
-    m = connect(server, flavor="generic")
+def test_a_generic_server_gets_no_constrained_strategy(fake_vllm):
+    m = connect(fake_vllm, flavor="generic")
     with pytest.raises(CapabilityError, match="grammar parameter"):
         formtax.generate(m, Q, "constrained", "The answer is: {int}", max_tokens=40)
     r = formtax.generate(m, Q, "free", None, max_tokens=40)  # text prompt, text output, re-tokenized
-    assert isinstance(server.script.bodies[-1]["prompt"], str) and r.text == REASONING
+    assert isinstance(fake_vllm.script.bodies[-1]["prompt"], str) and r.text == REASONING
 
 
-def test_client_errors_are_that_requests_error(server):
-    m = connect(server)
-    server.script.completion = lambda body: (400, {"error": "bad grammar"})  # type: ignore[method-assign]
+def test_client_errors_are_that_requests_error(fake_vllm):
+    m = connect(fake_vllm)
+    fake_vllm.script.completion = lambda body: (400, {"error": "bad grammar"})  # type: ignore[method-assign]
     with pytest.raises(ServerRefused, match="400"):
         formtax.generate(m, Q, "free", None, max_tokens=40)
 
@@ -288,11 +288,11 @@ def test_a_server_dying_mid_run_stops_the_run_and_the_run_resumes(tok, tmp_path)
     assert {r.model for r in recs} == {f"scripted @ {dying.url}", f"scripted @ {healthy.url}"}
 
 
-def test_the_cli_names_an_unreachable_server(server, tmp_path, capsys):
+def test_the_cli_names_an_unreachable_server(fake_vllm, tmp_path, capsys):
     from formtax.cli.main import main
 
-    url = server.url
-    server.stop()
+    url = fake_vllm.url
+    fake_vllm.stop()
     rc = main(["run", "--task", "arith", "--strategies", "free", "--limit", "2", "--backend", "openai",
                "--server", url, "--engine-opt", "retries=0", "--out", str(tmp_path / "run")])
     assert rc == 2 and url in capsys.readouterr().err

@@ -217,7 +217,7 @@ def test_an_engine_that_ignores_the_constraint_is_caught():
     m = compile_grammar(c.grammar, tok.engine).matcher(tok.n_logits)
     row = RowRequest([1], ConstrainedPolicy(m, tok.eos_ids, measure=False), 20)
     bad = tok.encode("Nope")
-    out = replay(row, bad, "stop")
+    out = replay(row, bad)
     assert out.finish_reason == "constraint-error" and out.tokens == []
     assert out.events[-1]["stats"] == {"constraint_ignored": True, "rejected_token": bad[0]}
 

@@ -162,7 +162,7 @@ class OpenAIBackend(RowEngine):
     name = "openai"
     lowerings = frozenset({Lowering.FREE, Lowering.GRAMMAR})
     ignored_constraint = "the server returned text outside the constraint (caught by the replay and the oracle)"
-    capabilities = frozenset({Capability.GRAMMAR_PARAM, Capability.TOPK_LOGPROBS})
+    capabilities = frozenset({Capability.GRAMMAR_PARAM})
 
     def __init__(self, client: _Client, tok: TokenizerInfo, served_model: str, flavor: str,
                  server_version: str | None = None, top_logprobs: int = 20, concurrency: int = 64,
@@ -389,7 +389,7 @@ class OpenAIBackend(RowEngine):
         outs = []
         for k, (row, low, reply) in enumerate(zip(rows, lowered, replies, strict=True)):
             mass, stats = masses.get(k, (None, {}))
-            out = replay(row, low.prefix + reply.tokens, reply.finish, mass)
+            out = replay(row, low.prefix + reply.tokens, mass)
             self._settle(out, reply, stats)
             out.wall_s = wall
             outs.append(out)
@@ -397,10 +397,11 @@ class OpenAIBackend(RowEngine):
 
     def _settle(self, out: RowOutput, reply: _Reply, stats: dict[str, Any]) -> None:
         """Name a finish the replay could not (a text-only server's stop), and attach the backend's statistics."""
-        if out.finish_reason.startswith("engine-"):
+        if out.finish_reason == Finish.ENGINE_ENDED:
             if self.flavor == "vllm":
                 raise RuntimeError(f"server {self.client.base} ended a row with {reply.finish!r} before its policy")
-            out.finish_reason = {"engine-stop": Finish.EOS, "engine-length": Finish.LENGTH}.get(out.finish_reason, "stop")
+            out.finish_reason = {None: Finish.EOS, "": Finish.EOS, "stop": Finish.EOS, "length": Finish.LENGTH}.get(
+                reply.finish, Finish.SERVER_STOP)
         if out.finish_reason == Finish.CONSTRAINT_ERROR:
             stats = {**stats, "server_text": reply.text}
         if self.flavor != "vllm":

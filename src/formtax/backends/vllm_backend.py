@@ -67,6 +67,7 @@ from formtax.constraints.spec import Constraint
 from formtax.decoding.engine import Backend, Batch, Capability, TokenizerInfo
 from formtax.decoding.loop import RowOutput, RowRequest, decode
 from formtax.decoding.lowering import Lowering
+from formtax.decoding.plan import Finish
 from formtax.decoding.rowengine import (
     ROW_CONTROLS,
     Cancelled,
@@ -121,7 +122,7 @@ class VLLMBackend(RowEngine):
 
     name = "vllm"
     lowerings = frozenset({Lowering.FREE, Lowering.GRAMMAR, Lowering.LIVE})
-    capabilities = frozenset({Capability.STEP_LOGITS, Capability.GRAMMAR_PARAM, Capability.TOPK_LOGPROBS})
+    capabilities = frozenset({Capability.STEP_LOGITS, Capability.GRAMMAR_PARAM})
 
     def __init__(self, llm: Any, tok: TokenizerInfo, model_id: str, source: ModelSource | None = None,
                  engine: dict[str, Any] | None = None, dtype: str = "auto") -> None:
@@ -340,8 +341,8 @@ class VLLMBackend(RowEngine):
             if k in live:
                 out, problem = self._reported(row, reports.get(live[k]), tokens)
             else:
-                out = replay(row, low.prefix + tokens, finish, masses.get(k))
-                problem = f"the engine ended the row with {finish!r}" if out.finish_reason.startswith("engine-") else None
+                out = replay(row, low.prefix + tokens, masses.get(k))
+                problem = f"the engine ended the row with {finish!r}" if out.finish_reason == Finish.ENGINE_ENDED else None
             if problem is not None:  # never hand a strategy a row the engine did not decode as planned
                 raise RuntimeError(f"vllm backend: row {k}: {problem}")
             out.wall_s = wall

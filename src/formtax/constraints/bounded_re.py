@@ -157,10 +157,3 @@ def bounded_checks(budget_s: float = CHECK_BUDGET_S) -> Iterator[Checks]:
         yield checks
     finally:
         _SCOPE.reset(token)
-
-
-def bounded_search(pattern: str, string: str) -> bool:
-    """One bounded search outside jsonschema (a format checker's own regex): True when it matches or cannot be
-    decided (then recorded in the enclosing scope, if any)."""
-    checks = _SCOPE.get() or Checks()
-    return bool(_search(checks, pattern, string))

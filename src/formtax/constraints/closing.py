@@ -159,12 +159,6 @@ def find_witness(ll: llguidance.LLMatcher, tok: EngineTokenizer, grammar: str, b
     return Witness(w, timed_out=w is None and time.perf_counter() > deadline)
 
 
-def shortest_known(matcher: Matcher, max_depth: int = MAX_DEPTH) -> list[int] | None:
-    """The witness from a fresh per-request matcher's start state (at most ``max_depth`` tokens)."""
-    return find_witness(matcher.ll, matcher.tokenizer, matcher.grammar, b"", max_depth, START_MS,
-                        hints=matcher.hints, max_nodes=START_NODES).tokens
-
-
 class WitnessPool:
     """Every suffix of some witnesses (module docstring), distinct and shortest first."""
 
@@ -265,7 +259,7 @@ def _keep(key: tuple[str, str, str], found: Witness) -> Witness:
 
 def closing_oracle(constraint: object) -> tuple[Oracle | None, str]:
     """The oracle closing keeps to for ``constraint`` and its cache key: a JSON schema the grammar only approximates
-    (spec.approximate_schema) is checked by its own validator, so closing steers to an answer that parses; every
+    (schema_approx.approximate_schema) is checked by its own validator, so closing steers to an answer that parses; every
     other constraint is its grammar (no oracle)."""
     from formtax.constraints.spec import JsonConstraint
 
@@ -305,7 +299,6 @@ class Closer:
     witness: list[int] | None = None
     _known: bool = False
     _after: dict[int, list[int] | None] = field(default_factory=dict)
-    searches: int = 0
     refused: int = 0
     timed_out: int = 0  # searches the time bound stopped (their tokens were refused)
     pooled: int = 0  # witnesses taken from the pools instead of a search
@@ -373,7 +366,6 @@ class Closer:
     def _search(self, ll: llguidance.LLMatcher, left: int, after: bytes, ms: float = STEP_MS,
                 nodes: int = STEP_NODES) -> list[int] | None:
         """The witness from ``ll`` (the row's state, then ``after``), within ``left`` tokens, or None."""
-        self.searches += 1
         found = find_witness(ll, self.matcher.tokenizer, self.matcher.grammar, bytes(self.prefix) + after, left,
                              ms, start=lambda: self._state(after), hints=self.matcher.hints, oracle=self.oracle,
                              oracle_key=self.oracle_key, max_nodes=nodes)

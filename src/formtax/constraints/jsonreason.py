@@ -35,8 +35,8 @@ from typing import Any
 import llguidance
 
 from formtax.constraints.record import RecordConstraint
+from formtax.constraints.schema_approx import JSON_OPTIONS
 from formtax.constraints.spec import (
-    JSON_OPTIONS,
     NO_ESCAPE_CHAR,
     Constraint,
     ConstraintError,

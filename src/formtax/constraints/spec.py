@@ -44,6 +44,7 @@ import llguidance
 from formtax.constraints.bounded_re import bounded_checks
 from formtax.constraints.finalanswer import answer_after
 from formtax.constraints.formats import CHECKED_FORMATS, schema_validator
+from formtax.constraints.schema_approx import SCHEMA_MAPS, approximate_schema, check_number_bounds
 from formtax.constraints.template import (
     Template,
     key_phrase_of,
@@ -51,11 +52,6 @@ from formtax.constraints.template import (
     parse_template,
 )
 from formtax.errors import ConstraintError
-
-# Compact JSON with fixed separators, the same as Python's json.dumps: engines that let the model pick its
-# whitespace are known to run away on newlines.
-JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-
 
 # One character of a JSON string body that needs no escape (DEL excluded too): every prefix of a body made of
 # these is still a valid body, so an engine max_tokens cut can never leave half an escape behind.
@@ -385,7 +381,7 @@ def distinct_subschemas(schema: Any, in_map: bool = False) -> Any:
                 kept[k] = distinct_subschemas(v)
         return kept
     return {k: (v if k in ("const", "enum", "default", "examples")
-                else distinct_subschemas(v, in_map=k in _SCHEMA_MAPS)) for k, v in schema.items()}
+                else distinct_subschemas(v, in_map=k in SCHEMA_MAPS)) for k, v in schema.items()}
 
 
 def formats_in(schema: Any) -> set[str]:
@@ -440,7 +436,7 @@ class JsonConstraint(Constraint):
     @property
     def approximations(self) -> tuple[str, ...]:
         """What the grammar leaves to the oracle (empty: the grammar is the schema); see
-        :func:`approximate_schema`. The oracle (``validate``) always checks the schema as given."""
+        :func:`~formtax.constraints.schema_approx.approximate_schema`. The oracle (``validate``) always checks the schema as given."""
         return self._form[1]
 
     def validate(self, text: str) -> Validation:
@@ -480,164 +476,7 @@ class JsonConstraint(Constraint):
 
     def check(self) -> None:
         super().check()
-        _check_number_bounds(self.schema)
-
-
-_UNIMPLEMENTED = re.compile(r'Unimplemented keys: \[(.*?)\]')
-_UNKNOWN_FORMAT = re.compile(r"Unknown format: (.+)")
-APPROXIMATION_ROUNDS = 8
-
-
-def approximate_schema(schema: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
-    """:func:`_approximate` of ``schema``, cached by its JSON text (a server builds a constraint per request). The
-    text keeps the schema's key order: the grammar writes an object's properties in the order they are declared."""
-    return _approximate_text(json.dumps(schema))
-
-
-@functools.lru_cache(maxsize=256)
-def _approximate_text(text: str) -> tuple[str, tuple[str, ...]]:
-    return _approximate(json.loads(text))
-
-
-def _approximate(schema: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
-    """The grammar for ``schema``: exact where the grammar engine implements every keyword, else a flagged
-    approximation, driven by the engine's own errors (ours, issue 36):
-
-    * ``oneOf`` -> ``anyOf`` (llguidance's ``coerce_one_of``): the grammar may admit a value two branches match;
-    * an unknown ``format`` -> a plain string of that type;
-    * a keyword the engine does not implement (``not``, ``uniqueItems``, ``if``/``then``/``else``, ``contains``,
-      ``dependentRequired``, ``propertyNames``, ...) -> dropped from the grammar wherever it stands.
-
-    Each approximation only widens what the grammar admits, and every answer is checked again against the schema
-    as given (:meth:`JsonConstraint.validate`), so an answer that breaks a dropped rule comes back unparsed, never
-    as valid. Returns (grammar, the approximations made, each as a short phrase). Raises ConstraintError for what
-    cannot be approximated (an unresolvable ``$ref``, a schema the engine rejects for another reason)."""
-    options = dict(JSON_OPTIONS)
-    work: Any = _integral_counts(schema)
-    made: list[str] = []
-    for _ in range(APPROXIMATION_ROUNDS):
-        grammar = llguidance.LLMatcher.grammar_from_json_schema(work, overrides=options)  # type: ignore[arg-type]
-        m = llguidance.LLMatcher(_byte_engine().ll, grammar, log_level=0)
-        if not m.is_error():
-            return grammar, tuple(made)
-        error = m.get_error().strip()
-        if "coerce_one_of" in error and not options.get("coerce_one_of"):
-            options["coerce_one_of"] = True
-            made.append("oneOf as anyOf")
-            continue
-        keys = _UNIMPLEMENTED.search(error)
-        fmt = _UNKNOWN_FORMAT.search(error)
-        if keys:
-            names = frozenset(k.strip().strip('"') for k in keys.group(1).split(",") if k.strip())
-            work = _without(work, _named(names))
-            made.extend(f"{k}: checked by the oracle only" for k in sorted(names))
-        elif fmt:
-            name = fmt.group(1).strip().strip('"')
-            work = _without(work, _format(name))
-            made.append(f"format {name}: a plain string")
-        else:
-            break
-    reason = " ".join(line.strip() for line in error.splitlines() if line.strip())  # the engine's own reason, whole
-    raise ConstraintError(f"the grammar engine rejected the JSON schema: {reason}")
-
-
-_COUNTS = ("maxItems", "minItems", "maxLength", "minLength", "maxProperties", "minProperties", "minContains",
-           "maxContains")
-
-
-def _integral_counts(schema: Any, in_map: bool = False) -> Any:
-    """``schema`` with every count keyword written as an integral float (``"maxItems": 2.0``, valid JSON Schema)
-    as the integer the engine expects: the same schema, not an approximation."""
-    if isinstance(schema, list):
-        return [_integral_counts(x) for x in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out: dict[str, Any] = {}
-    for k, v in schema.items():
-        if not in_map and k in _COUNTS and isinstance(v, float) and v.is_integer():
-            out[k] = int(v)
-        elif not in_map and k in ("const", "enum", "default", "examples"):
-            out[k] = v
-        else:
-            out[k] = _integral_counts(v, in_map=not in_map and k in _SCHEMA_MAPS)
-    return out
-
-
-def _named(names: frozenset[str]) -> Callable[[str, Any], bool]:
-    return lambda key, _value: key in names
-
-
-def _format(name: str) -> Callable[[str, Any], bool]:
-    return lambda key, value: key == "format" and value == name
-
-
-_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
-
-
-def _without(schema: Any, drop: Callable[[str, Any], bool], in_map: bool = False) -> Any:
-    """A copy of ``schema`` less every keyword ``drop(key, value)`` names, in every subschema (not in the keys of
-    ``properties`` and the like, which are names, not keywords; nor inside ``const`` / ``enum`` values)."""
-    if isinstance(schema, list):
-        return [_without(x, drop) for x in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out: dict[str, Any] = {}
-    for k, v in schema.items():
-        if in_map:
-            out[k] = _without(v, drop)
-        elif drop(k, v):
-            continue
-        elif k in ("const", "enum", "default", "examples"):
-            out[k] = v
-        else:
-            out[k] = _without(v, drop, in_map=k in _SCHEMA_MAPS)
-    return out
-
-
-_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
-
-
-def _outside(key: str, bound: float, integer: bool) -> list[str]:
-    """JSON numbers just outside a bound: the ones a correct grammar must refuse."""
-    if key.startswith("exclusive"):
-        texts = [json.dumps(bound)]
-        if float(bound).is_integer():
-            texts.append(str(int(bound)))
-        return texts
-    if integer and float(bound).is_integer():
-        return [str(int(bound) + (1 if key == "maximum" else -1))]
-    return []
-
-
-def _check_number_bounds(schema: Any) -> None:
-    """Refuse numeric bounds the grammar engine gets wrong (found by the fuzz suite: ``exclusiveMinimum: 0`` with
-    a tiny maximum admits ``0``; integer bounds past 2^53 admit neighbours, float precision): each bound's
-    just-outside values are run through the engine's grammar of that sub-schema, and one it accepts is an error
-    up front instead of an answer the oracle rejects at run time."""
-    if isinstance(schema, list):
-        for v in schema:
-            _check_number_bounds(v)
-        return
-    if not isinstance(schema, dict):
-        return
-    for v in schema.values():
-        if isinstance(v, (dict, list)):
-            _check_number_bounds(v)
-    kinds = schema.get("type")
-    if kinds not in ("number", "integer") or "$ref" in schema or not any(k in schema for k in _BOUNDS):
-        return
-    from formtax.constraints.compile import validate_with_engine
-
-    sub = {k: v for k, v in schema.items() if k in (*_BOUNDS, "type", "multipleOf")}
-    grammar = llguidance.LLMatcher.grammar_from_json_schema(sub, overrides=JSON_OPTIONS)  # type: ignore[arg-type]
-    for key in _BOUNDS:
-        bound = sub.get(key)
-        if not isinstance(bound, (int, float)) or isinstance(bound, bool):
-            continue
-        for text in _outside(key, bound, kinds == "integer"):
-            if validate_with_engine(grammar, text)[0]:
-                raise ConstraintError(f"JSON schema: the grammar engine would accept {text}, outside {key} = {bound} "
-                                      "(an engine limit for such bounds); widen or drop the bound")
+        check_number_bounds(self.schema)
 
 
 class LarkConstraint(Constraint):

@@ -34,7 +34,6 @@ class Capability(StrEnum):
     STEP_LOGITS = "step-logits"  # full next-token logits at every step, in-process
     KV_CROP = "kv-crop"  # crop a row's cache back to an earlier length
     GRAMMAR_PARAM = "grammar-param"  # only a whole-output grammar parameter (servers)
-    TOPK_LOGPROBS = "topk-logprobs"  # only top-k log-probs (servers)
 
 
 class RenderedChat(str):

@@ -41,6 +41,8 @@ class Finish(StrEnum):
     STOP_SEQUENCE = "stop-sequence"  # a caller's stop string appeared (formtax serve's ``stop``)
     CANCELLED = "cancelled"  # the caller went away or timed out (formtax serve); the row left its batch
     ROW_FAULT = "row-fault"  # the row's own policy or set-up raised: that row ends, its batch goes on (loop.py)
+    SERVER_STOP = "stop"  # a text-only server ended the row for a reason of its own (a content filter, tool calls)
+    ENGINE_ENDED = "engine-ended"  # replay: the engine stopped before the policy did (its caller names the finish)
 
 
 ERROR_FINISHES = frozenset({Finish.CONSTRAINT_ERROR, Finish.LENGTH_INCOMPLETE, Finish.ROW_FAULT})

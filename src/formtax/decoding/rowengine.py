@@ -117,9 +117,11 @@ def lark_grammar(constraint: Constraint) -> str:
     raise ConfigError(f"constraint {constraint.describe()!r}: unsupported grammar envelope {sorted(one)}")
 
 
-def replay(req: RowRequest, tokens: Sequence[int], engine_finish: str | None,
-           first_mass: float | None = None) -> RowOutput:
+def replay(req: RowRequest, tokens: Sequence[int], first_mass: float | None = None) -> RowOutput:
     """The RowOutput the decode loop would have produced had it chosen ``tokens``, checking each against the plan.
+
+    Where the tokens run out before the policy ends, the row's finish is ``Finish.ENGINE_ENDED``: only the caller
+    knows what its engine's own reason means (a text-only server's stop is the model's EOS; on vLLM it is a bug).
 
     Only for policies whose plans do not read the logits (free text, a forced prefix, a constrained policy): they
     are given an empty tensor. ``first_mass`` is the masked mass measured separately at the first constrained step
@@ -147,6 +149,6 @@ def replay(req: RowRequest, tokens: Sequence[int], engine_finish: str | None,
             cur.finish(end.reason or Finish.BACKEND_ERROR)
             break
     if not out.finish_reason:
-        out.finish_reason = cur.engine_end(engine_finish).reason or ""
+        out.finish_reason = cur.engine_end(None).reason or Finish.ENGINE_ENDED
     out.forward_passes = len(tokens)
     return out

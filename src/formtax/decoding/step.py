@@ -351,7 +351,7 @@ class RowCursor:
         policy's own stop when its next plan makes one, else with the engine's reason."""
         if eos_id is None:
             stop = self.plan(torch.empty(0)).stop
-            return End(stop or f"engine-{engine_finish or 'stop'}")
+            return End(stop or Finish.ENGINE_ENDED)  # the caller names the finish (Finish values only)
         last = self.out.tokens[-1] if self.out.tokens else None
         if engine_finish == "stop" and last == eos_id:
             return End(Finish.EOS)

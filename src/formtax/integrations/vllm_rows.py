@@ -182,7 +182,7 @@ class RowSpec:
                 constraint.check()
             except Exception as e:  # noqa: BLE001 - the SPEC parser's message, whole
                 raise ValueError(f"vllm_xargs: formtax_answer: {' '.join(str(e).split())}") from None
-        elif getattr(strat, "needs_constraint", False) or name not in ("free", "short"):
+        elif name not in ("free", "short"):
             raise ValueError(f"vllm_xargs: formtax_strategy {name!r} needs formtax_answer (an answer SPEC)")
         closing = args.get("closing", 1)
         if closing not in (0, 1, "0", "1", True, False):

@@ -31,6 +31,7 @@ from formtax.constraints.compile import Matcher, compile_grammar
 from formtax.constraints.jsonstrings import StringCaps
 from formtax.constraints.spec import Constraint
 from formtax.decoding.engine import TokenizerInfo
+from formtax.decoding.plan import Finish
 from formtax.planted.backend import RowModel
 
 
@@ -159,17 +160,17 @@ def distribution(model: RowModel, tok: TokenizerInfo, sem: Semantics, temperatur
     unresolved = 0.0
     stack = [start]
 
-    def finish(s: _State, reason: str) -> None:
+    def finish(s: _State, reason: Finish) -> None:
         done.append(Outcome(s.p, s.tokens, s.phases, reason, s.masked_mass, s.stats))
 
-    def budget_reason(s: _State) -> str:
+    def budget_reason(s: _State) -> Finish:
         """Why a row that spent its budget ended (the RC prefix, then the inner part's own rule)."""
         if len(s.tokens) < len(sem.prefix) or sem.kind in (Kind.FREE, Kind.SHORT):
-            return "length"
+            return Finish.LENGTH
         if not s.switched:
-            return "length-incomplete"
+            return Finish.LENGTH_INCOMPLETE
         assert s.matcher is not None
-        return "length" if s.matcher.accepting else "length-incomplete"
+        return Finish.LENGTH if s.matcher.accepting else Finish.LENGTH_INCOMPLETE
 
     while stack:
         s = stack.pop()
@@ -231,9 +232,9 @@ def distribution(model: RowModel, tok: TokenizerInfo, sem: Semantics, temperatur
             for t, q in branches:
                 c = s.extend(q, t, sem.free_phase)
                 if t in eos:
-                    finish(c, "eos")
+                    finish(c, Finish.EOS)
                 elif t in newline:
-                    finish(c, "newline")
+                    finish(c, Finish.NEWLINE)
                 else:
                     stack.append(c)  # the budget is checked when it is popped
             continue
@@ -241,10 +242,10 @@ def distribution(model: RowModel, tok: TokenizerInfo, sem: Semantics, temperatur
         m = s.matcher
         assert m is not None
         if m.error is not None:
-            finish(s, "constraint-error")
+            finish(s, Finish.CONSTRAINT_ERROR)
             continue
         if m.stopped:
-            finish(s, "constraint-complete")
+            finish(s, Finish.CONSTRAINT_COMPLETE)
             continue
         allowed_t = m.allowed_mask()
         if s.first_answer and sem.first_allowed is not None:
@@ -253,7 +254,7 @@ def distribution(model: RowModel, tok: TokenizerInfo, sem: Semantics, temperatur
             allowed_t = allowed_t & extra[: allowed_t.shape[0]]
         allowed = allowed_t.numpy()
         if not allowed.any():
-            finish(s, "constraint-error")
+            finish(s, Finish.CONSTRAINT_ERROR)
             continue
         if s.first_answer:
             if sem.first_allowed is None:
@@ -264,9 +265,9 @@ def distribution(model: RowModel, tok: TokenizerInfo, sem: Semantics, temperatur
         for t, q in branches:
             c = s.extend(q, t, sem.answer_phase)
             if t in eos:
-                finish(c, "eos")
+                finish(c, Finish.EOS)
             elif c.matcher is None or not c.matcher.consume(t):
-                finish(c, "constraint-error")
+                finish(c, Finish.CONSTRAINT_ERROR)
             else:
                 if c.caps is not None:
                     c.caps.advance(tok.engine.ll.decode_bytes([t]))

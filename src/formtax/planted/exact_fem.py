@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import logsumexp
 
+from formtax.decoding.plan import Finish
 from formtax.fem.dfa import TokenDFA
 from formtax.fem.hmm import HMM
 from formtax.planted.backend import RowModel
@@ -132,7 +133,9 @@ def _forward(tables: _Tables, logf: np.ndarray, token: int) -> np.ndarray:
 
 
 @dataclass
-class _Row:
+class _Prefix:
+    """A partial output still being enumerated: its probability, tokens, DFA state and HMM forward vector."""
+
     p: float
     tokens: list[int]
     d: int
@@ -154,25 +157,25 @@ def _enumerate(model: RowModel, spec: FemSpec, tables: _Tables, temperature: flo
     for t in spec.prefix:  # a forced RC prefix: D and the HMM read it
         d = int(dfa.step(d, int(t)))
         logf = _forward(tables, logf, int(t))
-    rows = [_Row(1.0, [int(t) for t in spec.prefix], d, logf)]
+    pending = [_Prefix(1.0, [int(t) for t in spec.prefix], d, logf)]
     done: list[Outcome] = []
     unresolved = 0.0
-    while rows:
-        r = rows.pop()
+    while pending:
+        r = pending.pop()
         n = len(r.tokens)
         phases = ["rc" if k < len(spec.prefix) else "reasoning" for k in range(n)]
         if r.d == dfa.dead:
-            done.append(Outcome(r.p, r.tokens, phases, "constraint-error", r.masked_mass))
+            done.append(Outcome(r.p, r.tokens, phases, Finish.CONSTRAINT_ERROR, r.masked_mass))
             continue
         if n >= spec.budget:
-            finish = "length" if tables.accepting[r.d] else "length-incomplete"
+            finish = Finish.LENGTH if tables.accepting[r.d] else Finish.LENGTH_INCOMPLETE
             done.append(Outcome(r.p, r.tokens, phases, finish, r.masked_mass))
             continue
         node = model.node(r.tokens)
         logits = model.logits_at(node).numpy()
         allowed, score = _step(spec, tables, logits, r.logf, r.d, spec.budget - n - 1)
         if not allowed.any():
-            done.append(Outcome(r.p, r.tokens, phases, "constraint-error", r.masked_mass))
+            done.append(Outcome(r.p, r.tokens, phases, Finish.CONSTRAINT_ERROR, r.masked_mass))
             continue
         mm = r.masked_mass
         if n == len(spec.prefix):  # the loop measures the first step's mass outside the allowed set
@@ -194,9 +197,9 @@ def _enumerate(model: RowModel, spec: FemSpec, tables: _Tables, temperature: flo
         for v, w in branches:
             toks = [*r.tokens, v]
             if v in spec.eos:
-                done.append(Outcome(r.p * w, toks, [*phases, "reasoning"], "eos", mm))
+                done.append(Outcome(r.p * w, toks, [*phases, "reasoning"], Finish.EOS, mm))
                 continue
-            rows.append(_Row(r.p * w, toks, int(dfa.step(r.d, v)), _forward(tables, r.logf, v), mm))
+            pending.append(_Prefix(r.p * w, toks, int(dfa.step(r.d, v)), _forward(tables, r.logf, v), mm))
     return Distribution(done, unresolved)
 
 

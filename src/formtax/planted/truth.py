@@ -26,7 +26,8 @@ from formtax.report.load import format_ok
 from formtax.runner.config import RunConfig
 from formtax.runner.execute import make_record, request_for
 from formtax.runner.grid import Planned, parse_strategy_spec, plan_grid
-from formtax.strategies.base import Request, Result, answer_reserve, finish_error
+from formtax.strategies.base import Request, Result, finish_error
+from formtax.strategies.reserve import answer_reserve
 from formtax.tasks import Task, sample_items
 
 SUFFIX_RULES = {"suffix-pipeline": "pipeline", "suffix-last": "last", "suffix-min": "min", "suffix-beam": "last"}

@@ -45,7 +45,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from formtax.constraints.native import _closed
-from formtax.constraints.spec import JSON_OPTIONS, Constraint, JsonConstraint, LarkConstraint
+from formtax.constraints.schema_approx import JSON_OPTIONS
+from formtax.constraints.spec import Constraint, JsonConstraint, LarkConstraint
 from formtax.errors import ConfigError
 
 

@@ -35,55 +35,9 @@ from formtax.decoding.rowengine import RowEngine, lower_row
 from formtax.decoding.sampling import GREEDY, Sampling
 from formtax.errors import CapabilityError, ConfigError, ConstraintError
 from formtax.strategies.options import StrategyOptions, check_options
+from formtax.strategies.reserve import refuse_below_bound, refuse_no_completion
 
 Prompt = str | list[dict[str, str]]
-
-DEFAULT_RESERVE = 64  # answer budget for constraints whose length has no bound (user regex, JSON, Lark)
-
-
-def answer_reserve(constraint: Constraint | None) -> int:
-    """Tokens reserved for the answer: the constraint's bound plus one for EOS."""
-    if constraint is None:
-        return 0
-    bound = constraint.max_tokens
-    return (bound if bound is not None else DEFAULT_RESERVE) + 1
-
-
-def request_reserve(backend: Backend, request: Request) -> int:
-    """The answer's reserve for this request. With closing mode a choice reserves its *likely* length, the
-    longest option's canonical tokenisation (``positive|negative|neutral``: 1-2 tokens, where the byte-level
-    worst case is 8): if the model starts an option in smaller pieces, closing mode steers it to finish inside
-    the reserve. Without closing, and for every other constraint, the bound of :func:`answer_reserve`."""
-    from formtax.constraints.spec import ChoiceConstraint
-
-    c = request.constraint
-    if request.closing and isinstance(c, ChoiceConstraint):
-        return closing_room(backend, c, answer_reserve(c))  # the longest option's own tokenisation, + 1
-    return answer_reserve(c)
-
-
-PLAUSIBLE_SLACK = 16
-"""Closing mode's room for an answer past its shortest form, in tokens (ours; see :func:`closing_room`)."""
-
-
-def closing_room(backend: Backend, constraint: Constraint, worst: int) -> int:
-    """Closing mode's reserve for an answer (issue 45): what it plausibly takes, not the byte-level worst case.
-
-    Closing already guarantees that the answer finishes inside the budget whenever a completion fits, so a reserve
-    only has to leave the answer room to be written as the model would write it: the shortest completion of its
-    grammar in the model's own tokens (closing's start witness, canonically tokenised) plus
-    :data:`PLAUSIBLE_SLACK` tokens and one for EOS; a choice reserves its longest option's own tokenisation. Never
-    more than ``worst`` (the bound without closing). An answer longer than its room still completes: closing then
-    shortens it where the reasoning took the rest, and counts what it changed (``closing_changed_tokens``)."""
-    from formtax.constraints.closing import start_witness
-    from formtax.constraints.spec import ChoiceConstraint
-
-    tok = backend.tokenizer
-    if isinstance(constraint, ChoiceConstraint):
-        return min(worst, max(len(tok.encode(o)) for o in constraint.options) + 1)
-    w = start_witness(compile_grammar(constraint.grammar, tok.engine), tok.n_logits)
-    return worst if w is None else min(worst, len(w) + PLAUSIBLE_SLACK + 1)
-
 
 @dataclass
 class Request:
@@ -214,7 +168,7 @@ class Strategy(ABC):
 
     def answer_overhead(self, request: Request, backend: Backend | None = None) -> int | None:
         """Tokens of ``max_tokens`` that are not the reasoning phase's (the answer's reserve, JSON's scaffold); with
-        ``backend`` and closing mode on, what the answer plausibly takes (:func:`closing_room`).
+        ``backend`` and closing mode on, what the answer plausibly takes (:func:`~formtax.strategies.reserve.closing_room`).
 
         The runner gives every constraint level of a strategy the same reasoning budget R and sets
         ``max_tokens = R + answer_overhead`` (paper 003's equal ``max_preamble_tokens``). None: the strategy has
@@ -295,43 +249,6 @@ def refuse_empty_language(backend: Backend, constraint: Constraint) -> None:
     tok = backend.tokenizer
     if compile_grammar(constraint.grammar, tok.engine).matches_nothing(tok.n_logits, tok.eos_ids):
         raise ConstraintError(f"constraint {constraint.brief()!r} matches nothing: no output can satisfy it")
-
-
-def refuse_below_bound(backend: Backend, constraint: Constraint, limit: int) -> None:
-    """Closing mode: a JSON schema whose every instance takes more bytes than ``limit`` tokens can carry is refused
-    at once, before its grammar is compiled (constraints/closing_bound.py)."""
-    from formtax.constraints.closing_bound import min_json_bytes
-    from formtax.constraints.shortest import longest_token
-    from formtax.constraints.spec import JsonConstraint
-
-    if isinstance(constraint, JsonConstraint):
-        need, most = min_json_bytes(constraint.schema), longest_token(backend.tokenizer.engine)
-        if need > limit * most:
-            raise ConfigError(f"closing mode: no completion of {constraint.brief()!r} fits in {limit} tokens (every "
-                              f"instance takes at least {need} bytes and one token carries at most {most}); raise "
-                              "max_tokens")
-
-
-def refuse_no_completion(backend: Backend, constraint: Constraint, limit: int) -> None:
-    """Closing mode, before any model call: the answer must have a completion within ``limit`` tokens. A JSON
-    schema whose every instance takes more bytes than ``limit`` tokens can carry is refused at once
-    (constraints/closing_bound.py); otherwise the start witness decides, its search bounded in time (a request
-    whose search runs out of time is refused with that reason, never left to search for a minute)."""
-    from formtax.constraints.closing import START_MS, closing_oracle, start_search
-
-    tok = backend.tokenizer
-    what = f"closing mode: no completion of {constraint.brief()!r} fits in {limit} tokens"
-    refuse_below_bound(backend, constraint, limit)
-    oracle, key = closing_oracle(constraint)
-    w = start_search(compile_grammar(constraint.grammar, tok.engine), tok.n_logits, limit, oracle, key)
-    if (w.tokens is None or len(w.tokens) > limit) and oracle is not None:  # no answer the oracle accepts found:
-        w = start_search(compile_grammar(constraint.grammar, tok.engine), tok.n_logits, limit)  # the grammar's own
-    if w.timed_out:
-        raise ConfigError(f"closing mode: closing could not prove a completion of {constraint.brief()!r} within "
-                          f"{START_MS} ms (budget {limit} tokens); raise max_tokens or turn closing off")
-    if w.tokens is None or len(w.tokens) > limit:
-        found = "none found" if w.tokens is None else f"the shortest found takes {len(w.tokens)}"
-        raise ConfigError(f"{what} ({found}); raise max_tokens")
 
 
 def request_sampling(request: Request) -> Sampling:
@@ -491,13 +408,13 @@ class SinglePass(Strategy):
                 policy = self.policy(engine, r)
             except ConstraintError:
                 continue  # an error result for that request, as on every backend
-            plan = lower_row(RowRequest([0], policy, r.max_tokens), self.whole_output_constraint(r, policy))
-            if plan.kind not in engine.lowerings:
+            lowered = lower_row(RowRequest([0], policy, r.max_tokens), self.whole_output_constraint(r, policy))
+            if lowered.kind not in engine.lowerings:
                 raise CapabilityError(
                     f"strategy {self.name!r} cannot run on backend {engine.name!r}: its policy "
-                    f"({type(plan.inner).__name__}) must see the logits of every step, which this engine does not "
+                    f"({type(lowered.inner).__name__}) must see the logits of every step, which this engine does not "
                     "expose")
-            kinds.add(plan.kind)
+            kinds.add(lowered.kind)
         engine.check_rows(self.name, kinds, [request_sampling(r) for r in requests])
 
     def run_on_engine(self, engine: RowEngine, requests: Sequence[Request]) -> list[Result]:

@@ -22,20 +22,11 @@ from formtax.decoding.engine import Backend, Capability, TokenizerInfo
 from formtax.decoding.loop import Policy
 from formtax.decoding.plan import Phase, RowOutput
 from formtax.decoding.policies import ConstrainedPolicy, FreePolicy, JsonCapPolicy
-from formtax.strategies.base import (
-    DEFAULT_RESERVE,
-    Request,
-    Result,
-    SinglePass,
-    answer_reserve,
-    closing_limit,
-    closing_room,
-    register,
-    with_prefix,
-)
+from formtax.strategies.base import Request, Result, SinglePass, closing_limit, register, with_prefix
 from formtax.strategies.firstmass import EVENT as FIRST_MASS
 from formtax.strategies.firstmass import FirstTokenMass, allowed_first_tokens, prefix_first_tokens
 from formtax.strategies.options import JsonOptions
+from formtax.strategies.reserve import DEFAULT_RESERVE, answer_reserve, closing_room
 
 
 def constrained_policy(backend: Backend, constraint: Constraint, phase: str = Phase.ANSWER,

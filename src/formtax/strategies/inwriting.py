@@ -26,14 +26,13 @@ from formtax.strategies.base import (
     Request,
     Result,
     SinglePass,
-    answer_reserve,
     batch_sampling,
-    closing_room,
     register,
     request_sampling,
     with_prefix,
 )
 from formtax.strategies.basic import constrained_policy
+from formtax.strategies.reserve import answer_reserve, closing_room
 
 
 def trigger_ids(backend: Backend, triggers: tuple[str, ...] | list[str] | Any) -> frozenset[int]:

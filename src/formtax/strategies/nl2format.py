@@ -33,11 +33,11 @@ from formtax.strategies.base import (
     phase_texts,
     read_answer,
     register,
-    request_reserve,
     request_sampling,
     with_prefix,
 )
 from formtax.strategies.basic import constrained_policy
+from formtax.strategies.reserve import request_reserve
 
 
 def _answer_policy(constraint: Constraint, closing: int | None, backend: Backend) -> ConstrainedPolicy:

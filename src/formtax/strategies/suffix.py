@@ -66,7 +66,6 @@ from formtax.strategies.base import (
     Result,
     Strategy,
     TokenCounts,
-    answer_reserve,
     batch_sampling,
     call_info,
     engine_results,
@@ -79,6 +78,7 @@ from formtax.strategies.base import (
 )
 from formtax.strategies.basic import Free
 from formtax.strategies.options import SuffixBeamOptions, SuffixOptions
+from formtax.strategies.reserve import answer_reserve
 from formtax.strategies.suffix_policies import (
     LEADING_WHITESPACE,
     BeamConstrainedPolicy,
@@ -95,7 +95,7 @@ from formtax.strategies.suffix_policies import (
 
 
 @dataclass
-class _Row:
+class _Part:
     """One request's part of the batch: its rows, and the objects its result is read from."""
 
     rows: list[RowRequest]
@@ -153,22 +153,22 @@ class SuffixStrategy(Strategy):
             for k, res in zip(free_idx, Free().run(backend, [requests[k] for k in free_idx]), strict=True):
                 res.strategy = self.name
                 results[k] = res
-        plans: list[tuple[int, _Row]] = []
+        parts: list[tuple[int, _Part]] = []
         for k, r in enumerate(requests):
             if not r.constrain:
                 continue
             try:
-                plans.append((k, self.rows(backend, r)))
+                parts.append((k, self.rows(backend, r)))
             except ConstraintError as e:
                 results[k] = self.error_result(backend, e)
         t0 = time.perf_counter()
-        outs = decode(backend, [row for _, p in plans for row in p.rows], temperature=batch_sampling(requests))
+        outs = decode(backend, [row for _, part in parts for row in part.rows], temperature=batch_sampling(requests))
         wall = time.perf_counter() - t0
         at = 0
-        for k, p in plans:
-            mine = outs[at : at + len(p.rows)]
-            at += len(p.rows)
-            results[k] = self.assemble(backend, requests[k], p, mine, wall)
+        for k, part in parts:
+            mine = outs[at : at + len(part.rows)]
+            at += len(part.rows)
+            results[k] = self.assemble(backend, requests[k], part, mine, wall)
         return [r for r in results if r is not None]
 
     def run_on_engine(self, engine: RowEngine, requests: Sequence[Request]) -> list[Result]:
@@ -213,8 +213,8 @@ class SuffixStrategy(Strategy):
             out = RowOutput(prompt_ids=p, tokens=o1.tokens[:t] + o2.tokens, steps=o1.steps[:t] + o2.steps,
                             finish_reason=o2.finish_reason, wall_s=wall,
                             forward_passes=o1.forward_passes + o2.forward_passes)
-            row = _Row([], run.free, rule, tau, answer, branch=t)
-            results[k] = self.assemble(engine, requests[k], row, [out], wall)
+            part = _Part([], run.free, rule, tau, answer, branch=t)
+            results[k] = self.assemble(engine, requests[k], part, [out], wall)
         return [r for r in results if r is not None]
 
     def start(self, backend: Backend, request: Request) -> tuple[FreePass, SuffixAnswer, str, float]:
@@ -225,24 +225,24 @@ class SuffixStrategy(Strategy):
         budget = request.max_tokens - self.reserve(request.constraint)
         return FreePass(answer.start, tok.eos_ids, prefix_ids(backend, request), budget), answer, rule, tau
 
-    def rows(self, backend: Backend, request: Request) -> _Row:
+    def rows(self, backend: Backend, request: Request) -> _Part:
         free, answer, rule, tau = self.start(backend, request)
         ids = backend.tokenizer.prompt_ids(request.prompt)
         policy = LazySuffixPolicy(free, answer, backend.tokenizer, rule, tau)
-        return _Row([RowRequest(ids, policy, request.max_tokens, request.seed)], free, rule, tau, answer, lazy=policy)
+        return _Part([RowRequest(ids, policy, request.max_tokens, request.seed)], free, rule, tau, answer, lazy=policy)
 
-    def t_star(self, p: _Row) -> int | None:
-        if p.lazy is not None:
-            return p.lazy.t_star
-        if p.beam is not None:
-            return p.beam.branch
-        return p.branch
+    def t_star(self, part: _Part) -> int | None:
+        if part.lazy is not None:
+            return part.lazy.t_star
+        if part.beam is not None:
+            return part.beam.branch
+        return part.branch
 
-    def assemble(self, backend: Backend, request: Request, p: _Row, outs: list[RowOutput], wall: float) -> Result:
+    def assemble(self, backend: Backend, request: Request, part: _Part, outs: list[RowOutput], wall: float) -> Result:
         tok = backend.tokenizer
         out = outs[-1]  # the row that holds the output (the beam's constrained row)
-        free = p.free
-        t_star = self.t_star(p)
+        free = part.free
+        t_star = self.t_star(part)
         if t_star is None or free.end is None:  # cannot happen: the end of the free run is always a branch
             raise AssertionError(f"{self.name}: the free run ended without a branch point")
         answer_ids = out.tokens[t_star:]
@@ -250,7 +250,7 @@ class SuffixStrategy(Strategy):
         lead = ""
         c = request.constraint
         assert c is not None
-        if p.answer.leading_whitespace and answer_full[:1] in LEADING_WHITESPACE and not c.validate(answer_full).ok:
+        if part.answer.leading_whitespace and answer_full[:1] in LEADING_WHITESPACE and not c.validate(answer_full).ok:
             lead = answer_full[0]
         phases = phase_texts(backend, out)
         by_phase: dict[str, int] = {}
@@ -279,20 +279,20 @@ class SuffixStrategy(Strategy):
         )
         delta = free.deltas[t_star]
         res.stats.update({
-            "rule": p.rule,
-            "tau": p.tau,
+            "rule": part.rule,
+            "tau": part.tau,
             "t_star": t_star,
             "free_end": free.end,
             "free_end_reason": free.end_reason,
-            "n_candidates": free.candidates(p.tau),
+            "n_candidates": free.candidates(part.tau),
             "delta_at_t_star": delta,
             "deltas": [None if d is None else round(d, 4) for d in free.deltas[: free.end + 1]],
             "answer_lead": lead,
             "forward_passes": max(o.forward_passes for o in outs),  # sequential model calls of the request
             "row_passes": sum(o.forward_passes for o in outs),  # summed over its rows (the beam has two)
         })
-        if p.beam is not None:
-            res.stats["branches"] = p.beam.branches
+        if part.beam is not None:
+            res.stats["branches"] = part.beam.branches
         read_answer(res, c, constrained=True)
         if out.finish_reason in ERROR_FINISHES:
             res.error = finish_error(out.finish_reason)
@@ -351,7 +351,7 @@ class SuffixBeam(SuffixStrategy):
     rule = "last"
     Options = SuffixBeamOptions  # the rule is an option here
 
-    def rows(self, backend: Backend, request: Request) -> _Row:
+    def rows(self, backend: Backend, request: Request) -> _Part:
         free, answer, rule, tau = self.start(backend, request)
         tok = backend.tokenizer
         state = BeamState(free, rule, tau)
@@ -361,4 +361,4 @@ class SuffixBeam(SuffixStrategy):
             RowRequest(ids, BeamConstrainedPolicy(state, answer, tok), request.max_tokens,
                        constrained_row_seed(request.seed)),
         ]
-        return _Row(rows, free, rule, tau, answer, beam=state)
+        return _Part(rows, free, rule, tau, answer, beam=state)
