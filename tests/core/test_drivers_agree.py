@@ -123,7 +123,7 @@ def run(driver: str, case: str, sampling: Sampling, seed: int) -> list[RowOutput
     if driver == "replay":  # an engine's tokens (the loop's, with the EOS an engine appends) checked by replay
         outs = decode(FakeBackend(fn), rows_of(case, fake, sampling), sampling)
         return [replay(r, [*o.tokens, *([] if o.finish_reason == Finish.EOS else [min(fake.tokenizer.eos_ids)])],
-                       "stop", o.masked_mass) for r, o in zip(rows, outs, strict=True)]
+                       o.masked_mass) for r, o in zip(rows, outs, strict=True)]
     return engine(fake, fn, rows, chooses=driver == "engine-chooses")
 
 

@@ -97,11 +97,11 @@ def test_serve_chat(srv, counts, stream):
     _once(counts)
 
 
-def test_serve_chat_two_calls(server, counts):
+def test_serve_chat_two_calls(srv, counts):
     """NL-to-Format on the server runs as a batch job (two calls, not one row of the live loop), checked once too."""
     prompt, _ = _fresh()
     answer = f"The answer is: {{int:0..{1000 + next(_FRESH)}}}"
-    r = httpx.post(server.url + "/chat/completions", json={
+    r = httpx.post(srv.url + "/chat/completions", json={
         "messages": [{"role": "user", "content": prompt}], "max_tokens": 30,
         "formtax": {"strategy": "nl2format", "answer": answer}}, timeout=60)
     assert r.status_code == 200, r.text
