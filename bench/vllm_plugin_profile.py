@@ -35,7 +35,7 @@ def main() -> None:
     from vllm import LLM, SamplingParams
 
     from formtax.backends.model_files import resolve_model
-    from formtax.vllm_plugin import plugin_class
+    from formtax.backends.vllm.plugin import plugin_class
 
     src = resolve_model(None)
     with warnings.catch_warnings():

@@ -26,9 +26,8 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 
 # Bottom to top. A module may import its own layer (no cycle, by the check below) and any layer beneath it. A prefix
 # names a package or module; a module takes the layer of its longest listed prefix.
-VLLM_ENGINE = ("formtax.backends.vllm_backend", "formtax.backends.vllm_async", "formtax.backends.logits_processor",
-               "formtax.backends.row_reports", "formtax.integrations.vllm_rows", "formtax.vllm_plugin")
-STRATEGY_ROWS = "formtax.integrations.vllm_rows"  # the plugin's rows for a stock server's clients
+VLLM_ENGINE = ("formtax.backends.vllm", "formtax.vllm_plugin")  # the package; the path users give vLLM
+STRATEGY_ROWS = "formtax.backends.vllm.rows"  # the plugin's rows for a stock server's clients
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("formtax.errors", "formtax.tensorops", "formtax.cache", "formtax._lazy", "formtax.bytetok"),
     ("formtax.constraints",),   # specs, the compile cache, per-request matchers

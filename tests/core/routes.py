@@ -4,7 +4,7 @@ tests/core/test_route_equality.py, tests/core/test_one_request_pipeline.py).
 * :func:`runner_route`: a one-item ``formtax run`` (a JSON Lines task), returning its record and the strategy
   Request it planned (prompt, answer, budget, seed), which the other routes are then given;
 * :func:`plugin_route`: formtax's vLLM plugin as a stock server runs it, without vLLM: the API process checks the
-  request (``validate_params``: :func:`~formtax.integrations.vllm_rows.validate`), the engine builds the row from the
+  request (``validate_params``: :func:`~formtax.backends.vllm.rows.validate`), the engine builds the row from the
   request's ``extra_args`` and steps it every step (the processor edits the logits, the engine takes the argmax; EOS
   ends the request with ``stop``, ``max_tokens`` with ``length``), and the client gets the decoded text.
 """
@@ -21,9 +21,9 @@ from typing import Any
 import torch
 
 from formtax.backends.fake import FakeBackend
-from formtax.backends.logits_processor import apply_rows
+from formtax.backends.vllm.logits_processor import apply_rows
+from formtax.backends.vllm.rows import EngineSide, RowSpec, explainer, validate
 from formtax.decoding.engine import Backend
-from formtax.integrations.vllm_rows import EngineSide, RowSpec, explainer, validate
 from formtax.records import read_records
 from formtax.records.schema import Record
 from formtax.runner import RunConfig, run

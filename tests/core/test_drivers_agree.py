@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from formtax.backends.fake import FakeBackend, random_logits
-from formtax.backends.logits_processor import EngineRow, apply_rows
+from formtax.backends.vllm.logits_processor import EngineRow, apply_rows
 from formtax.constraints.native import as_constraint
 from formtax.decoding.loop import decode
 from formtax.decoding.plan import Finish, Plan, Policy, RowOutput, RowRequest

@@ -149,7 +149,7 @@ def test_plugin_on_the_simulated_engine(counts, strategy):
 def test_a_client_cannot_skip_the_plugins_check():
     """``formtax_checked`` is handed by ``validate_params`` to the engine, never taken from a client (the engine
     would otherwise build a row no check saw)."""
-    from formtax.integrations.vllm_rows import EngineSide, validate
+    from formtax.backends.vllm.rows import EngineSide, validate
     from tests.core.routes import plugin_params
 
     engine = EngineSide(FakeBackend().tokenizer, "sim")

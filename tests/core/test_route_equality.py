@@ -21,8 +21,8 @@ import pytest
 
 import formtax
 from formtax.backends.fake import FakeBackend, random_logits
+from formtax.backends.vllm.rows import RowSpec
 from formtax.errors import ConfigError
-from formtax.integrations.vllm_rows import RowSpec
 from formtax.serve.shapes import finish as openai_finish
 from tests.core.routes import plugin_route, runner_route, two_calls
 from tests.vllm.test_vllm_rows import SimVLLM

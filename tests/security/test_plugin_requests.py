@@ -1,5 +1,5 @@
 """Issue 55 point 6 / issue 57: formtax's plugin checks a stock vLLM server's request whole before it is queued
-(formtax.integrations.vllm_rows.validate, run by ``validate_params``): everything that would make the row
+(formtax.backends.vllm.rows.validate, run by ``validate_params``): everything that would make the row
 unbuildable, vLLM's own masks beside formtax's, settings that would cut the row, and a set-up that would hold the
 engine. Each is a ValueError (vLLM's 400) naming the problem. Fake tokenizer, no vLLM."""
 
@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from formtax.backends.fake import FakeBackend
-from formtax.integrations.vllm_rows import SETUP_BOUND_ENV, EngineSide, caller_context, validate
+from formtax.backends.vllm.rows import SETUP_BOUND_ENV, EngineSide, caller_context, validate
 
 ENGINE = EngineSide(FakeBackend().tokenizer, "fake")
 
@@ -109,7 +109,7 @@ def test_the_set_up_is_bounded_and_its_witnesses_travel_with_the_request(monkeyp
 
 
 def test_an_answer_over_the_size_cap_is_refused_before_it_compiles(monkeypatch):
-    from formtax.integrations.vllm_rows import ANSWER_BYTES_ENV
+    from formtax.backends.vllm.rows import ANSWER_BYTES_ENV
 
     schema = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(3000)}}
     with pytest.raises(ValueError, match="bytes, over"):

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from formtax.backends import row_reports as rr
+from formtax.backends.vllm import row_reports as rr
 from formtax.decoding.plan import RowOutput, Step
 
 

@@ -20,8 +20,8 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 
 from formtax.backends.model_files import DEFAULT_MODEL, resolve_model
-from formtax.backends.row_reports import SECRET_ENV
-from formtax.backends.vllm_backend import _on_cpu, _platform_defaults, _server_cpu_env
+from formtax.backends.vllm.backend import _on_cpu, _platform_defaults, _server_cpu_env
+from formtax.backends.vllm.row_reports import SECRET_ENV
 from formtax.errors import ConfigError
 
 

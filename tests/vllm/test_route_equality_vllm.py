@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 import formtax
+from formtax.backends.vllm.rows import RowSpec
 from formtax.errors import ConfigError
-from formtax.integrations.vllm_rows import RowSpec
 from formtax.serve.shapes import finish as openai_finish
 from tests.core.routes import runner_route
 from tests.vllm.conftest import VLLM_DTYPE

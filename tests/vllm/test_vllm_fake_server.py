@@ -303,7 +303,7 @@ def test_a_local_server_computes_on_every_core_unless_told_otherwise(monkeypatch
     default reserves one for its API process), and a variable the user set is kept."""
     import os
 
-    from formtax.backends.vllm_backend import _server_cpu_env
+    from formtax.backends.vllm.backend import _server_cpu_env
 
     for k in ("VLLM_CPU_NUM_OF_RESERVED_CPU", "OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND"):
         monkeypatch.delenv(k, raising=False)

@@ -156,7 +156,7 @@ def test_suffix_strategies_match_transformers(vllm_backend, default_model, strat
 def test_the_engine_runs_in_its_own_process_and_live_rows_report_back(vllm_backend):
     # formtax's backend goes through formtax.vllm_plugin like a stock vllm serve: vLLM's engine core runs in its
     # own process (vLLM's default), live rows are built there from their sealed recipes and report over a socket
-    from formtax.backends.row_reports import ZmqInbox
+    from formtax.backends.vllm.row_reports import ZmqInbox
 
     assert type(vllm_backend.llm.llm_engine.engine_core).__name__ == "SyncMPClient"
     rs = formtax.generate_batch(vllm_backend, GENERIC[:2], "constrained", "The answer is: {int}", max_tokens=30,

@@ -35,7 +35,7 @@ def params(xargs=XARGS, max_tokens=32):
 
 
 def test_asynchronous_scheduling_is_refused_at_load_naming_the_flag(model_path):
-    from formtax.vllm_plugin import plugin_class
+    from formtax.backends.vllm.plugin import plugin_class
 
     with pytest.raises(RuntimeError, match="--no-async-scheduling"):
         plugin_class()(config(model_path, async_scheduling=True), "cpu", False)
@@ -44,8 +44,8 @@ def test_asynchronous_scheduling_is_refused_at_load_naming_the_flag(model_path):
 def test_unfinished_removed_rows_are_parked_bounded_and_come_back(model_path, monkeypatch):
     from vllm.v1.sample.logits_processor import BatchUpdate
 
-    from formtax import vllm_plugin
-    from formtax.vllm_plugin import plugin_class
+    from formtax.backends.vllm import plugin as vllm_plugin
+    from formtax.backends.vllm.plugin import plugin_class
 
     monkeypatch.setattr(vllm_plugin, "PARKED_MAX", 3)
     proc = plugin_class()(config(model_path), "cpu", False)
@@ -64,7 +64,7 @@ def test_unfinished_removed_rows_are_parked_bounded_and_come_back(model_path, mo
 
 
 def test_validate_params_reads_the_tokenizer_and_the_clients_request(model_path):
-    from formtax.vllm_plugin import plugin_class
+    from formtax.backends.vllm.plugin import plugin_class
 
     cls = plugin_class()
 

@@ -1,4 +1,4 @@
-"""The plugin's rows for a stock server's clients (formtax.integrations.vllm_rows) on a simulated engine (no vLLM):
+"""The plugin's rows for a stock server's clients (formtax.backends.vllm.rows) on a simulated engine (no vLLM):
 the engine's semantics of a stock request (the processor edits the logits, the engine draws greedily, EOS or
 ``max_tokens`` ends it), with the partial prefills of chunked prefill, and a row whose policy raises beside
 others. Issue 57: InWriting's text parses with ``formtax.parse``; a complete constrained answer ends with EOS
@@ -13,8 +13,8 @@ import torch
 
 import formtax
 from formtax.backends.fake import FakeBackend, random_logits, scripted
-from formtax.backends.logits_processor import apply_rows
-from formtax.integrations.vllm_rows import ERROR_TEXT, EngineSide, RowSpec, explainer
+from formtax.backends.vllm.logits_processor import apply_rows
+from formtax.backends.vllm.rows import ERROR_TEXT, EngineSide, RowSpec, explainer
 
 Q = [{"role": "user", "content": "What is 2+3?"}]
 

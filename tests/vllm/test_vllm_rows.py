@@ -15,8 +15,9 @@ import torch
 
 import formtax
 from formtax.backends.fake import FakeBackend, random_logits, scripted
-from formtax.backends.logits_processor import EngineRow
-from formtax.backends.vllm_backend import VLLMBackend
+from formtax.backends.vllm.backend import VLLMBackend
+from formtax.backends.vllm.logits_processor import EngineRow
+from formtax.backends.vllm.plugin import EngineSide, build_row
 from formtax.constraints.compile import compile_grammar
 from formtax.constraints.parse import parse_spec
 from formtax.decoding.engine import Capability
@@ -24,7 +25,6 @@ from formtax.decoding.loop import RowRequest
 from formtax.decoding.policies import ConstrainedPolicy, ForcedPrefix, FreePolicy
 from formtax.decoding.rowengine import lark_grammar, lower_row, replay
 from formtax.errors import CapabilityError
-from formtax.vllm_plugin import EngineSide, build_row
 
 Q = [[{"role": "user", "content": "What is 2+3?"}], [{"role": "user", "content": "Name a color."}],
      [{"role": "user", "content": "Count to three."}]]
@@ -266,8 +266,8 @@ def test_sampled_live_rows_draw_what_the_loop_draws(strategy, spec):
 
 
 def test_a_recipe_from_elsewhere_is_refused():
-    from formtax.backends.row_reports import seal
-    from formtax.vllm_plugin import _recipe_of
+    from formtax.backends.vllm.plugin import _recipe_of
+    from formtax.backends.vllm.row_reports import seal
 
     args = {"formtax_recipe": seal(print, "k", "mem://none"), "formtax_row": "k", "formtax_report": "mem://none"}
     assert _recipe_of(args)[1:] == ("k", "mem://none")

@@ -34,7 +34,7 @@ def _fake(model: str | None, device: str, dtype: str) -> Backend:
 
 def _vllm(model: str | None, device: str, dtype: str, **options: Any) -> Backend:
     """vLLM in this process (optional extra ``formtax[vllm]``); ``options`` are ``vllm.LLM`` keywords."""
-    from formtax.backends.vllm_backend import VLLMBackend
+    from formtax.backends.vllm.backend import VLLMBackend
 
     return VLLMBackend.load(model, device=device, dtype=dtype, **options)
 

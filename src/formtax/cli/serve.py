@@ -82,7 +82,7 @@ def serve_cmd(args: argparse.Namespace) -> int:
                       served_model_names=tuple(args.served_model_name or ()),
                       api_key=args.api_key or os.environ.get("FORMTAX_API_KEY") or None,
                       strategy=args.strategy, answer=args.answer, max_body_bytes=args.max_body_bytes)
-    # vLLM: its serving engine, so that every request joins its running batch (backends/vllm_async.py)
+    # vLLM: its serving engine, so that every request joins its running batch (backends/vllm/async_engine.py)
     from formtax.cli.generate import backend_options
 
     engine = {"async_engine": True, **backend_options(args)} if args.backend == "vllm" else backend_options(args)

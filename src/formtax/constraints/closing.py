@@ -91,7 +91,7 @@ SEARCH_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar("
                                                                                default=None)
 """A ``time.monotonic()`` past which a witness search gives up (:class:`SearchTimeout`); None: only the search's own
 bounds. Set by a caller that must not wait long (formtax's vLLM plugin checks a request on vLLM's API loop:
-integrations/vllm_rows.py)."""
+backends/vllm/rows.py)."""
 
 START_WITNESSES: contextvars.ContextVar[dict[str, list[int] | None] | None] = contextvars.ContextVar(
     "formtax_start_witnesses", default=None)

@@ -2,7 +2,7 @@
 
 A :class:`Policy` plans each step of one row (a :class:`Plan`) and is told the emitted token. Three drivers step
 policies: the decode loop (:func:`formtax.decoding.loop.decode`), the replay of an engine's own tokens
-(:func:`formtax.decoding.rowengine.replay`) and vLLM's logits processor (``backends/logits_processor.py``). They
+(:func:`formtax.decoding.rowengine.replay`) and vLLM's logits processor (``backends/vllm/logits_processor.py``). They
 differ only in where a token comes from; every decision around it is the step kernel's
 (:mod:`formtax.decoding.step`), and so is a row's bookkeeping (``RowCursor``).
 """

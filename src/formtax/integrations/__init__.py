@@ -1,1 +1,1 @@
-"""formtax inside other stacks: a transformers ``LogitsProcessor`` (vLLM's form is ``backends.logits_processor``)."""
+"""formtax inside other stacks: a transformers ``LogitsProcessor`` (vLLM's form is ``backends.vllm.logits_processor``)."""

@@ -10,7 +10,7 @@
 
 It is the same machinery as the vLLM backend's logits processor, not a copy of it: each batch row gets the
 strategy's own :class:`~formtax.decoding.loop.Policy` inside a
-:class:`~formtax.backends.logits_processor.EngineRow`, which hands the tokens ``generate`` emitted since the last step
+:class:`~formtax.backends.vllm.logits_processor.EngineRow`, which hands the tokens ``generate`` emitted since the last step
 to the policy (catch up) and turns its plan for this step into an in-place edit of the row's scores (a forced
 token, the allowed set, banned tokens, Deco-G's replacement scores). InWriting's switch, EOS masking and the answer
 grammar are therefore exactly ``formtax.generate``'s; under greedy decoding the output is token-identical (tested on
@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from formtax.api import from_transformers, resolve_closing, typed_result
-from formtax.backends.logits_processor import EngineRow, apply_rows
+from formtax.backends.vllm.logits_processor import EngineRow, apply_rows
 from formtax.constraints.native import as_constraint
 from formtax.decoding.engine import Backend
 from formtax.decoding.loop import RowRequest

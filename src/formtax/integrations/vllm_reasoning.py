@@ -33,7 +33,7 @@ from typing import Any
 from vllm.entrypoints.generate.base.protocol import DeltaMessage
 from vllm.reasoning import ReasoningParser, ReasoningParserManager
 
-from formtax.integrations.vllm_rows import RowSpec
+from formtax.backends.vllm.rows import RowSpec
 
 
 @ReasoningParserManager.register_module("formtax")

@@ -83,7 +83,7 @@ class Serving:
     def hooks_of(self, req: Sampled, free_text: bool, logprobs: bool, top: int) -> RequestHooks:
         if req.min_tokens and not free_text:
             raise ConfigError("min_tokens: applies to free text; a constrained answer ends where its grammar ends")
-        if req.stops() and not free_text:  # refused, not ignored: the plugin's rule too (integrations/vllm_rows.py)
+        if req.stops() and not free_text:  # refused, not ignored: the plugin's rule too (backends/vllm/rows.py)
             raise ConfigError("stop: a stop string would cut the strategy's row before its answer is written; the "
                               "strategy ends the row itself (stop applies to free text)")
         return RequestHooks(stops=req.stops() if free_text else (), logprobs=logprobs, top_logprobs=top,

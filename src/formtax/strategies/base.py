@@ -349,7 +349,7 @@ policy must be stepped); an engine with a grammar parameter may enforce it nativ
 
 def policy_recipe(strategy: SinglePass, request: Request) -> Callable[[Backend], Policy]:
     """A row's recipe (``RowRequest.recipe``): the strategy's own policy for the request, built again from another
-    process's backend (vLLM's engine builds the row it steps from this; backends/vllm_backend.py). What only the
+    process's backend (vLLM's engine builds the row it steps from this; backends/vllm/backend.py). What only the
     caller's process needs (the second call's prompt builder, the caller's notes) stays behind."""
     return functools.partial(_rebuilt_policy, strategy, dataclasses.replace(request, conversion=None, meta={}))
 

@@ -263,7 +263,7 @@ class RowSpec:
 
     def live_row(self, engine: EngineSide, prompt_ids: Sequence[int], params: Any) -> Any:
         """The request's :class:`EngineRow`, built with the strategy's own code from the engine's tokenizer."""
-        from formtax.backends.logits_processor import EngineRow
+        from formtax.backends.vllm.logits_processor import EngineRow
         from formtax.decoding.plan import RowRequest
 
         sampling = params_sampling(params)
@@ -389,7 +389,7 @@ def caller_context(depth: int = 40) -> tuple[str | None, Any]:
 def error_row(engine: EngineSide, reason: str, max_tokens: int) -> Any:
     """A row that writes ``[formtax error: reason]`` (as much as ``max_tokens`` holds) and stops: what a client of
     a stock server sees of a row that could not be built in the engine."""
-    from formtax.backends.logits_processor import EngineRow
+    from formtax.backends.vllm.logits_processor import EngineRow
     from formtax.decoding.plan import Finish, RowRequest
 
     tok = engine.tokenizer

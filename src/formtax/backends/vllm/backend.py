@@ -15,7 +15,7 @@ vLLM owns its decode loop, so this backend has no steppable :class:`~formtax.dec
   tokens (``logprob_token_ids``, at most :data:`MASS_IDS_MAX`), as the OpenAI backend does against a vLLM server;
   a row whose first allowed set is larger runs live;
 * **everything else** (InWriting's switch, closing that may act, statistics wrappers, Deco-G's reweighting) runs
-  *live*: the row carries its recipe (``RowRequest.recipe``, sealed: backends/row_reports.py) to formtax's
+  *live*: the row carries its recipe (``RowRequest.recipe``, sealed: backends/vllm/row_reports.py) to formtax's
   plugin (``formtax.vllm_plugin:FormtaxLogitsProcessor``, the very processor a stock ``vllm serve`` loads),
   which builds the row's policy inside the engine, chooses each token there with the loop's own rule, and
   reports the finished RowOutput back. Nothing crosses processes but the arguments and the report, so the engine
@@ -54,7 +54,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from formtax.backends.model_files import ModelSource, resolve_model, tokenizer_info
-from formtax.backends.row_reports import (
+from formtax.backends.vllm.row_reports import (
     Inbox,
     MemoryInbox,
     ZmqInbox,
@@ -85,7 +85,7 @@ log = logging.getLogger(__name__)
 # Engine settings formtax's exactness depends on (a user option cannot override them).
 FIXED_ENGINE: dict[str, Any] = {"enable_chunked_prefill": False, "async_scheduling": False}
 DEFAULT_ENGINE: dict[str, Any] = {"enable_prefix_caching": True, "max_model_len": 4096, "seed": 0}
-PLUGIN = "formtax.vllm_plugin:FormtaxLogitsProcessor"  # the processor a stock vllm serve loads, and this backend
+PLUGIN = "formtax.backends.vllm.plugin:FormtaxLogitsProcessor"  # the processor a stock vllm serve loads, and this backend
 MASS_IDS_MAX = 128  # vLLM's MAX_LOGPROB_TOKEN_IDS: the most ids one request's logprob_token_ids may score
 CPU_KVCACHE_GIB = "1"  # VLLM_CPU_KVCACHE_SPACE unless set: the in-process engine's and a stock server's
 
@@ -134,13 +134,13 @@ class VLLMBackend(RowEngine):
         self.dtype = dtype
         self.eos_id = min(tok.eos_ids)
         self._reports: Inbox | None = None
-        self.report: dict[str, str] = {}  # report_bind / report_address (backends/row_reports.py)
+        self.report: dict[str, str] = {}  # report_bind / report_address (backends/vllm/row_reports.py)
         self.rows_by_path: collections.Counter[str] = collections.Counter()  # Lowering value -> rows sent that way
 
     @property
     def concurrent(self) -> bool:
-        """vLLM's async engine takes calls from many threads into one running batch (backends/vllm_async.py)."""
-        from formtax.backends.vllm_async import AsyncEngine
+        """vLLM's async engine takes calls from many threads into one running batch (backends/vllm/async_engine.py)."""
+        from formtax.backends.vllm.async_engine import AsyncEngine
 
         return isinstance(self.llm, AsyncEngine)
 
@@ -175,7 +175,7 @@ class VLLMBackend(RowEngine):
         log.info("starting vLLM %s on %s (%s)%s", vllm_version, src.path, dtype, " (async engine)" * async_engine)
         with engine_environment():  # the secret reaches the engine's processes only
             if async_engine:
-                from formtax.backends.vllm_async import AsyncEngine
+                from formtax.backends.vllm.async_engine import AsyncEngine
 
                 llm: Any = AsyncEngine(engine)
             else:
@@ -264,7 +264,7 @@ class VLLMBackend(RowEngine):
                   ) -> list[tuple[list[int], str | None]]:
         """Decode every request to completion; (token ids, finish reason) per request, in order. On the async
         engine the call honours its caller's :data:`ROW_CONTROLS` (cancel, and ``sinks``: tokens as they come)."""
-        from formtax.backends.vllm_async import AsyncEngine
+        from formtax.backends.vllm.async_engine import AsyncEngine
 
         if isinstance(self.llm, AsyncEngine):
             return self.llm.generate(prompts, params, ROW_CONTROLS.get(), sinks)
@@ -272,7 +272,7 @@ class VLLMBackend(RowEngine):
         return [(list(o.outputs[0].token_ids), o.outputs[0].finish_reason) for o in outs]
 
     def _inbox(self) -> Inbox:
-        """Where this backend's live rows report (backends/row_reports.py): in memory when the engine steps them in
+        """Where this backend's live rows report (backends/vllm/row_reports.py): in memory when the engine steps them in
         this process, else a socket that vLLM's engine processes reach."""
         if self._reports is None:
             self._reports = MemoryInbox() if self._engine_in_process() else ZmqInbox(
@@ -292,7 +292,7 @@ class VLLMBackend(RowEngine):
 
         A row whose policy must be stepped (or whose measured masked mass no probe can score) runs live: it carries
         its recipe to formtax's plugin in the engine, which builds and steps it there and reports its output
-        (backends/row_reports.py). Free and grammar rows are plain engine requests, replayed; a grammar row's
+        (backends/vllm/row_reports.py). Free and grammar rows are plain engine requests, replayed; a grammar row's
         masked mass comes from its probe (:meth:`_first_masses`, sent before the rows)."""
         if backend is not self:  # e.g. NL-to-Format's extractor on another engine
             return decode(backend, rows, temperature=sampling)
@@ -375,7 +375,7 @@ class VLLMBackend(RowEngine):
         vLLM then returns exactly those ids and the sampled one)."""
         from vllm import SamplingParams
 
-        from formtax.backends.vllm_async import AsyncEngine
+        from formtax.backends.vllm.async_engine import AsyncEngine
 
         params = [SamplingParams(n=1, temperature=0.0, max_tokens=1, logprob_token_ids=list(i),
                                  detokenize=False) for i in ids]

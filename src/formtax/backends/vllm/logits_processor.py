@@ -13,7 +13,7 @@ which batch index. So the SAME policy objects run here unchanged:
   :func:`~formtax.decoding.step.decide`: a forced token, the divert's draw, the veto) and forced, so the row
   knows that token before the engine emits it. A row that **chooses** (formtax's own backend: ``chooses=True``)
   decides every token so, greedy or from its own seeded generator, and is finished, with its whole RowOutput,
-  when its last token is chosen (``on_done`` then reports it: backends/row_reports.py). A row that does not
+  when its last token is chosen (``on_done`` then reports it: backends/vllm/row_reports.py). A row that does not
   (a client of a stock ``vllm serve``) leaves the other tokens to vLLM's sampler, on logits edited to the allowed
   set, the bans and any replacement scores.
 * A row that must finish without a token (``Plan.stop``) or whose policy returned a finish reason gets EOS forced
@@ -66,7 +66,7 @@ class EngineRow:
         self.pending: Choice | None = None  # the flags of the token the engine draws (its token: DRAWN)
         self.done = False
         self.error: str | None = None
-        # a stock client's row that fails writes why (tokens from ``explain``) before its EOS (vllm_rows.py)
+        # a stock client's row that fails writes why (tokens from ``explain``) before its EOS (rows.py)
         self.explain: Callable[[str], list[int]] | None = None
         self.trailer: list[int] = []
         # the row's policy built afresh: a partial prefill's discarded first sample is planned again from it
