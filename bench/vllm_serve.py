@@ -220,9 +220,8 @@ def formtax_vllm() -> Iterator[str]:
     """``formtax serve --backend vllm`` (vLLM's async engine, eager as the servers above), started as a server of
     its own like the stock one, so that the clients do not share its process; yields its ``/v1`` URL."""
     import signal
-    import urllib.request
 
-    from stock_server import free_port
+    from stock_server import free_port, wait_ready
 
     port = free_port()
     cmd = [sys.executable, "-m", "formtax", "serve", "--backend", "vllm", "--engine-opt", "enforce_eager=true",
@@ -230,19 +229,7 @@ def formtax_vllm() -> Iterator[str]:
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     url = f"http://127.0.0.1:{port}/v1"
     try:
-        deadline = time.monotonic() + 600
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"formtax serve exited with {proc.returncode} during start-up")
-            try:
-                with urllib.request.urlopen(url + "/models", timeout=5) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("formtax serve was not ready within 600 s")
-            time.sleep(1.0)
+        wait_ready(proc, url, 600, "formtax serve")
         yield url
     finally:
         os.killpg(proc.pid, signal.SIGTERM)

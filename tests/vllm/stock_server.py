@@ -33,6 +33,23 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
+def wait_ready(proc: subprocess.Popen[bytes], url: str, timeout: float, what: str) -> None:
+    """Wait until the server at ``url`` lists its models; refuse once ``proc`` exits or ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise ConfigError(f"{what} exited with {proc.returncode} during start-up")
+        try:
+            with urllib.request.urlopen(url + "/models", timeout=5) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise ConfigError(f"{what} was not ready within {timeout:.0f} s")
+        time.sleep(1.0)
+
+
 def serve(model: str | None = None, port: int | None = None, dtype: str = "float32",
           extra_args: Sequence[str] = (), startup_timeout: float = 300.0, log_path: str | None = None,
           env: dict[str, str] | None = None) -> Iterator[str]:
@@ -55,20 +72,7 @@ def serve(model: str | None = None, port: int | None = None, dtype: str = "float
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=child_env, start_new_session=True)
     url = f"http://127.0.0.1:{port}/v1"
     try:
-        deadline = time.monotonic() + startup_timeout
-        while True:
-            if proc.poll() is not None:
-                raise ConfigError(f"the vLLM server exited with {proc.returncode} during start-up"
-                                  + (f" (log: {log_path})" if log_path else ""))
-            try:
-                with urllib.request.urlopen(url + "/models", timeout=5) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise ConfigError(f"the vLLM server was not ready within {startup_timeout:.0f} s")
-            time.sleep(1.0)
+        wait_ready(proc, url, startup_timeout, "the vLLM server" + (f" (log: {log_path})" if log_path else ""))
         yield url
     finally:
         with contextlib.suppress(ProcessLookupError):

@@ -13,7 +13,6 @@ takes the greedy single-pass cases.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -22,7 +21,7 @@ import formtax
 from formtax.backends.vllm.rows import RowSpec
 from formtax.errors import ConfigError
 from formtax.serve.shapes import finish as openai_finish
-from tests.core.routes import runner_route
+from tests.core.routes import Case, runner_route
 from tests.vllm.conftest import VLLM_DTYPE
 
 pytest.importorskip("vllm.sampling_params")  # not bare "vllm": under pytest that can be this test folder
@@ -31,17 +30,6 @@ openai = pytest.importorskip("openai")
 pytestmark = [pytest.mark.vllm, pytest.mark.model]
 
 SLOT = "{int:0..99}"
-
-
-@dataclass(frozen=True)
-class Case:
-    strategy: str
-    max_tokens: int
-    temperature: float = 0.0
-
-    @property
-    def id(self) -> str:
-        return self.strategy + (f"-T{self.temperature}" if self.temperature else "")
 
 
 CASES = [Case("constrained", 24), Case("json", 72), Case("inwriting", 48), Case("nl2format", 48),
