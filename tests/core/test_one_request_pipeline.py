@@ -158,6 +158,26 @@ def test_a_client_cannot_skip_the_plugins_check():
         validate(plugin_params(args, 16), engine, 16)
 
 
+def test_validating_one_request_twice_in_one_process(counts):
+    """vLLM's offline ``LLM`` validates one request's parameters twice in its process (found by
+    bench/vllm_plugin_profile.py: the second call refused the arguments the first had handed over). The second
+    call takes them as its own and checks nothing again; a client's guess at the token is still refused."""
+    from formtax.backends.vllm.rows import VALIDATED, EngineSide, validate
+    from tests.core.routes import plugin_params
+
+    engine = EngineSide(FakeBackend().tokenizer, "sim")
+    params = plugin_params({"formtax_strategy": "constrained", "formtax_answer": "{int:0..9}"}, 16)
+    first = validate(params, engine, 16)
+    checked = counts["checked"]
+    again = validate(params, engine, 16)
+    assert first is not None and again is not None and again.checked and counts["checked"] == checked
+    assert params.extra_args["formtax_checked"] == VALIDATED
+    forged = plugin_params({"formtax_strategy": "constrained", "formtax_answer": "{int}",
+                            "formtax_checked": "0" * len(VALIDATED)}, 16)
+    with pytest.raises(ValueError, match="unknown formtax argument"):
+        validate(forged, engine, 16)
+
+
 def test_vllm_backend_on_the_simulated_engine(counts, monkeypatch):
     """formtax's vLLM backend (the real VLLMBackend over tests/vllm/test_vllm_rows.py's simulated engine): the row's
     policy is built twice, once in formtax's process (to lower the row) and once in the engine from its recipe (the

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import sys
 import threading
 import time
@@ -49,6 +50,10 @@ log = logging.getLogger(__name__)
 PREFIX = "formtax_"
 KEYS = ("strategy", "answer", "closing", "triggers", "reasoning")
 HANDED = ("witnesses", "checked")  # set by validate(), never by a client
+VALIDATED = secrets.token_hex(16)
+"""The value of ``formtax_checked`` that :func:`validate` writes: vLLM's offline ``LLM`` validates one request's
+parameters twice in one process, and the second call must take what the first handed over as its own, while a
+client (who cannot know this process's token) still cannot send it."""
 SETUP_BOUND_ENV = "FORMTAX_VLLM_SETUP_S"
 SETUP_BOUND_S = 5.0  # default bound of a request's set-up in validate_params (seconds)
 ANSWER_BYTES_ENV = "FORMTAX_VLLM_MAX_ANSWER_BYTES"
@@ -196,7 +201,7 @@ class RowSpec:
         return cls(name, None if answer is None else str(answer), str(closing) in ("1", "True"), tuple(triggers),
                    None if reasoning is None else str(reasoning),
                    dict(witnesses) if isinstance(witnesses, dict) else None,
-                   str(args.get("checked", 0)) == "1" and not from_client, constraint)
+                   bool(args.get("checked")) and not from_client, constraint)
 
     @property
     def seamed(self) -> bool:
@@ -328,6 +333,8 @@ def validate(params: Any, engine: EngineSide | None, client_max_tokens: Any = ..
     the start witnesses it found are handed to the engine in ``params.extra_args``."""
     from formtax.constraints.closing import SEARCH_DEADLINE, SearchTimeout
 
+    if (params.extra_args or {}).get(PREFIX + "checked") == VALIDATED:  # validated by this process already
+        return RowSpec.of(params.extra_args, from_client=False)
     spec = RowSpec.of(params.extra_args)
     if spec is None:
         return None
@@ -359,7 +366,7 @@ def validate(params: Any, engine: EngineSide | None, client_max_tokens: Any = ..
                          f"{SETUP_BOUND_ENV}")
     if spec.witnesses:
         params.extra_args[PREFIX + "witnesses"] = dict(spec.witnesses)
-    params.extra_args[PREFIX + "checked"] = 1  # the engine builds the row without checking it again
+    params.extra_args[PREFIX + "checked"] = VALIDATED  # the engine builds the row without checking it again
     return spec
 
 
