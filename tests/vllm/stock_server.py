@@ -32,7 +32,6 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@contextlib.contextmanager
 def wait_ready(proc: subprocess.Popen[bytes], url: str, timeout: float, what: str) -> None:
     """Wait until the server at ``url`` lists its models; refuse once ``proc`` exits or ``timeout`` seconds pass."""
     deadline = time.monotonic() + timeout
@@ -50,6 +49,7 @@ def wait_ready(proc: subprocess.Popen[bytes], url: str, timeout: float, what: st
         time.sleep(1.0)
 
 
+@contextlib.contextmanager
 def serve(model: str | None = None, port: int | None = None, dtype: str = "float32",
           extra_args: Sequence[str] = (), startup_timeout: float = 300.0, log_path: str | None = None,
           env: dict[str, str] | None = None) -> Iterator[str]:
