@@ -10,7 +10,6 @@ Any witness it returns is real (the matcher accepted every token): an upper boun
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -18,6 +17,7 @@ import llguidance
 import numpy as np
 
 from formtax.cache import LRU
+from formtax.constraints.clock import past
 from formtax.constraints.compile import EngineTokenizer
 
 # First bytes in the order the search prefers them: what closes a structure, then separators, then the shortest
@@ -155,7 +155,7 @@ def _beam(ll: llguidance.LLMatcher, tok: EngineTokenizer, max_depth: int, hints:
     frontier: list[Node] = [(ll, ll.compute_bitmask(), [], before[-64:])]
     found: list[int] | None = None
     for _ in range(max_depth):
-        if time.perf_counter() > deadline:
+        if past(deadline):
             return None
         # every candidate of every state is tried for acceptance first (so a closing token never loses its
         # place in the beam to a longer path), then the beam takes the others round robin, each state's best

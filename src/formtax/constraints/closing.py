@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import contextvars
 import hashlib
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -55,6 +54,7 @@ import llguidance
 
 from formtax.cache import LRU
 from formtax.constraints.beam import MAX_DEPTH, search_witness
+from formtax.constraints.clock import caller_bound, past, search_clock
 from formtax.constraints.compile import CompiledGrammar, EngineTokenizer, Matcher
 from formtax.constraints.shortest import (
     byte_matcher,
@@ -87,12 +87,6 @@ Oracle = Callable[[bytes], bool]
 """Whether a whole answer's bytes are an answer the oracle accepts (schemas the grammar only approximates)."""
 
 
-SEARCH_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar("formtax_search_deadline",
-                                                                               default=None)
-"""A ``time.monotonic()`` past which a witness search gives up (:class:`SearchTimeout`); None: only the search's own
-bounds. Set by a caller that must not wait long (formtax's vLLM plugin checks a request on vLLM's API loop:
-backends/vllm/rows.py)."""
-
 START_WITNESSES: contextvars.ContextVar[dict[str, list[int] | None] | None] = contextvars.ContextVar(
     "formtax_start_witnesses", default=None)
 """Start witnesses by :func:`grammar_key`: :func:`start_search` records every one it finds into this dict when one
@@ -100,24 +94,9 @@ is set, and takes one from it instead of searching (a process that checked a req
 process that decodes it; each is checked by the engine before use)."""
 
 
-class SearchTimeout(TimeoutError):
-    """A witness search passed :data:`SEARCH_DEADLINE`."""
-
-
 def grammar_key(grammar: str) -> str:
     """A short stable name of a grammar's text (for :data:`START_WITNESSES`)."""
     return hashlib.sha256(grammar.encode()).hexdigest()[:24]
-
-
-def _caller_bound(ms: float) -> float:
-    """``ms`` cut to what :data:`SEARCH_DEADLINE` leaves; :class:`SearchTimeout` once it has passed."""
-    deadline = SEARCH_DEADLINE.get()
-    if deadline is None:
-        return ms
-    left = deadline - time.monotonic()
-    if left <= 0:
-        raise SearchTimeout("the witness search ran past its caller's time bound")
-    return min(ms, 1000 * left)
 
 
 @dataclass
@@ -136,8 +115,8 @@ def find_witness(ll: llguidance.LLMatcher, tok: EngineTokenizer, grammar: str, b
     completion in bytes (:mod:`formtax.constraints.shortest`, at most what ``max_tokens`` tokens can carry), written in
     ``tok``'s tokens and checked by ``ll``; the token beam only where those bytes cannot be written so. ``start``:
     a byte matcher already in that state (else ``before`` is replayed); ``oracle``: only completions it accepts."""
-    ms = _caller_bound(ms)
-    deadline = time.perf_counter() + ms / 1000
+    ms = caller_bound(ms)
+    deadline = search_clock() + ms / 1000
     max_bytes = min(max(0, max_tokens) * longest_token(tok), MAX_START_BYTES)
     literals = [*hints, *schema_strings(oracle_key)] if oracle_key else list(hints)
     found = cached_shortest(grammar, oracle_key, start or (lambda: replay(grammar, before)), before, max_bytes,
@@ -152,11 +131,11 @@ def find_witness(ll: llguidance.LLMatcher, tok: EngineTokenizer, grammar: str, b
         return Witness(None)
     # bytes the model's tokens cannot write, a state the byte engine refused, or the byte search's time spent:
     # the token beam, in the time that is left
-    deadline = max(deadline, time.perf_counter() + 0.5 * ms / 1000)  # the beam's own share, whatever came before
+    deadline = max(deadline, search_clock() + 0.5 * ms / 1000)  # the beam's own share, whatever came before
     w = search_witness(ll, tok, max(0, min(4 * max_tokens + 4, MAX_DEPTH)), hints, before[-64:], deadline)
-    if w is None and time.perf_counter() > deadline:
-        _caller_bound(0.0)  # the caller's bound ran out: say so (SearchTimeout), not "no completion"
-    return Witness(w, timed_out=w is None and time.perf_counter() > deadline)
+    if w is None and past(deadline):
+        caller_bound(0.0)  # the caller's bound ran out: say so (SearchTimeout), not "no completion"
+    return Witness(w, timed_out=w is None and past(deadline))
 
 
 class WitnessPool:
@@ -239,12 +218,12 @@ def _start_search(grammar: CompiledGrammar, n_logits: int, key: tuple[str, str, 
     m = grammar.matcher(n_logits)
     ms: float = START_MS
     if limit is not None:
-        t0 = time.perf_counter()
+        t0 = search_clock()
         bounded = find_witness(m.ll, tok, grammar.grammar, b"", limit, START_MS, hints=m.hints, oracle=oracle,
                                oracle_key=oracle_key, max_nodes=START_NODES)
         if bounded.tokens is not None and len(bounded.tokens) <= limit or bounded.timed_out:
             return _keep(key, bounded)
-        ms = max(0.0, min(START_MS / 10, START_MS - 1000 * (time.perf_counter() - t0)))
+        ms = max(0.0, min(START_MS / 10, START_MS - 1000 * (search_clock() - t0)))
     found = find_witness(m.ll, tok, grammar.grammar, b"", MAX_DEPTH if limit is None else 4 * limit + 64, ms,
                          hints=m.hints, oracle=oracle, oracle_key=oracle_key, max_nodes=START_NODES // 10)
     return _keep(key, found) if limit is None or found.tokens is not None else Witness(None)

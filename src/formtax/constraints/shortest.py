@@ -34,7 +34,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -42,6 +41,7 @@ from dataclasses import dataclass
 import llguidance
 
 from formtax.cache import LRU
+from formtax.constraints.clock import past, search_clock
 from formtax.constraints.compile import EngineTokenizer, _byte_engine_tokenizer, compile_grammar
 
 MAX_WIDTH = 48  # states kept per byte length
@@ -249,7 +249,7 @@ def shortest_bytes(start: llguidance.LLMatcher, before: bytes, max_bytes: int, d
         if not queue:
             del buckets[f]
         popped += 1
-        if popped > max_nodes or (popped % 32 == 0 and time.perf_counter() > deadline):
+        if popped > max_nodes or (popped % 32 == 0 and past(deadline)):
             return Found(None, timed_out=True)
         ll, bits, stack, length, _, _, at, run = nodes[i]
         if ll.is_accepting():
@@ -300,7 +300,7 @@ def cached_shortest(grammar: str, oracle: str, start: Callable[[], llguidance.LL
                     extra: int = 0, literals: Sequence[bytes] = (), max_nodes: int = 1 << 30) -> Found:
     """:func:`shortest_bytes` from the state ``before`` leads to, through the cache: a completion found within a
     bound serves every bound it fits; a proof that none exists within a bound serves every smaller bound."""
-    began = time.perf_counter()
+    began = search_clock()
     key = (grammar, oracle, hashlib.blake2b(before, digest_size=16).digest(), accept is not None)
     hit = _FOUND.get(key)
     if hit is not None:
@@ -310,7 +310,7 @@ def cached_shortest(grammar: str, oracle: str, start: Callable[[], llguidance.LL
         if hit.bound >= max_bytes:  # none within a larger bound: none within this one
             return hit.found
     state = start()  # compiling the byte grammar (once per grammar) is not the search's time
-    deadline += time.perf_counter() - began
+    deadline += search_clock() - began
     found = shortest_bytes(state, before, max_bytes, deadline, accept, extra, is_json_document(grammar), literals,
                            max_nodes)
     if not (found.timed_out or found.unusable):

@@ -331,7 +331,7 @@ def validate(params: Any, engine: EngineSide | None, client_max_tokens: Any = ..
     """Every check of a client's request (module docstring); the spec, or None for a request that names no formtax
     argument. With ``engine`` (its tokenizer) the row's policy is built here, bounded by :func:`setup_bound`, and
     the start witnesses it found are handed to the engine in ``params.extra_args``."""
-    from formtax.constraints.closing import SEARCH_DEADLINE, SearchTimeout
+    from formtax.constraints.clock import SEARCH_DEADLINE, SearchTimeout
 
     if (params.extra_args or {}).get(PREFIX + "checked") == VALIDATED:  # validated by this process already
         return RowSpec.of(params.extra_args, from_client=False)
