@@ -248,12 +248,17 @@ def test_ranked_masked_is_the_repeated_masked_argmax(seed, n, k, levels, density
     assert ranked_masked(x, allowed, banned, k) == _repeated_argmax(x, allowed, banned, k)
 
 
-def test_apply_entries_edits_the_batch_as_the_per_row_edits_did():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("host", [True, False])
+def test_apply_entries_edits_the_batch_as_the_per_row_edits_did(dtype, host, monkeypatch):
     """Forced: -inf but the token, which gets 0; masked: -inf outside the allowed set less its bans; other rows
-    untouched."""
+    untouched. On the host's numpy path and on the batched tensor path (a device's), in each dtype an engine
+    hands over."""
+    if not host:
+        monkeypatch.setattr(devicestep, "_host_rows", lambda logits: None)
     g = torch.Generator().manual_seed(9)
     n, vocab = 70, 66
-    logits = torch.randn(4, n, generator=g)
+    logits = torch.randn(4, n, generator=g).to(dtype)
     want = logits.clone()
     allowed = torch.rand(n, generator=g) < 0.5
     allowed[vocab:] = False
