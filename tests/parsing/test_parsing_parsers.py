@@ -194,7 +194,6 @@ def test_strict_reads_the_item_answer_space_as_the_reader_does() -> None:
     assert _both("The answer is: hen", LL, LL_ITEM, RA) == (("invalid", None), ("ok", "hen"))
     assert _both('{"reason": "r", "answer": "HENES"}', LL, LL_ITEM, JS) == (("invalid", None), ("ok", "henes"))
     ranged = JsonlTask()
-    ranged.default_slot = None
     item = Item(id="r", question="q", gold="5", meta={"slot": "{int:0..99}"})
     assert _both("The answer is: 99", ranged, item, RA)[0] == ("ok", "99")
     assert _both("The answer is: 100", ranged, item, RA)[0] == ("invalid", None)

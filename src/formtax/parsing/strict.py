@@ -9,8 +9,8 @@
   (paper 003 A.4.3 counts both as failures, since a schema-constrained decoder could never produce them).
   The answer is a JSON string or number, as the item's answer space types it (a number for an integer, as the
   prompt shows it: ``{"answer": "18"}`` is ``invalid``). ``NaN``, ``Infinity`` and ``-Infinity`` (not JSON,
-  RFC 8259) and a repeated key (``{"answer": 3, "answer": 28}``, which ``json.loads`` would merge into its last value) are no
-  object: ``no_answer``, as the FC oracle (:func:`formtax.constraints.spec.load_json`) refuses them.
+  RFC 8259) and a repeated key (``{"answer": 3, "answer": 28}``, which ``json.loads`` would merge into its last
+  value) are no object: ``no_answer``, as the FC oracle (:func:`formtax.constraints.spec.load_json`) refuses them.
 - REASON_KEYPHRASE (Deco-G's format): the last key phrase (:attr:`Task.key_phrase`: ``The final answer is `` on
   GSM8K, ``The rating is `` on SummEval) anywhere in the text, followed by the answer, read by the one rule that
   Deco-G's answer span shares (:mod:`formtax.constraints.finalanswer`: the run of non-space characters after it,
@@ -22,8 +22,8 @@
 A missing shape is ``no_answer``; the right shape with an answer that is not already in the task's canonical
 representation (:meth:`Task.canonical`: ``28`` but not ``28.00`` or ``2,8``; ``hene`` or ``HENE`` but not
 ``H E N E``) is ``invalid``, and so is a canonical answer outside the item's answer space (issue 56: one reader):
-an integer out of the VC slot's range, a letter string of another length, a label the item does not offer, or a
-JSON answer of the wrong JSON type (``{"answer": "5"}`` for an integer). That check is the reader's own
+an integer out of the VC slot's range, a letter string of another length, or a JSON answer of the wrong JSON type
+(``{"answer": "5"}`` for an integer); a choice's labels stay the task's to read (its case rule, imdb-alt's words). That check is the reader's own
 (:func:`formtax.parsing.common.in_answer_space`: the VC slot's ``validate``, the JSON answer object's schema, as
 ``formtax.parse`` and every decoded Result read them), so the runner's strict verdict and ``formtax.generate``'s
 agree on one text. The shape and spelling rules above stay the strict parser's: they are paper 003's
