@@ -28,10 +28,25 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 # names a package or module; a module takes the layer of its longest listed prefix.
 VLLM_ENGINE = ("formtax.backends.vllm", "formtax.vllm_plugin")  # the package; the path users give vLLM
 STRATEGY_ROWS = "formtax.backends.vllm.rows"  # the plugin's rows for a stock server's clients
+# the tasks package's modules; the package itself (formtax.tasks, whose get_task is the catalog's) sits with the catalog
+TASK_MODULES = tuple(f"formtax.tasks.{m}" for m in (
+    "aime", "arc", "arith", "base", "csqa", "gsm8k", "imdb", "io", "jsonl", "kinds", "lastletter", "prompts",
+    "registry", "rng", "svamp", "vocab"))
+# the studies' and the planted world's tasks (with the data and scoring they read), which the task catalog imports
+TASK_PLUGINS = ("formtax.studies.eae.task", "formtax.studies.eae.data", "formtax.studies.eae.scoring",
+                "formtax.studies.abstention.task", "formtax.studies.abstention.data",
+                "formtax.studies.abstention.scoring", "formtax.studies.summeval.task", "formtax.planted.task")
+# the report's registry of analyses and what the analyses read of the report
+REPORT_BASE = ("formtax.report.analyses", "formtax.report.matrices", "formtax.report.comparisons")
+# the analyses (a study's own statistics, the FEM's and paper 003's tables), which the analysis catalog imports
+ANALYSIS_PLUGINS = ("formtax.report.fem", "formtax.report.paper003", "formtax.studies.abstention.analyses",
+                    "formtax.studies.abstention.extra", "formtax.studies.abstention.frame",
+                    "formtax.studies.abstention.language", "formtax.studies.abstention.tables",
+                    "formtax.studies.eae.report", "formtax.studies.summeval.judge")
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("formtax.errors", "formtax.tensorops", "formtax.cache", "formtax._lazy", "formtax.bytetok"),
     ("formtax.constraints",),   # specs, the compile cache, per-request matchers
-    ("formtax.tasks",),         # benchmark tasks and prompts (they read constraints' templates, nothing above)
+    TASK_MODULES,               # benchmark tasks and prompts (they read constraints' templates, nothing above)
     ("formtax.decoding",),      # the engine protocol, policies, lowering, the decode loop
     ("formtax.fem",),           # Deco-G's format estimation module (HMM, token DFA, reweighting)
     # engines that know no strategy: transformers, fake, OpenAI-compatible servers, model files; the planted
@@ -45,23 +60,17 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("formtax.parsing",),       # strict / lenient answer parsers
     ("formtax.scoring",),
     ("formtax.records", "formtax.stats"),
+    TASK_PLUGINS,               # the tasks of the studies and the planted worlds
+    ("formtax.tasks", "formtax.tasks.catalog"),  # every built-in task imported, get_task (issue 56: no string hop)
     ("formtax.runner",),        # grids, resumable runs, parallel execution
+    REPORT_BASE,                # the analyses' registry, the score matrices and contrasts they read
+    ANALYSIS_PLUGINS,           # the studies' and the strategies' own analyses
+    ("formtax.report.catalog",),  # every built-in analysis imported, the lookups the writers use
     ("formtax.report",),        # generic tables, figures, verification
     ("formtax.planted", "formtax.studies"),  # calibration worlds; studies (task + scoring + analyses each)
     ("formtax.integrations", "formtax.serve"),  # transformers' LogitsProcessor, vLLM's reasoning parser, formtax serve
     ("formtax.cli", "formtax.__main__"),
 )
-
-
-# String hops that are left (issue 56): two plugin tables name, by module path, the plugins above them that register
-# themselves on import (so a plugin imports its table back: a cycle, also left out of the cycle check). Each needs
-# its lookup above its plugins, reached by the runner's Ray workers too: a catalog module that imports them (tasks:
-# get_task is public as formtax.tasks.get_task; analyses: the report's writers would sit above the studies), or
-# entry points in pyproject.toml read with importlib.metadata (every checkout then has to be installed again).
-PENDING_PLUGIN_TABLES = {
-    "formtax.tasks.registry": "BUILTIN_MODULES: the studies' and the planted world's tasks",
-    "formtax.report.analyses": "BUILTIN_MODULES: the studies' analyses",
-}
 
 
 def modules(src: Path = SRC, package: str = "formtax") -> dict[str, Path]:
@@ -249,9 +258,8 @@ def test_every_module_has_a_layer() -> None:
 
 def test_no_import_cycle() -> None:
     """Imports and string hops together: a module resolved on use is a dependency too (a package's own lazy table
-    or catalog of its modules aside, and the pending plugin tables, whose plugins import them back)."""
-    hops = {a: bs for a, bs in cycle_hops(HOPS, MODULES).items() if a not in PENDING_PLUGIN_TABLES}
-    assert cycles(union(GRAPH, hops), skip=frozenset({"formtax"})) == []
+    or catalog of its modules aside)."""
+    assert cycles(union(GRAPH, cycle_hops(HOPS, MODULES)), skip=frozenset({"formtax"})) == []
 
 
 def test_imports_only_go_down_the_layers() -> None:
@@ -259,14 +267,7 @@ def test_imports_only_go_down_the_layers() -> None:
 
 
 def test_no_string_hop_across_layers() -> None:
-    bad = [h for h in across(HOPS) if h.split(" ", 1)[0] not in PENDING_PLUGIN_TABLES]
-    assert bad == []
-
-
-def test_the_pending_plugin_tables_still_hop() -> None:
-    """Each allowance in PENDING_PLUGIN_TABLES is still needed (remove it when its table is gone)."""
-    hopping = {h.split(" ", 1)[0] for h in across(HOPS)}
-    assert set(PENDING_PLUGIN_TABLES) <= hopping
+    assert across(HOPS) == []
 
 
 def test_no_backend_imports_a_strategy() -> None:

@@ -159,7 +159,7 @@ def test_the_evaluated_set_is_stated_where_the_numbers_are_shown() -> None:
     """Issue 49 (SummEval): formtax evaluates articles A0-A89 (A90-A99 feed the shots and the FEM's distillation),
     1440 of paper 001's 1600 summaries; the task description and the judge table's description say so (the
     description used to say 1600)."""
-    from formtax.report.analyses import analyses
+    from formtax.report.catalog import analyses
     from formtax.studies.summeval.task import SHOT_ARTICLES, SummEvalTask
 
     assert frozenset(f"A{i}" for i in range(90, 100)) == SHOT_ARTICLES

@@ -79,9 +79,10 @@ def test_answer_only_requires_a_single_line() -> None:
     ("text", "strict", "lenient"),
     [
         ('{"reason": "9*2", "answer": 18}', ("ok", "18"), ("ok", "18")),
-        ('  {\n  "reason": "9*2",\n  "answer": "18"\n}\n', ("ok", "18"), ("ok", "18")),
+        # a string for an integer answer: the right shape, a value of the wrong JSON type (the reader's check, issue 56)
+        ('  {\n  "reason": "9*2",\n  "answer": "18"\n}\n', ("invalid", None), ("ok", "18")),
         ('{"answer": 18.0, "reason": ""}', ("invalid", None), ("ok", "18")),
-        ('{"answer": "18", "reason": ""}', ("ok", "18"), ("ok", "18")),
+        ('{"answer": "18", "reason": ""}', ("invalid", None), ("ok", "18")),
         ('```json\n{"reason": "9*2", "answer": 18}\n```', ("no_answer", None), ("ok", "18")),
         (
             'Step 1...\n\n```json\n{"reason": "r", "answer": "1,450,000"}\n```',
@@ -182,3 +183,19 @@ def test_parse_result_keeps_the_raw_answer() -> None:
     assert result.ok
     strict = get_parser("strict")("The answer is: $1,450,000.", GSM, GSM_ITEM, RA)
     assert strict == ParseResult("invalid", None, "$1,450,000")
+
+
+def test_strict_reads_the_item_answer_space_as_the_reader_does() -> None:
+    """Issue 56 (one reader): a canonical answer outside the item's answer space, an integer out of the VC range
+    or a letter string of another length, is the right shape holding an invalid value, as ``formtax.parse`` reads
+    it; the lenient parser still reads it."""
+    from formtax.tasks.jsonl import JsonlTask
+
+    assert _both("The answer is: hen", LL, LL_ITEM, RA) == (("invalid", None), ("ok", "hen"))
+    assert _both('{"reason": "r", "answer": "HENES"}', LL, LL_ITEM, JS) == (("invalid", None), ("ok", "henes"))
+    ranged = JsonlTask()
+    item = Item(id="r", question="q", gold="5", meta={"slot": "{int:0..99}"})
+    assert _both("The answer is: 99", ranged, item, RA)[0] == ("ok", "99")
+    assert _both("The answer is: 100", ranged, item, RA)[0] == ("invalid", None)
+    assert _both('{"reason": "r", "answer": 100}', ranged, item, JS)[0] == ("invalid", None)
+    assert _both('{"reason": "r", "answer": 7}', ranged, item, JS)[0] == ("ok", "7")

@@ -14,7 +14,7 @@ import pytest
 from formtax.errors import DataError
 from formtax.records.schema import ParseRecord, Record
 from formtax.report import load_records, verify_report, write_report
-from formtax.report.analyses import analyses
+from formtax.report.catalog import analyses
 from formtax.studies.eae.report import COLUMNS, eae_figure, eae_table
 from formtax.studies.eae.scoring import (
     Attachment,

@@ -18,7 +18,7 @@ def ls(args: argparse.Namespace) -> int:
 
         rows = list_catalog()  # the catalog, not the registry: importing the strategies loads torch
     else:
-        from formtax.tasks.registry import get_task, list_tasks
+        from formtax.tasks import get_task, list_tasks
 
         rows = {n: get_task(n).description for n in list_tasks()}
     width = max(len(n) for n in rows)

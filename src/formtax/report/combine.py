@@ -18,7 +18,7 @@ paired comparison and decomposition is per model and the summary lists the model
 ``formtax verify`` re-derives the pooled records from the sources (:func:`check_sources`) and recomputes the tables.
 
 The study analyses (metatool abstention, EAE, SummEval, FEM) select their task by name; they run on each model's
-records with the name restored and their rows keep the relabelled task (:func:`formtax.report.analyses.extra_tables`),
+records with the name restored and their rows keep the relabelled task (:func:`formtax.report.catalog.extra_tables`),
 so paper 002's per-model tables sit side by side in one report.
 """
 

@@ -141,7 +141,7 @@ def write_figures(tables: dict[str, pd.DataFrame], out_dir: Path, baseline: str 
     """Write ``<stem>.png`` for each of :data:`FIGURES` into ``out_dir``; returns the paths by stem. The paired
     figure draws the comparisons with ``baseline`` (all pairs when None)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    from formtax.report.analyses import analyses
+    from formtax.report.catalog import analyses
 
     makers: dict[str, Any] = {"parse": lambda _t: parse_figure(tables["accuracy"]), "accuracy": accuracy_figure,
                               "paired": lambda t: paired_figure(t, baseline), "tokens": tokens_figure}

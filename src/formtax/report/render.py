@@ -108,7 +108,7 @@ def methods_used(table: pd.DataFrame | None, resampling: str = "") -> str:
 
 def _captions(tables: dict[str, pd.DataFrame] | None = None) -> dict[str, str]:
     """Figure captions; the generic figures name the interval methods their rows actually used (issue 60)."""
-    from formtax.report.analyses import analyses
+    from formtax.report.catalog import analyses
 
     tables = tables or {}
     used = {"parse": methods_used(tables.get("accuracy")), "accuracy": methods_used(tables.get("accuracy")),
@@ -118,7 +118,7 @@ def _captions(tables: dict[str, pd.DataFrame] | None = None) -> dict[str, str]:
 
 
 def _description(name: str) -> str:
-    from formtax.report.analyses import analyses
+    from formtax.report.catalog import analyses
 
     return DESCRIPTIONS[name] if name in DESCRIPTIONS else analyses()[name].description
 
@@ -147,7 +147,7 @@ def footer(name: str, table: pd.DataFrame, ctx: ReportContext) -> str:
     sub = ctx.df[mask]
     n, unscored = len(sub), int((~sub["scored"]).sum())
     confidence = f"{100 * CONFIDENCE:g}%"
-    from formtax.report.analyses import analyses
+    from formtax.report.catalog import analyses
 
     boot = name in _WITH_BOOTSTRAP or (name in analyses() and analyses()[name].bootstrap)
     replicates = ctx.meta["n_resamples"] if boot else 0

@@ -343,7 +343,7 @@ def compute_tables(
         "outcomes": outcomes_table(df),
     }
     assert list(tables) == list(TABLE_KEYS)
-    from formtax.report.analyses import extra_tables
+    from formtax.report.catalog import extra_tables
 
     tables.update(extra_tables(df, n_resamples, seed))
     return tables

@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from formtax.errors import DataError
-from formtax.report.analyses import table_keys
+from formtax.report.catalog import table_keys
 from formtax.report.load import load_records, records_path, sha256_of
 from formtax.report.tables import compute_tables
 from formtax.report.write import META_FILE, TABLES_DIR, read_manifest, table_to_csv

@@ -11,7 +11,7 @@ from typing import Any
 import pandas as pd
 
 from formtax.errors import DataError
-from formtax.report.analyses import table_keys
+from formtax.report.catalog import table_keys
 from formtax.report.drilldown import DEFAULT_DRILL_ITEMS
 from formtax.report.figures import write_figures
 from formtax.report.load import load_records, records_path, sha256_of

@@ -5,6 +5,7 @@
 - :mod:`~formtax.studies.eae`: event argument extraction on WikiEvents / GENEVA / ACE05 (paper 001).
 - :mod:`~formtax.studies.summeval`: SummEval's LLM-as-judge ratings (paper 001).
 
-The task registry (:data:`formtax.tasks.registry.BUILTIN_MODULES`) and the report's analysis registry
-(:data:`formtax.report.analyses.BUILTIN_MODULES`) name these modules by path; nothing beneath imports a study.
+The task catalog (:mod:`formtax.tasks.catalog`) imports the studies' tasks and the report's analysis catalog
+(:mod:`formtax.report.catalog`) their analyses; each catalog sits above what it imports in the layer order
+(tests/architecture/test_import_layers.py), and nothing names a study's module by string.
 """

@@ -1,13 +1,14 @@
-"""Task registry: tasks register themselves by name; the CLI and runner look them up here.
+"""Task registry: task classes register themselves by name when their module is imported.
 
-The built-in tasks are named by module path (:data:`BUILTIN_MODULES`, a plugin table in the manner of entry
-points) and imported on the first lookup, so this module, and the task package, import none of them: a task
-module depends on the registry, never the reverse (the import-layer test checks it).
+The registry imports no task: a task module depends on it, never the reverse. The lookup that knows every built-in
+task, :func:`formtax.tasks.get_task`, is :mod:`formtax.tasks.catalog`, which sits above the task modules (the
+studies' and the planted world's among them) and imports them (issue 56: no string hop between layers).
 """
 
 from __future__ import annotations
 
-import importlib
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import TypeVar
 
 from formtax.errors import ConfigError
@@ -30,27 +31,6 @@ def register_task(cls: T) -> T:
     return cls
 
 
-def get_task(name: str) -> Task:
-    """A new instance of the task registered as ``name``; ConfigError listing the known names otherwise."""
-    _ensure_builtin_tasks()
-    cls = _TASKS.get(name)
-    if cls is None:
-        raise ConfigError(f"unknown task {name!r}; known tasks: {', '.join(list_tasks())}")
-    return cls()
-
-
-def list_tasks() -> list[str]:
-    """The registered task names, sorted."""
-    _ensure_builtin_tasks()
-    return sorted(_TASKS)
-
-
-BUILTIN_MODULES = tuple(f"formtax.tasks.{m}" for m in (
-    "aime", "arc", "arith", "csqa", "gsm8k", "imdb", "jsonl", "lastletter", "svamp",
-)) + ("formtax.studies.eae.task", "formtax.studies.abstention.task", "formtax.studies.summeval.task",
-      "formtax.planted.task")
-
-
-def _ensure_builtin_tasks() -> None:
-    for module in BUILTIN_MODULES:  # each registers its tasks when first imported
-        importlib.import_module(module)
+def registered() -> Mapping[str, type[Task]]:
+    """The task classes registered so far, by name (a read-only view: :func:`register_task` adds to it)."""
+    return MappingProxyType(_TASKS)
