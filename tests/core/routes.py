@@ -6,7 +6,8 @@ tests/core/test_route_equality.py, tests/core/test_one_request_pipeline.py).
 * :func:`plugin_route`: formtax's vLLM plugin as a stock server runs it, without vLLM: the API process checks the
   request (``validate_params``: :func:`~formtax.backends.vllm.rows.validate`), the engine builds the row from the
   request's ``extra_args`` and steps it every step (the processor edits the logits, the engine takes the argmax; EOS
-  ends the request with ``stop``, ``max_tokens`` with ``length``), and the client gets the decoded text.
+  ends the request with ``stop``, ``max_tokens`` with ``length``, a stop string with ``stop`` as vLLM's detokenizer
+  finds it: tests/vllm/sim_stops.py), and the client gets the decoded text (cut before a stop string).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from formtax.records import read_records
 from formtax.records.schema import Record
 from formtax.runner import RunConfig, run
 from formtax.strategies.base import Prompt, Request
+from tests.vllm.sim_stops import SimStops
 
 LogitsFn = Callable[[Sequence[int]], torch.Tensor]
 ITEM = {"id": "a", "question": "What is 2+3?", "answer": 5}
@@ -83,20 +85,23 @@ class PluginOutput:
     token_ids: list[int]
 
 
-def plugin_params(extra_args: dict[str, Any], max_tokens: int, temperature: float = 0.0, seed: int = 0
-                  ) -> SimpleNamespace:
+def plugin_params(extra_args: dict[str, Any], max_tokens: int, temperature: float = 0.0, seed: int = 0,
+                  stop: Sequence[str] = ()) -> SimpleNamespace:
     """A stock request's SamplingParams, as far as formtax's plugin reads them."""
     return SimpleNamespace(max_tokens=max_tokens, seed=seed, temperature=temperature, top_p=1.0, top_k=0, min_p=0.0,
-                           stop=None, stop_token_ids=None, min_tokens=0, ignore_eos=False, extra_args=dict(extra_args))
+                           stop=list(stop) or None, stop_token_ids=None, min_tokens=0, ignore_eos=False,
+                           extra_args=dict(extra_args))
 
 
-def plugin_route(fn: LogitsFn, prompt: Prompt, extra_args: dict[str, Any], max_tokens: int) -> PluginOutput:
+def plugin_route(fn: LogitsFn, prompt: Prompt, extra_args: dict[str, Any], max_tokens: int,
+                 stop: Sequence[str] = ()) -> PluginOutput:
     """One greedy request through the plugin on the simulated stock engine (module docstring). The prompt is
     tokenized once, as vLLM tokenizes it; ValueError where ``validate_params`` refuses the request (a 400)."""
     engine = EngineSide(FakeBackend(fn).tokenizer, "sim")
     tok = engine.tokenizer
     ids = tok.prompt_ids(prompt)  # vLLM's own tokenization of the chat prompt
-    params = plugin_params(extra_args, max_tokens)
+    params = plugin_params(extra_args, max_tokens, stop=stop)
+    text = SimStops(tok, ids, stop)  # a stock server detokenizes every request (skipping special tokens)
     validate(params, engine, max_tokens)  # the API process, before the request is queued
     spec = RowSpec.of(params.extra_args, from_client=False)  # the engine's copy of the arguments
     assert spec is not None
@@ -111,9 +116,14 @@ def plugin_route(fn: LogitsFn, prompt: Prompt, extra_args: dict[str, Any], max_t
         apply_rows(batch, [(row, 0, None)])
         token = int(torch.argmax(batch[0]))
         out.append(token)
+        if text.update(token, token in tok.eos_ids):
+            finish = "stop"  # a stop string (vLLM's stop_reason names it)
+            break
         if token in tok.eos_ids:
             finish = "stop"
             break
+    if stop:
+        return PluginOutput(text.text, finish, out)
     return PluginOutput(tok.decode_text([t for t in out if t not in tok.eos_ids]), finish, out)
 
 

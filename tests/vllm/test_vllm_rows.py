@@ -3,8 +3,9 @@
 ``SimVLLM`` is the real :class:`VLLMBackend` with only its two engine touch points (``_params``, ``_generate``)
 replaced by a small engine with vLLM's semantics over the fake model: a grammar masks the row *before* the logits
 processor sees it, live rows are stepped exactly as ``EngineRowProcessor.apply`` steps them, greedy picks the
-argmax, a stop token ends a request (and stays in its output), ``max_tokens`` caps it. Every strategy must then
-give the very results the decode loop gives on the same fake model: that is the backend's contract.
+argmax, a stop token ends a request (and stays in its output), a stop string ends it as vLLM's detokenizer does
+(tests/vllm/sim_stops.py), ``max_tokens`` caps it, and a call's sinks get each token as it is taken. Every strategy
+must then give the very results the decode loop gives on the same fake model: that is the backend's contract.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from formtax.decoding.engine import Capability
 from formtax.decoding.loop import RowRequest
 from formtax.decoding.policies import ConstrainedPolicy, ForcedPrefix, FreePolicy
 from formtax.decoding.rowengine import lark_grammar, lower_row, replay
-from formtax.errors import CapabilityError
+from formtax.errors import CapabilityError, ConfigError
+from tests.vllm.sim_stops import SimStops
 
 Q = [[{"role": "user", "content": "What is 2+3?"}], [{"role": "user", "content": "Name a color."}],
      [{"role": "user", "content": "Count to three."}]]
@@ -44,9 +46,9 @@ class SimVLLM(VLLMBackend):
         self.probes: list[int] = []
         self.live_rows = 0
 
-    def _params(self, sampling, seed, max_tokens, stop_ids, grammar=None, extra_args=None):
+    def _params(self, sampling, seed, max_tokens, stop_ids, grammar=None, extra_args=None, stops=()):
         return {"max_tokens": max_tokens, "stop_ids": stop_ids, "grammar": grammar, "extra_args": extra_args,
-                "sampling": sampling, "seed": seed}
+                "sampling": sampling, "seed": seed, "stops": list(stops)}
 
     def _score_first(self, prompts, ids):
         """vLLM's raw log-probs of the first position (the mass probe of a grammar row)."""
@@ -58,8 +60,11 @@ class SimVLLM(VLLMBackend):
         self.calls.append(len(prompts))
         self.live_rows += sum(1 for p in params if p["extra_args"])
         outs = []
-        for prompt, p in zip(prompts, params, strict=True):
+        for k, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
             seq, out, finish = list(prompt), [], "length"
+            sink = sinks[k] if sinks else None
+            # vLLM detokenizes a request with stop strings (only), skipping special tokens as the backend asks
+            text = SimStops(self.tokenizer, prompt, p["stops"]) if p["stops"] else None
             # formtax's plugin builds the row from its recipe, as inside vLLM's engine
             live = build_row(EngineSide(self.tokenizer, "sim"), p["extra_args"], prompt, p["sampling"],
                              p["max_tokens"], p["seed"]) if p["extra_args"] else None
@@ -80,12 +85,17 @@ class SimVLLM(VLLMBackend):
                 token = int(torch.argmax(logits))
                 out.append(token)
                 seq.append(token)
+                if sink is not None:
+                    sink([token])
                 if matcher is not None:
                     matcher.consume(token)
-                if token in p["stop_ids"]:
+                ended = token in p["stop_ids"]
+                if text is not None and text.update(token, ended):
+                    break
+                if ended:
                     finish = "stop"
                     break
-            outs.append((out, finish))
+            outs.append((out, text.finish(finish) if text is not None else finish))
         return outs
 
 
@@ -307,3 +317,66 @@ def test_the_backend_knows_its_context_length():
     assert sim.context_length is None
     sim.engine["max_model_len"] = 4096
     assert sim.context_length == 4096
+
+
+def stopped_at(stops):
+    """The call's controls of a caller that sent ``stops`` (formtax serve's ``stop``: serve/batcher.py)."""
+    from formtax.decoding.rowengine import ROW_CONTROLS, RowControls
+
+    token = ROW_CONTROLS.set(RowControls(stops=tuple(stops)))
+    return lambda: ROW_CONTROLS.reset(token)
+
+
+@pytest.mark.parametrize(("strategy", "kw"), [("free", {}), ("short", {}), ("free", {"reasoning": "Let's think."})])
+def test_stop_strings_end_a_free_row_where_the_loop_ends_it(strategy, kw):
+    """A caller's stop strings end a free row (vLLM's own stop, replayed under formtax's rule): the row equals the
+    decode loop's under formtax serve's hooks, which stop it at the same token (``stop-sequence``)."""
+    from formtax.api import finish_results
+    from formtax.decoding.loop import decode
+    from formtax.serve.batcher import Job, prepare_job
+    from formtax.serve.hooks import RequestHooks
+
+    fn = random_logits(seed=4)
+    base = formtax.generate(FakeBackend(fn), Q[0], strategy, max_tokens=40, **kw)
+    stops = [base.text[len(base.text) // 2], "never"]
+    fake = FakeBackend(fn)  # formtax serve's row on the decode loop, its policy under the request's hooks
+    job = Job(Q[0], (), {"strategy": strategy, "answer": None, "max_tokens": 40, **kw}, 0,
+              RequestHooks(stops=tuple(stops)))
+    row = prepare_job(fake, job)
+    (out,) = decode(fake, [row.row])
+    (ref,) = finish_results(fake, row.strat, [row.request], [row.strat.assemble(fake, row.request, out, 0.0)])
+    assert ref.finish_reason == "stop-sequence" and len(ref.token_ids) < len(base.token_ids)
+    reset = stopped_at(stops)
+    try:
+        got = formtax.generate(SimVLLM(fn), Q[0], strategy, max_tokens=40, **kw)
+    finally:
+        reset()
+    same(ref, got)
+
+
+def test_stop_strings_are_refused_for_a_row_that_is_not_free_text():
+    reset = stopped_at(["5"])
+    try:
+        with pytest.raises(ConfigError, match="stop: applies to free text only"):
+            formtax.generate(SimVLLM(random_logits(seed=4)), Q[0], "constrained", "{int}", max_tokens=20)
+    finally:
+        reset()
+
+
+def test_a_stop_string_only_the_engine_saw_ends_the_row_as_a_stop_sequence():
+    """Where vLLM's text held a stop string formtax's rule does not find (a decoding difference), the engine's
+    tokens stand and the row ends for the caller's reason, never as an engine fault."""
+
+    class Stopper(SimVLLM):
+        def _generate(self, prompts, params, sinks=None):
+            outs = super()._generate(prompts, [{**p, "stops": []} for p in params], sinks)
+            return [(tokens[:5], "stop-sequence") for tokens, _ in outs]
+
+    fn = random_logits(seed=4)
+    base = formtax.generate(FakeBackend(fn), Q[0], "free", max_tokens=40)
+    reset = stopped_at(["\x00never in the text"])
+    try:
+        got = formtax.generate(Stopper(fn), Q[0], "free", max_tokens=40)
+    finally:
+        reset()
+    assert got.token_ids == base.token_ids[:5] and got.finish_reason == "stop-sequence"

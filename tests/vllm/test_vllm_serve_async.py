@@ -96,3 +96,27 @@ def test_a_request_whose_client_went_away_is_aborted_in_the_engine(served):
         time.sleep(0.1)
     assert processor.get_num_unfinished_requests() == 0  # aborted, not decoding on to its 3000 tokens
     assert backend.llm.aborted == before + 1
+
+
+def test_stop_ends_a_free_row_in_the_engine_streamed_and_not(served):
+    """``stop`` on a free row through vLLM's async engine (each request in its own thread, its stop strings in its
+    controls): vLLM's own stop ends the row, finish ``stop-sequence``, the content cut before the stop string
+    (three characters from the middle of the text), streamed and not, with fewer tokens than without it."""
+    url, _ = served
+    c = client(url)
+    extra = {"formtax": {"strategy": "free"}}
+    whole = c.chat.completions.create(model="default", messages=Q, max_tokens=48, temperature=0.0, extra_body=extra)
+    text = whole.choices[0].message.content or ""
+    assert len(text) > 20, text
+    stop = [text[len(text) // 2: len(text) // 2 + 3], "never-in-this-text"]
+    cut = text[: text.index(stop[0])]
+    r = c.chat.completions.create(model="default", messages=Q, max_tokens=48, temperature=0.0, stop=stop,
+                                  extra_body=extra)
+    ext = (r.choices[0].model_extra or {})["formtax"]
+    assert (r.choices[0].message.content, r.choices[0].finish_reason, ext["finish_reason"]) == (
+        cut, "stop", "stop-sequence")
+    assert r.usage.completion_tokens < whole.usage.completion_tokens
+    pieces = [ch.choices[0].delta.content or "" for ch in c.chat.completions.create(
+        model="default", messages=Q, max_tokens=48, temperature=0.0, stop=stop, extra_body=extra, stream=True)
+        if ch.choices]
+    assert "".join(pieces) == cut

@@ -34,6 +34,9 @@ class Capability(StrEnum):
     STEP_LOGITS = "step-logits"  # full next-token logits at every step, in-process
     KV_CROP = "kv-crop"  # crop a row's cache back to an earlier length
     GRAMMAR_PARAM = "grammar-param"  # only a whole-output grammar parameter (servers)
+    # an engine that owns its loop ends a free-text row at a caller's stop strings itself (vLLM's ``stop``;
+    # RowControls.stops): formtax serve's ``stop`` reaches such a row without formtax's loop
+    STOP_STRINGS = "stop-strings"
 
 
 class RenderedChat(str):

@@ -35,21 +35,36 @@ from formtax.errors import ConfigError
 
 _EMPTY = torch.empty(0)
 
-__all__ = ["ROW_CONTROLS", "Lowering", "LoweredRow", "RowControls", "RowEngine", "lark_grammar", "lower_row", "replay"]
+__all__ = ["ROW_CONTROLS", "Lowering", "LoweredRow", "RowControls", "RowEngine", "caller_stops", "lark_grammar",
+           "lower_row", "replay"]
 
 
 @dataclass
 class RowControls:
     """What the caller of ``decode_rows`` can do while an engine that owns its loop decodes (formtax serve sets
     them for the request a thread serves, :data:`ROW_CONTROLS`): cancel the call (its requests are aborted in the
-    engine), and receive a single-row call's tokens as they are emitted, with their phases."""
+    engine), receive a single-row call's tokens as they are emitted, with their phases, and end the call's free-text
+    rows at stop strings (an engine with ``Capability.STOP_STRINGS``; :mod:`formtax.decoding.stops`)."""
 
     cancel: threading.Event = field(default_factory=threading.Event)
     sink: Callable[[int, str], None] | None = None
+    stops: tuple[str, ...] = ()
 
 
 ROW_CONTROLS: ContextVar[RowControls | None] = ContextVar("formtax_row_controls", default=None)
 """The controls of the calls made in this context (None: a caller that only waits for the result)."""
+
+
+def caller_stops(kinds: Sequence[Lowering]) -> tuple[str, ...]:
+    """The stop strings of the call's caller (:attr:`RowControls.stops`) for rows of these lowerings, refused
+    (ConfigError) unless every row is free text: an engine's stop would end a grammar row or a stepped row before
+    its policy does."""
+    controls = ROW_CONTROLS.get()
+    stops = controls.stops if controls is not None else ()
+    if stops and any(kind is not Lowering.FREE for kind in kinds):
+        raise ConfigError("stop: applies to free text only (a stop string would cut a constrained or stepped row "
+                          "before its answer is written)")
+    return stops
 
 
 class Cancelled(Exception):

@@ -9,11 +9,13 @@ used from one thread, as the decode loop expects) serves them:
   (:meth:`Batch.join`) up to ``max_batch`` live rows, and answers each request as soon as its row finishes;
 * **one thread per request** on an engine that batches by itself (``RowEngine.concurrent``: vLLM's async engine):
   every request is decoded as it arrives, its rows joining the engine's running batch with their own sampling;
-  the request's cancellation and token sink travel with it (:data:`~formtax.decoding.rowengine.ROW_CONTROLS`), so
-  a cancelled request is aborted in the engine and its tokens stream as the engine emits them;
+  the request's cancellation, token sink and stop strings travel with it
+  (:data:`~formtax.decoding.rowengine.ROW_CONTROLS`), so a cancelled request is aborted in the engine, its tokens
+  stream as the engine emits them and the engine ends its free row at a stop string;
 * **equal-key batches** for the rest (suffix-*, nl2format, engines that decode whole rows one call at a time):
   the oldest request and what arrives within ``window_s`` with the same strategy, answer, budget and sampling,
-  run as one ``generate_batch``.
+  run as one ``generate_batch`` (with equal stop strings too, which then travel as the batch's
+  :data:`~formtax.decoding.rowengine.ROW_CONTROLS` to an engine that applies them).
 
 Each row carries its own :class:`~formtax.serve.hooks.RequestHooks` (seed, cancellation, stop strings, logprobs,
 penalties, a live token sink): a request that times out or whose client goes away is cancelled, and its row leaves
@@ -167,10 +169,22 @@ class Batcher:
                 self.busy_since = None
 
     def _batch(self, jobs: list[Job]) -> None:
-        """One batch of equal-key jobs through :func:`run_jobs` (strategies that are not one pass of the loop)."""
+        """One batch of equal-key jobs through :func:`run_jobs` (strategies that are not one pass of the loop, or
+        an engine that decodes whole rows): their stop strings, equal too, go to the engine as the batch's
+        controls (the server admits them only where the engine applies them)."""
         live = [j for j in jobs if j.future.set_running_or_notify_cancel()]
         if not live:
             return
+        stops = live[0].hooks.stops
+        reset = ROW_CONTROLS.set(RowControls(stops=stops)) if stops else None
+        try:
+            self._run_batch(live)
+        finally:
+            if reset is not None:
+                ROW_CONTROLS.reset(reset)
+
+    def _run_batch(self, live: list[Job]) -> None:
+        """Run the batch; where it fails, each job alone (one job's fault must not fail its neighbours)."""
         self.batches.append(len(live))
         try:
             results = run_jobs(self.backend, live)
@@ -203,7 +217,7 @@ class Batcher:
             if hooks.sink is not None:
                 hooks.sink(token, phase)
 
-        reset = ROW_CONTROLS.set(RowControls(hooks.cancel, sink))
+        reset = ROW_CONTROLS.set(RowControls(hooks.cancel, sink, hooks.stops))
         try:
             (result,) = run_jobs(self.backend, [job])
         except Exception as e:  # its own error, never the server's; a cancelled request has no one waiting
@@ -292,7 +306,8 @@ class Prepared:
 
 
 def same_key(first: Job) -> Callable[[Job], bool]:
-    return lambda j: j.key == first.key
+    """Jobs that may share ``first``'s batch: equal generation arguments and equal stop strings."""
+    return lambda j: j.key == first.key and j.hooks.stops == first.hooks.stops
 
 
 def continuous(backend: Backend, job: Job) -> bool:

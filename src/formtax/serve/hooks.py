@@ -8,7 +8,8 @@ for token as ``formtax.generate``. The semantics (ours where OpenAI leaves them 
 * **cancellation**: once :attr:`RequestHooks.cancel` is set (the client disconnected, or the request timed out),
   the row's next plan stops it (finish ``cancelled``) and it leaves the batch at that step;
 * **stop**: the decoded text of the row is checked after every token; when a stop string appears the row
-  finishes (``stop-sequence``) and the server cuts the content before it, as OpenAI does. It applies to free text
+  finishes (``stop-sequence``) and the server cuts the content before it, as OpenAI and vLLM do (one rule for every
+  route: :mod:`formtax.decoding.stops`; on vLLM's engine vLLM's own ``stop`` ends the row). It applies to free text
   only (a constrained answer ends where its grammar does);
 * **logprobs**: the model's own log-probabilities (the raw distribution, before masks, penalties and temperature)
   of each emitted token, and its ``top_logprobs`` most likely tokens;
@@ -32,6 +33,7 @@ import torch
 
 from formtax.decoding.engine import TokenizerInfo
 from formtax.decoding.plan import Finish, Plan, Policy, Wrapping
+from formtax.decoding.stops import StopScan, stop_cut
 
 
 @dataclass
@@ -76,7 +78,7 @@ class Hooked(Wrapping):
         self.generated: list[int] = []
         self.counts: Counter[int] = Counter()
         self._logp: torch.Tensor | None = None
-        self._window = max((len(s) for s in hooks.stops), default=0) + 8
+        self._stops = StopScan(tok, hooks.stops)
 
     @property
     def phase(self) -> str:
@@ -130,10 +132,8 @@ class Hooked(Wrapping):
         self.generated.append(token)
         self.counts[token] += 1
         reason = self.inner.advance(token)
-        if reason is None and h.stops:
-            tail = self.tok.decode_text(self.generated[-self._window:])
-            if any(s in tail for s in h.stops):
-                return Finish.STOP_SEQUENCE
+        if reason is None and self._stops.seen(token):
+            return Finish.STOP_SEQUENCE
         return reason
 
     def mask_matcher(self) -> Any:
@@ -144,6 +144,6 @@ class Hooked(Wrapping):
 
 
 def cut_at_stop(text: str, stops: tuple[str, ...]) -> str:
-    """``text`` up to the first of ``stops`` (OpenAI leaves the stop string out)."""
-    cut = min((i for s in stops if (i := text.find(s)) >= 0), default=len(text))
-    return text[:cut]
+    """``text`` up to the stop string that completes first in it (OpenAI and vLLM leave the stop string out)."""
+    cut = stop_cut(text, stops)
+    return text if cut is None else text[:cut]

@@ -24,7 +24,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from formtax.constraints.spec import Constraint
-from formtax.decoding.engine import Backend, Driver
+from formtax.decoding.engine import Backend, Capability, Driver
 from formtax.decoding.sampling import choice_seed, fresh_seed
 from formtax.errors import ConfigError, FormtaxError
 from formtax.serve import shapes as out
@@ -105,9 +105,24 @@ class Serving:
         return (isinstance(self.backend, RowEngine) and self.backend.concurrent
                 and isinstance(get_strategy(strategy), SinglePass))
 
-    def refuse_unhookable(self, strategy: str, hooks: RequestHooks) -> None:
-        """The controls that act inside the loop need a single-pass strategy in formtax's loop."""
-        wanted = [n for n, on in (("stop", bool(hooks.stops)), ("logprobs", hooks.logprobs),
+    def stops_apply(self, strategy: str, answered: bool) -> bool:
+        """Whether ``stop`` reaches the request's row: in formtax's loop (serve/hooks.py), or a free-text row
+        (no answer format) of a single-pass strategy on an engine that ends it at a stop string itself
+        (``Capability.STOP_STRINGS``: vLLM's own ``stop``, replayed under formtax's rule)."""
+        if self.in_loop(strategy):
+            return True
+        return (not answered and isinstance(get_strategy(strategy), SinglePass)
+                and Capability.STOP_STRINGS in self.backend.capabilities)
+
+    def refuse_unhookable(self, strategy: str, hooks: RequestHooks, answered: bool) -> None:
+        """The controls that act inside the loop need a single-pass strategy in formtax's loop; ``stop`` also
+        reaches a free row on an engine that applies stop strings itself (:meth:`stops_apply`). ``answered``: the
+        request has an answer format (its row has a grammar)."""
+        if hooks.stops and not self.stops_apply(strategy, answered):
+            raise ConfigError(f"stop is not supported with strategy {strategy!r} on backend {self.backend.name!r} "
+                              "(free text of single-pass strategies in formtax's own decode loop, or on an engine "
+                              "that applies stop strings itself)")
+        wanted = [n for n, on in (("logprobs", hooks.logprobs),
                                   ("presence_penalty / frequency_penalty / logit_bias / repetition_penalty / "
                                    "min_tokens", hooks.edits_scores)) if on]
         if wanted and not self.in_loop(strategy):

@@ -90,7 +90,7 @@ class ChatServing(Serving):
             kwargs["max_tokens"] = self.effort_budget(prompt, kwargs, req.reasoning_effort)
         free_text = constraint is None or (tools is not None and tools.text_allowed and strategy == "constrained")
         hooks = [self.hooks_of(req, free_text, req.logprobs, req.top_logprobs or 0) for _ in range(req.n)]
-        self.refuse_unhookable(strategy, hooks[0])
+        self.refuse_unhookable(strategy, hooks[0], answered=constraint is not None)
         self.check_job(prompt, kwargs)
         separated = constraint is not None and getattr(get_strategy(strategy), "constrained_answer", False)
         return prompt, kwargs, tools, hooks, separated
@@ -138,7 +138,7 @@ class CompletionServing(Serving):
         kwargs = self.plan_kwargs(req, strategy, answer, raw=True)
         hooks = [[self.hooks_of(req, answer is None, req.logprobs is not None, req.logprobs or 0)
                   for _ in range(req.n)] for _ in prompts]
-        self.refuse_unhookable(strategy, hooks[0][0])
+        self.refuse_unhookable(strategy, hooks[0][0], answered=answer is not None)
         for p in prompts:
             self.check_job(p, kwargs)
         return kwargs, hooks

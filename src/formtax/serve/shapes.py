@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse
 
 from formtax.decoding.engine import TokenizerInfo
 from formtax.decoding.plan import Finish, Phase
+from formtax.decoding.stops import stop_cut
 from formtax.serve.hooks import TokenLogprob
 from formtax.strategies.base import Result
 
@@ -175,8 +176,8 @@ class StopCutter:
         if not self.stops:
             return text
         self.buffer += text
-        cut = min((i for s in self.stops if (i := self.buffer.find(s)) >= 0), default=-1)
-        if cut >= 0:
+        cut = stop_cut(self.buffer, self.stops)  # the rule of the whole content's cut (decoding/stops.py)
+        if cut is not None:
             out, self.buffer, self.done = self.buffer[:cut], "", True
             return out
         hold = max((k for s in self.stops for k in range(1, len(s)) if self.buffer.endswith(s[:k])), default=0)

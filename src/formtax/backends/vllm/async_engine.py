@@ -24,11 +24,22 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from formtax.decoding.plan import Finish
 from formtax.decoding.rowengine import RowControls
 
 log = logging.getLogger(__name__)
 
 CANCEL_POLL_S = 0.05  # how often a call checks whether its caller cancelled it
+
+
+def finish_of(output: Any) -> str | None:
+    """A vLLM ``CompletionOutput``'s finish reason, where a caller's stop string ended it formtax's
+    ``Finish.STOP_SEQUENCE``: vLLM says ``"stop"`` for an EOS, a stop token and a stop string alike, and tells them
+    apart by ``stop_reason`` (None, the token id, the string)."""
+    if isinstance(getattr(output, "stop_reason", None), str):
+        return Finish.STOP_SEQUENCE
+    reason = output.finish_reason
+    return None if reason is None else str(reason)
 
 
 class AsyncEngine:
@@ -65,8 +76,8 @@ class AsyncEngine:
     def generate(self, prompts: Sequence[list[int]], params: Sequence[Any], controls: RowControls | None = None,
                  sinks: Sequence[Callable[[list[int]], None] | None] | None = None
                  ) -> list[tuple[list[int], str | None]]:
-        """Decode every request to completion (blocking the calling thread only); (token ids, finish reason)
-        per request, in order. ``sinks[k]`` is handed request k's new tokens as they come."""
+        """Decode every request to completion (blocking the calling thread only); (token ids, finish reason:
+        :func:`finish_of`) per request, in order. ``sinks[k]`` is handed request k's new tokens as they come."""
         return self._call(self._generate(list(prompts), list(params), controls, list(sinks or [None] * len(prompts))))
 
     async def _generate(self, prompts: list[list[int]], params: list[Any], controls: RowControls | None,
@@ -97,7 +108,7 @@ class AsyncEngine:
             got = list(out.outputs[0].token_ids)
             if sink is not None and len(got) > len(tokens):
                 sink(got[len(tokens):])
-            tokens, finish = got, out.outputs[0].finish_reason
+            tokens, finish = got, finish_of(out.outputs[0])
         return tokens, finish
 
     def score_first(self, prompts: Sequence[list[int]], params: Sequence[Any]) -> list[dict[int, float]]:

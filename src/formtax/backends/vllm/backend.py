@@ -6,7 +6,9 @@ vLLM owns its decode loop, so this backend has no steppable :class:`~formtax.dec
 
 * **free rows** (a FreePolicy behind an optional forced prefix: ``free``, ``short``, NL-to-Format's first call)
   are plain engine requests: the forced prefix (RC) is appended to the prompt (forcing tokens is the same as
-  prompting with them), EOS and the newline tokens become ``stop_token_ids``;
+  prompting with them), EOS and the newline tokens become ``stop_token_ids``, and a caller's stop strings
+  (``formtax serve``'s ``stop``: :attr:`RowControls.stops`) go to vLLM's own ``stop`` (that row alone is
+  detokenized);
 * **whole-output grammar rows** (constrained, the answer phase of json, with closing off or unable to act) go through
   vLLM's structured outputs with the llguidance backend, fed the very grammar formtax compiles (as Lark text): vLLM
   compiles it asynchronously and fills its bitmask in C++ beside the forward pass (issue 56). vLLM masks a grammar
@@ -23,6 +25,10 @@ vLLM owns its decode loop, so this backend has no steppable :class:`~formtax.dec
 
 Free and grammar rows are then *replayed*: the row's policy is stepped over the engine's tokens, which rebuilds
 exactly the RowOutput the decode loop would have produced and rejects any token outside the policy's allowed set.
+A row with stop strings is replayed under formtax's own stop rule (:mod:`formtax.decoding.stops`), so it ends at
+the token where formtax's loop ends it (``Finish.STOP_SEQUENCE``; the token that completes the stop string kept,
+as vLLM keeps it in ``token_ids``), also where the stop string begins in the forced prefix, which vLLM's check
+does not see.
 A live row's report is checked against the engine's tokens. Strategies assemble their results from RowOutputs as
 usual, so a vLLM result differs from a transformers one only where the numbers differ: in float32 (the default, as for transformers) greedy outputs matched the
 transformers backend token for token in our measurements; bfloat16 drifts (see the tests and the report).
@@ -45,6 +51,7 @@ in a 0700 directory; for engines on other machines (Ray across nodes) ``report_b
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import logging
 import os
@@ -54,6 +61,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from formtax.backends.model_files import ModelSource, resolve_model, tokenizer_info
+from formtax.backends.vllm.async_engine import finish_of
 from formtax.backends.vllm.row_reports import (
     Inbox,
     MemoryInbox,
@@ -73,11 +81,13 @@ from formtax.decoding.rowengine import (
     Cancelled,
     LoweredRow,
     RowEngine,
+    caller_stops,
     lark_grammar,
     lower_row,
     replay,
 )
 from formtax.decoding.sampling import Sampling
+from formtax.decoding.stops import StopScan, StopStrings
 from formtax.errors import CapabilityError, ConfigError
 
 log = logging.getLogger(__name__)
@@ -122,7 +132,7 @@ class VLLMBackend(RowEngine):
 
     name = "vllm"
     lowerings = frozenset({Lowering.FREE, Lowering.GRAMMAR, Lowering.LIVE})
-    capabilities = frozenset({Capability.STEP_LOGITS, Capability.GRAMMAR_PARAM})
+    capabilities = frozenset({Capability.STEP_LOGITS, Capability.GRAMMAR_PARAM, Capability.STOP_STRINGS})
 
     def __init__(self, llm: Any, tok: TokenizerInfo, model_id: str, source: ModelSource | None = None,
                  engine: dict[str, Any] | None = None, dtype: str = "auto") -> None:
@@ -238,9 +248,12 @@ class VLLMBackend(RowEngine):
                         top_k=max(0, top_k), min_p=float(getattr(p, "min_p", 0.0) or 0.0))
 
     def _params(self, sampling: Sampling, seed: int, max_tokens: int, stop_ids: frozenset[int],
-                grammar: str | None = None, extra_args: dict[str, str] | None = None) -> Any:
+                grammar: str | None = None, extra_args: dict[str, str] | None = None,
+                stops: Sequence[str] = ()) -> Any:
         """One request's SamplingParams: a grammar goes to structured outputs, a live row's arguments to
-        formtax's plugin."""
+        formtax's plugin, a free row's stop strings to vLLM's ``stop``. Only a row with stop strings is detokenized
+        (vLLM checks them in its text), without special tokens as formtax decodes text, and the stop string is left
+        out of vLLM's text (the tokens keep the token that completes it)."""
         from vllm import SamplingParams
         from vllm.sampling_params import StructuredOutputsParams
 
@@ -254,7 +267,8 @@ class VLLMBackend(RowEngine):
                 filters["min_p"] = sampling.min_p
         return SamplingParams(n=1, temperature=sampling.temperature, seed=None if sampling.greedy else seed,
                               **filters,
-                              max_tokens=max_tokens, detokenize=False, skip_special_tokens=False,
+                              max_tokens=max_tokens, detokenize=bool(stops), skip_special_tokens=bool(stops),
+                              stop=list(stops) or None, include_stop_str_in_output=False,
                               stop_token_ids=sorted(stop_ids),
                               structured_outputs=StructuredOutputsParams(grammar=grammar) if grammar else None,
                               extra_args=extra_args)
@@ -262,14 +276,15 @@ class VLLMBackend(RowEngine):
     def _generate(self, prompts: Sequence[list[int]], params: Sequence[Any],
                   sinks: Sequence[Callable[[list[int]], None] | None] | None = None
                   ) -> list[tuple[list[int], str | None]]:
-        """Decode every request to completion; (token ids, finish reason) per request, in order. On the async
+        """Decode every request to completion; (token ids, finish reason) per request, in order: vLLM's finish
+        reason, or ``Finish.STOP_SEQUENCE`` where a stop string ended the request (:func:`finish_of`). On the async
         engine the call honours its caller's :data:`ROW_CONTROLS` (cancel, and ``sinks``: tokens as they come)."""
         from formtax.backends.vllm.async_engine import AsyncEngine
 
         if isinstance(self.llm, AsyncEngine):
             return self.llm.generate(prompts, params, ROW_CONTROLS.get(), sinks)
         outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], list(params), use_tqdm=False)
-        return [(list(o.outputs[0].token_ids), o.outputs[0].finish_reason) for o in outs]
+        return [(list(o.outputs[0].token_ids), finish_of(o.outputs[0])) for o in outs]
 
     def _inbox(self) -> Inbox:
         """Where this backend's live rows report (backends/vllm/row_reports.py): in memory when the engine steps them in
@@ -293,7 +308,9 @@ class VLLMBackend(RowEngine):
         A row whose policy must be stepped (or whose measured masked mass no probe can score) runs live: it carries
         its recipe to formtax's plugin in the engine, which builds and steps it there and reports its output
         (backends/vllm/row_reports.py). Free and grammar rows are plain engine requests, replayed; a grammar row's
-        masked mass comes from its probe (:meth:`_first_masses`, sent before the rows)."""
+        masked mass comes from its probe (:meth:`_first_masses`, sent before the rows). The caller's stop strings
+        (:attr:`RowControls.stops`) end its free rows (vLLM's ``stop``, replayed under formtax's rule); a row with
+        a grammar or a stepped policy cannot take them (ConfigError: a stop string would cut it before its answer)."""
         if backend is not self:  # e.g. NL-to-Format's extractor on another engine
             return decode(backend, rows, temperature=sampling)
         if not rows:
@@ -302,6 +319,7 @@ class VLLMBackend(RowEngine):
         lowered = [lower_row(r, w) for r, w in zip(rows, whole, strict=True)]
         probes = {k: ids for k, low in enumerate(lowered) if (ids := _mass_ids(low)) is not None}
         live = {k: uuid.uuid4().hex for k, p in enumerate(lowered) if _runs_live(p, k in probes)}
+        stops = caller_stops([Lowering.LIVE if k in live else low.kind for k, low in enumerate(lowered)])
         self.rows_by_path.update(Lowering.LIVE if k in live else low.kind for k, low in enumerate(lowered))
         controls = ROW_CONTROLS.get() if self.concurrent else None
         stream = controls.sink if controls is not None and len(rows) == 1 else None  # a request's one row streams
@@ -326,7 +344,7 @@ class VLLMBackend(RowEngine):
             grammar = lark_grammar(low.constraint) if low.constraint is not None else None
             prompts.append(list(row.prompt_ids) + low.prefix)
             params.append(self._params(s, row.seed, row.max_tokens - len(low.prefix), low.stop_ids,
-                                       grammar=grammar))
+                                       grammar=grammar, stops=stops))
             sinks.append(None if stream is None else _engine_sink(row, low, stream))
         masses = self._first_masses({k: (prompts[k], ids) for k, ids in probes.items()})
         produced = self._generate(prompts, params, sinks)
@@ -341,7 +359,14 @@ class VLLMBackend(RowEngine):
             if k in live:
                 out, problem = self._reported(row, reports.get(live[k]), tokens)
             else:
-                out = replay(row, low.prefix + tokens, masses.get(k))
+                # with stop strings, replayed under formtax's stop rule: the row ends where formtax's loop ends it
+                replayed = dataclasses.replace(row, policy=StopStrings(row.policy, StopScan(self._tok, stops))) \
+                    if stops else row
+                out = replay(replayed, low.prefix + tokens, masses.get(k))
+                if out.finish_reason == Finish.ENGINE_ENDED and finish == Finish.STOP_SEQUENCE:
+                    # vLLM's text held a stop string where formtax's window did not (a decoding difference): the
+                    # engine ended the row for the caller's reason all the same
+                    out.finish_reason = Finish.STOP_SEQUENCE
                 problem = f"the engine ended the row with {finish!r}" if out.finish_reason == Finish.ENGINE_ENDED else None
             if problem is not None:  # never hand a strategy a row the engine did not decode as planned
                 raise RuntimeError(f"vllm backend: row {k}: {problem}")
