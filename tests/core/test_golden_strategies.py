@@ -6,10 +6,12 @@ token ids, finish reasons, phases, masked mass, the answer text and the parse re
 planted run its records (timings aside) and its decomposition table. A change to the core that keeps behaviour leaves
 them byte-identical. Regenerate only on purpose, with the reason in the commit:
 
-    FORMTAX_GOLDEN_WRITE=1 FORMTAX_GOLDEN_MODEL=1 python -m pytest tests/core/test_golden_strategies.py
+    FORMTAX_GOLDEN_WRITE=1 python -m pytest tests/core/test_golden_strategies.py
 
-The default-model part (2 prompts) takes about a minute and runs only with ``FORMTAX_GOLDEN_MODEL=1``, so the
-default suite stays lean; run it before and after a change to the core.
+The default-model part (2 prompts) takes about 45 s on a quiet 2-core machine and runs in the default suite (issue
+56). Its outputs do not depend on the machine's load: closing's searches are bounded by their work first and, as a
+backstop, by the thread's CPU time (constraints/clock.py), not by wall time, which under load had moved json's
+output from one run to the next.
 """
 
 from __future__ import annotations
@@ -116,9 +118,6 @@ def test_every_strategy_on_the_fake_backend_matches_its_golden_outputs(fake_fem_
 
 
 @pytest.mark.model
-@pytest.mark.skipif(os.environ.get("FORMTAX_GOLDEN_MODEL") != "1",
-                    reason="about a minute on the default model; FORMTAX_GOLDEN_MODEL=1 runs it (before and after a "
-                           "change to the core)")
 def test_every_strategy_on_the_default_model_matches_its_golden_outputs(default_model, tmp_path):
     hmms = {}
     for name, form in (("decog", "instruction-aware"), ("ctrlg", "unconditional")):
