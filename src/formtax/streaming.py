@@ -32,14 +32,12 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from formtax.api import _backend, _prompt, check_context, resolve_closing, resolve_sampling, typed_result
 from formtax.constraints.native import as_constraint
 from formtax.constraints.spec import Constraint
 from formtax.decoding.engine import Backend, Driver, TokenizerInfo
-from formtax.decoding.loop import Plan, Policy, RowOutput, RowRequest, decode
-from formtax.decoding.plan import Phase
+from formtax.decoding.loop import Policy, RowOutput, RowRequest, decode
+from formtax.decoding.plan import Phase, Transparent
 from formtax.decoding.sampling import Sampling, row_seeds
 from formtax.errors import ConfigError
 from formtax.strategies import Request, Result, get_strategy
@@ -55,33 +53,16 @@ class Delta:
     token_ids: tuple[int, ...]
 
 
-class Tap(Policy):
+class Tap(Transparent):
     """A policy that reports each emitted token and its phase to ``sink``, changing nothing else."""
 
     def __init__(self, inner: Policy, sink: Callable[[int, str], None]) -> None:
         self.inner = inner
         self.sink = sink
 
-    @property
-    def phase(self) -> str:  # the loop records the inner policy's phase
-        return self.inner.phase
-
-    @phase.setter
-    def phase(self, value: str) -> None:
-        self.inner.phase = value
-
-    def plan(self, logits: torch.Tensor, step: int) -> Plan:
-        return self.inner.plan(logits, step)
-
     def advance(self, token: int) -> str | None:
         self.sink(token, self.inner.phase)
         return self.inner.advance(token)
-
-    def budget_exhausted(self) -> str:
-        return self.inner.budget_exhausted()
-
-    def row_stats(self) -> dict[str, Any]:
-        return self.inner.row_stats()
 
     def __getattr__(self, name: str) -> Any:  # strategies may read their policy's own state
         return getattr(self.inner, name)

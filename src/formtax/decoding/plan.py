@@ -186,6 +186,29 @@ class Wrapping(Policy):
         return self.inner.row_stats()
 
 
+class Transparent(Wrapping):
+    """A wrapping that watches or edits a row without being a phase of it (a server's hooks, a stream's tap, a
+    replay's stop strings): its phase is the inner policy's (what the loop records), and the plan, the advance
+    and the mask's matcher are the inner policy's unless it says otherwise."""
+
+    @property
+    def phase(self) -> str:
+        return self.inner.phase
+
+    @phase.setter
+    def phase(self, value: str) -> None:
+        self.inner.phase = value
+
+    def plan(self, logits: torch.Tensor, step: int) -> Plan:
+        return self.inner.plan(logits, step)
+
+    def advance(self, token: int) -> str | None:
+        return self.inner.advance(token)
+
+    def mask_matcher(self) -> Matcher | None:
+        return self.inner.mask_matcher()
+
+
 @dataclass
 class Step:
     token: int

@@ -20,12 +20,9 @@ that spell a character in UTF-8 bytes), and a few more.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
-
-import torch
 
 from formtax.decoding.engine import TokenizerInfo
-from formtax.decoding.plan import Finish, Plan, Policy, Wrapping
+from formtax.decoding.plan import Finish, Policy, Transparent
 
 UTF8_MAX = 4
 """Bytes in a UTF-8 character at most: a byte-fallback tokenizer may spend a token on each."""
@@ -62,7 +59,7 @@ def stop_cut(text: str, stops: Sequence[str]) -> int | None:
     return None if best is None else best[1]
 
 
-class StopStrings(Wrapping):
+class StopStrings(Transparent):
     """``inner`` ending at a caller's stop string (:class:`StopScan`), everything else handed through: how a row an
     engine stopped at a stop string is replayed (decoding/rowengine.py's ``replay``). Where the inner policy ends the
     row at a token (EOS, the ``short`` strategy's newline) that finish stands, as in formtax's own loop."""
@@ -72,22 +69,8 @@ class StopStrings(Wrapping):
         self.scan = scan
         self.coupled = inner.coupled
 
-    @property
-    def phase(self) -> str:
-        return self.inner.phase
-
-    @phase.setter
-    def phase(self, value: str) -> None:
-        self.inner.phase = value
-
-    def plan(self, logits: torch.Tensor, step: int) -> Plan:
-        return self.inner.plan(logits, step)
-
     def advance(self, token: int) -> str | None:
         reason = self.inner.advance(token)
         if reason is None and self.scan.seen(token):
             return Finish.STOP_SEQUENCE
         return reason
-
-    def mask_matcher(self) -> Any:
-        return self.inner.mask_matcher()

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from formtax.decoding.engine import TokenizerInfo
-from formtax.decoding.plan import Finish, Plan, Policy, Wrapping
+from formtax.decoding.plan import Finish, Plan, Policy, Transparent
 from formtax.decoding.stops import StopScan, stop_cut
 
 
@@ -69,7 +69,7 @@ class RequestHooks:
         return Hooked(policy, self, tok)
 
 
-class Hooked(Wrapping):
+class Hooked(Transparent):
     """``inner`` under one request's :class:`RequestHooks` (module docstring)."""
 
     def __init__(self, inner: Policy, hooks: RequestHooks, tok: TokenizerInfo) -> None:
@@ -79,14 +79,6 @@ class Hooked(Wrapping):
         self.counts: Counter[int] = Counter()
         self._logp: torch.Tensor | None = None
         self._stops = StopScan(tok, hooks.stops)
-
-    @property
-    def phase(self) -> str:
-        return self.inner.phase
-
-    @phase.setter
-    def phase(self, value: str) -> None:
-        self.inner.phase = value
 
     def plan(self, logits: torch.Tensor, step: int) -> Plan:
         if self.hooks.cancel.is_set():
