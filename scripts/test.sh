@@ -34,5 +34,5 @@ fi
 python -m pytest -q --durations=25 "$@"
 if [ $# -eq 0 ] && [ "${FORMTAX_WITH_VLLM:-1}" = "1" ]; then
   bash scripts/env-vllm.sh
-  "${VLLM_VENV:-.venv-vllm}/bin/python" -m pytest -q --durations=15 -m "vllm or parallel" tests/vllm tests/parallel
+  "${VLLM_VENV:-.venv-vllm}/bin/python" -m pytest -q --durations=15 -m "(vllm or parallel) and not slow" tests/vllm tests/parallel
 fi

@@ -69,7 +69,6 @@ def test_every_suite_schema_completes_at_its_instance_length(where, schema, inst
     run_case(where, schema, instance, seed=len(where))
 
 
-@pytest.mark.slow
 def test_the_whole_suite_completes_at_its_instance_lengths():
     cases = suite_cases()
     assert len(cases) > 300

@@ -13,6 +13,7 @@ from formtax.runner import RunConfig, run
 pytestmark = pytest.mark.model
 
 
+@pytest.mark.slow
 def test_two_pairs_on_the_default_model(tmp_path, default_model):
     # 32 tokens: the longest candidate name of these two pairs (30 bytes) plus EOS fits the constrained budget
     cfg = RunConfig(

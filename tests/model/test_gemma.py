@@ -105,6 +105,7 @@ def test_suffix_start_set_holds_the_space_prefixed_tokens(gemma_model) -> None:
         assert any(v.startswith(text) for v in ("The answer is: ", " The answer is: ", "\nThe answer is: ")), text
 
 
+@pytest.mark.slow
 def test_paper_000s_grid_runs_with_the_base_prompt(gemma_model, tmp_path) -> None:
     """`formtax run --model gemma3-270m --task gsm8k --shots 4` takes the plain few-shot prompt (no chat template),
     the same text for every strategy; the suffix strategies and the constrained baseline always parse."""

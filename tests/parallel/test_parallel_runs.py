@@ -88,6 +88,7 @@ def test_killing_the_driver_loses_nothing_and_duplicates_nothing(tmp_path):
     assert s.skipped == n_before and len(recs) == len({r.request_id for r in recs}) == s.planned
 
 
+@pytest.mark.slow
 def test_joining_an_existing_cluster(tmp_path):
     info = ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:

@@ -294,6 +294,7 @@ GEMMA_CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.model
 @pytest.mark.gemma
 def test_lazy_and_beam_equal_the_reference_on_gemma(gemma_model):

@@ -56,6 +56,7 @@ def test_every_strategy_on_the_fake_backend(tmp_path) -> None:
     assert (table["n_gold"] == table["n_gold"].iloc[0]).all()  # the same gold arguments for every strategy
 
 
+@pytest.mark.slow
 @pytest.mark.model
 def test_a_few_items_on_the_default_model(tmp_path, default_model) -> None:
     strategies = ["constrained@fc", "constrained@vc", "json@vc", "decog@fc"]

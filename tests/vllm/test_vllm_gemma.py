@@ -14,7 +14,7 @@ import formtax
 from formtax.constraints.parse import parse_spec
 
 pytest.importorskip("vllm.sampling_params")
-pytestmark = [pytest.mark.vllm, pytest.mark.model, pytest.mark.gemma]
+pytestmark = [pytest.mark.vllm, pytest.mark.model, pytest.mark.gemma, pytest.mark.slow]
 
 PROMPTS = [
     "Question: A box holds 6 pens. How many pens are in 5 boxes?\nAnswer:",

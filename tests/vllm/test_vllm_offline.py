@@ -168,6 +168,7 @@ def test_the_engine_runs_in_its_own_process_and_live_rows_report_back(vllm_backe
         assert r.parse_ok and r.masked_mass is not None and r.token_ids == s.token_ids
 
 
+@pytest.mark.slow
 def test_tensor_parallel_workers_run_the_same_plugin(tmp_path):
     # three tensor-parallel CPU workers (SmolLM2 has 9 heads), each running formtax's processor; every worker
     # reports each row and the first report is taken. On two cores the workers share them (bound by hand)
