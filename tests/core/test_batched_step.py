@@ -4,6 +4,7 @@ and counts as bit-by-bit reading says; masks computed for a batch at once equal 
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -13,6 +14,7 @@ import formtax.constraints.compile as compile_mod
 from formtax.backends.fake import FakeBackend, random_logits
 from formtax.constraints import compile_grammar, parse_spec
 from formtax.constraints.compile import fill_masks
+from formtax.decoding.devicestep import pack_bool
 from formtax.decoding.plan import Plan
 from formtax.decoding.sampling import as_sampling
 from formtax.decoding.step import choose as _choose
@@ -42,6 +44,9 @@ def batches(draw: st.DrawFn) -> tuple[torch.Tensor, list[tuple[int, Plan]]]:
             allowed[draw(st.integers(0, V - 1))] = True
         banned = draw(st.lists(st.integers(0, V - 1), max_size=4, unique=True)) if kind in ("banned", "both") else []
         scores = logits[pos].flip(0).clone() if kind == "scores" else None
+        if allowed is not None and draw(st.booleans()):  # the set as the engine hands it over: packed words
+            plans.append((pos, Plan(words=pack_bool(allowed, (V + 31) // 32), width=V, banned=banned, scores=scores)))
+            continue
         plans.append((pos, Plan(allowed=allowed, banned=banned, scores=scores)))
     return logits, plans
 
@@ -60,6 +65,26 @@ def test_greedy_batch_chooses_as_each_row_alone(case: tuple[torch.Tensor, list[t
         want = _choose(base, plan, greedy, None)
         assert (token, masked, forced) == want
         assert forced == (plan.allowed is not None and int(plan.allowed.sum()) == 1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 4), st.integers(0, 40), st.randoms(use_true_random=False))
+def test_a_packed_plan_reads_as_its_unpacked_set(n_words: int, extra: int, rnd) -> None:  # type: ignore[no-untyped-def]
+    """A plan handed llguidance's words (no bit past the vocabulary) holds, counts and unpacks its set bit by bit;
+    ``only`` names a set of one from any token it holds; a new ``allowed`` drops the words."""
+    bits = [rnd.random() < rnd.choice([0.02, 0.5]) for _ in range(32 * n_words)]
+    words = np.packbits(np.array(bits, dtype=np.uint8), bitorder="little").view(np.int32)
+    width = 32 * n_words + extra  # logits at least as wide as the words (the padding is never allowed)
+    plan = Plan(words=words.copy(), width=width)
+    want = [*bits, *([False] * extra)]
+    assert plan.has_mask and all(plan.holds(t) == want[t] for t in range(width))
+    assert plan.allowed_count() == sum(want)
+    for t in (t for t in range(width) if want[t]):
+        assert Plan(words=words.copy(), width=width).only(t) == (sum(want) == 1)
+    assert Plan(words=words.copy(), width=width).only(-1) == (sum(want) == 1)
+    assert plan.allowed is not None and plan.allowed.tolist() == want
+    plan.allowed = torch.ones(width, dtype=torch.bool)
+    assert plan.packed_words() is None and plan.allowed_count() == width
 
 
 @settings(max_examples=200, deadline=None)
@@ -97,12 +122,15 @@ def test_masks_filled_for_a_batch_equal_each_matchers_own(pool: bool, monkeypatc
         assert m.consume_many(path)
     fill_masks(ms)
     for m, ref in zip(ms, alone, strict=True):
-        got = m.allowed_mask()
-        assert torch.equal(got, ref.allowed_mask())
-        assert m.known_count(got) == int(ref.allowed_mask().sum())
+        got = m.allowed_words()
+        assert np.array_equal(got, ref.allowed_words())
+        assert torch.equal(m.allowed_mask(), ref.allowed_mask())
+        assert m.allowed_empty() is ref.allowed_empty() is False
+        assert int(np.bitwise_count(got.view(np.uint32)).sum()) == int(ref.allowed_mask().sum())
     two = tok.hf.encode("2", add_special_tokens=False)[0]
-    before = ms[0].allowed_mask()
+    before = ms[0].allowed_words()
     assert ms[0].consume(two) and alone[0].consume(two)
-    after = ms[0].allowed_mask()  # a new state: the prepared mask no longer applies
-    assert after is not before and ms[0].known_count(after) is None
-    assert torch.equal(after, alone[0].allowed_mask())
+    after = ms[0].allowed_words()  # a new state: the prepared words no longer apply
+    assert after is not before
+    assert np.array_equal(after, alone[0].allowed_words())
+    assert torch.equal(ms[0].allowed_mask(), alone[0].allowed_mask())

@@ -149,7 +149,7 @@ class _Refuse(Policy):
             self.asked.append(t)
             return len(self.asked) > self.n
 
-        return Plan(veto=Veto(accept, self.fallback, tries=4))
+        return Plan(veto=Veto(accept, lambda: self.fallback, tries=4))
 
     def advance(self, token: int) -> str | None:
         return "done"

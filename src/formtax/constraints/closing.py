@@ -283,8 +283,9 @@ class Closer:
     pooled: int = 0  # witnesses taken from the pools instead of a search
     changed: int = 0  # steps at which the model's own choice was refused (0: closing stayed invisible)
     _first: bool = False
-    text: bytes = b""  # the last bytes this policy emitted (for the hints)
-    prefix: bytearray = field(default_factory=bytearray)  # every byte this policy emitted (the search's state)
+    left: int = 0  # tokens left after the step's own (:meth:`begin_step`)
+    _prefix: bytearray = field(default_factory=bytearray)  # the bytes of the tokens this policy emitted ...
+    _pending: list[int] = field(default_factory=list)  # ... but these last ones, decoded when a search reads them
     parse: ClosingParse | None = None  # set for an approximated schema: what closing guarantees of its answer
 
     def __post_init__(self) -> None:
@@ -296,6 +297,17 @@ class Closer:
 
     def _decode(self, tokens: Sequence[int]) -> bytes:
         return bytes(self.matcher.tokenizer.ll.decode_bytes(list(tokens)))
+
+    @property
+    def prefix(self) -> bytearray:
+        """Every byte this policy emitted (a search's state, an oracle's text): decoded token by token when read,
+        not at every step (most steps never search)."""
+        if self._pending:
+            ll = self.matcher.tokenizer.ll
+            for t in self._pending:
+                self._prefix += ll.decode_bytes([t])
+            self._pending.clear()
+        return self._prefix
 
     def _valid(self, after: bytes, witness: Sequence[int]) -> bool:
         """The oracle's word on the answer ``after`` then ``witness`` would make (True without an oracle)."""
@@ -357,13 +369,19 @@ class Closer:
         grammar accepts)."""
         w = self.current()
         if w:
-            self._after[w[0]] = w[1:]  # the witness goes on after its own first token
+            self._after.setdefault(w[0], w[1:])  # the witness goes on after its own first token
             return w[0]
         return min(self.eos_ids)
 
-    def begin_step(self) -> None:
-        """A new step: the next :meth:`accept` is asked of the model's own choice (for :attr:`changed`)."""
+    def begin_step(self, left: int = 0) -> None:
+        """A new step, with ``left`` tokens after its own: the next :meth:`accept` is asked of the model's own
+        choice (for :attr:`changed`)."""
         self._first = True
+        self.left = left
+
+    def vet(self, token: int) -> bool:
+        """:meth:`accept` with this step's tokens left (a step's :class:`~formtax.decoding.plan.Veto`)."""
+        return self.accept(token, self.left)
 
     def accept(self, token: int, left: int) -> bool:
         """Whether a completion still fits in ``left`` tokens after emitting ``token`` (the witness after it is
@@ -407,12 +425,7 @@ class Closer:
         child = ll.deep_copy()
         if not child.consume_token(token):
             return False
-        step = self._decode([token])
-        self.text, before = self.text + step, self.text
-        try:
-            found = self._search(child, left, step)
-        finally:
-            self.text = before
+        found = self._search(child, left, self._decode([token]))
         ok = found is not None and len(found) <= left
         self._after[token] = found if ok else None
         self.refused += int(not ok)
@@ -425,9 +438,10 @@ class Closer:
 
     def advance(self, token: int) -> None:
         """The policy consumed ``token``: its witness (if :meth:`accept` computed one) becomes the current one."""
-        step = self._decode([token])
-        self.prefix += step
-        self.text = (self.text + step)[-64:]
+        self._pending.append(token)
+        w = self.witness
+        if self._known and w and token == w[0]:
+            self._after.setdefault(token, w[1:])  # the witness goes on after its own first token (as fallback() says)
         if token in self._after:
             self.witness, self._known = self._after[token], True
             if self.witness is None:

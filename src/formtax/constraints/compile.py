@@ -76,6 +76,16 @@ def compile_grammar(grammar: str, tokenizer: EngineTokenizer) -> CompiledGrammar
     return _CACHE.put(key, CompiledGrammar(grammar, tokenizer, m))
 
 
+@dataclass
+class _Prefilled:
+    """A matcher's allowed set in one state (``version``): its packed words, and what was derived from them."""
+
+    version: int
+    words: np.ndarray
+    empty: bool | None = None
+    mask: torch.Tensor | None = None
+
+
 class Matcher:
     """Per-request grammar state: allowed set, consume, rollback, copy, explicit error state."""
 
@@ -88,30 +98,40 @@ class Matcher:
         self.consumed = 0
         self.grammar = ""  # the grammar's text (closing mode's search reads its literals)
         self._version = 0  # bumped by every change of state: a prefilled mask is valid only for its version
-        # (version, allowed set, its size or None, its packed words): the set of one state, unpacked and packed
-        self._prefilled: tuple[int, torch.Tensor, int | None, np.ndarray] | None = None
+        self._prefilled: _Prefilled | None = None  # this state's allowed set, once computed (or filled for a batch)
 
     # -- the allowed set ------------------------------------------------------------------------------------
+    def _current(self) -> _Prefilled:
+        pre = self._prefilled
+        if pre is None or pre.version != self._version:
+            self._ll.unsafe_compute_mask_ptr(self._bitmask_ptr, self._bitmask.nbytes)  # as llguidance.torch does
+            pre = self._prefilled = _Prefilled(self._version, exact_words(self._bitmask.copy(),
+                                                                          self._tok.vocab_size))
+        return pre
+
+    def allowed_words(self) -> np.ndarray:
+        """This state's allowed set as llguidance's packed int32 words (no bit set past the tokenizer's
+        vocabulary; EOS only where the grammar accepts). Read-only: it may be the row :func:`fill_masks` prepared."""
+        return self._current().words
+
+    def allowed_empty(self) -> bool:
+        """Whether nothing at all is allowed in this state among the first ``n_logits`` tokens (the engine's dead
+        end), from the words (counted for the whole batch by :func:`fill_masks`)."""
+        pre = self._current()
+        if pre.empty is None:
+            if self.n_logits >= self._tok.vocab_size:
+                pre.empty = not pre.words.any()
+            else:
+                pre.empty = bitmask_counts(pre.words, self.n_logits, self._tok.vocab_size)[0] == 0
+        return pre.empty
+
     def allowed_mask(self) -> torch.Tensor:
-        """Bool tensor [n_logits]: True where the token is allowed next (EOS only where the grammar accepts).
-        Read-only: it may be the view :func:`fill_masks` prepared for this state."""
-        if self._prefilled is not None and self._prefilled[0] == self._version:
-            return self._prefilled[1]
-        self._ll.unsafe_compute_mask_ptr(self._bitmask_ptr, self._bitmask.nbytes)  # as llguidance.torch does
-        mask = unpack_bitmask(self._bitmask, self.n_logits, self._tok.vocab_size)
-        self._prefilled = (self._version, mask, None, exact_words(self._bitmask.copy(), self._tok.vocab_size))
-        return mask
-
-    def packed(self, mask: torch.Tensor) -> np.ndarray | None:
-        """The packed words (llguidance's int32 layout) of ``mask`` if it is this state's allowed set as
-        :meth:`allowed_mask` returned it (so a device step copies 1 bit a token, not 1 byte)."""
-        pre = self._prefilled
-        return pre[3] if pre is not None and pre[0] == self._version and pre[1] is mask else None
-
-    def known_count(self, mask: torch.Tensor) -> int | None:
-        """The size of ``mask`` if it is the set :func:`fill_masks` prepared (counted there for the whole batch)."""
-        pre = self._prefilled
-        return pre[2] if pre is not None and pre[0] == self._version and pre[1] is mask else None
+        """Bool tensor [n_logits]: True where the token is allowed next (EOS only where the grammar accepts),
+        unpacked from :meth:`allowed_words` once per state. Read-only."""
+        pre = self._current()
+        if pre.mask is None:
+            pre.mask = unpack_bitmask(pre.words, self.n_logits, self._tok.vocab_size)
+        return pre.mask
 
     def allowed_ids(self) -> list[int]:
         return self.allowed_mask().nonzero().flatten().tolist()
@@ -178,9 +198,10 @@ always costs more than it saves."""
 def fill_masks(matchers: list[Matcher]) -> None:
     """Compute the allowed sets of several matchers at once, before their policies plan: one call into the
     engine for the batch into one int32 bitmask (``LLExecutor``, parallel over its threads, where it has
-    several: :data:`_PARALLEL`), and one unpacking of all rows; each matcher's next :meth:`Matcher.allowed_mask` in its present state returns its row (a
-    read-only view). Matchers in error or stopped are skipped (their policies stop without a mask). The same
-    sets as one :meth:`Matcher.allowed_mask` each: the engine computes each row from that matcher alone."""
+    several: :data:`_PARALLEL`); each matcher's next :meth:`Matcher.allowed_words` in its present state returns
+    its row (a read-only view), and whether it is empty is counted for the batch at once. Matchers in error or
+    stopped are skipped (their policies stop without a mask). The same sets as one :meth:`Matcher.allowed_words`
+    each: the engine computes each row from that matcher alone."""
     global _EXECUTOR
     groups: dict[tuple[int, int], list[Matcher]] = {}
     for m in matchers:
@@ -198,11 +219,11 @@ def fill_masks(matchers: list[Matcher]) -> None:
         else:  # each matcher into its row of the same buffer, in this thread
             for k, m in enumerate(ms):
                 m._ll.unsafe_compute_mask_ptr(ptr + k * row_bytes, row_bytes)
-        rows = unpack_bitmask(bitmask, n_logits, vocab).unbind(0)  # fresh tensors: the buffer is reused
-        counts = bitmask_counts(bitmask, n_logits, vocab)
-        words = exact_words(bitmask.numpy().copy(), vocab)
-        for k, (m, row, count) in enumerate(zip(ms, rows, counts, strict=True)):
-            m._prefilled = (m._version, row, count, words[k])
+        words = exact_words(bitmask.numpy().copy(), vocab)  # the buffer is reused: each row keeps its own copy
+        # a set is left unpacked until a plan reads it as a tensor (Plan.allowed): most greedy steps never do
+        empty = (np.count_nonzero(words, axis=1) == 0).tolist() if n_logits >= vocab else [None] * len(ms)
+        for k, m in enumerate(ms):
+            m._prefilled = _Prefilled(m._version, words[k], empty[k])
 
 
 def exact_words(words: np.ndarray, vocab: int) -> np.ndarray:
@@ -216,29 +237,39 @@ def exact_words(words: np.ndarray, vocab: int) -> np.ndarray:
 
 
 class MaskFill:
-    """The masks of a step's grammar rows, filled while the device runs that step's forward pass (vLLM's overlap).
+    """The masks of a step's grammar rows, filled while other work of the step runs (vLLM's overlap).
 
     The decode loop starts the fill right after it launches the forward pass (asynchronous on an accelerator) and
     waits for it before planning. With ``background`` the fill runs on one worker thread (llguidance computes
     masks outside the GIL, over its own pool where :data:`_PARALLEL`), so the host's mask work hides behind the
-    device's; on the host's own device (CPU) the forward pass already uses every core, so it runs inline, after
-    the forward pass, as before. Either way the masks are those :func:`fill_masks` computes."""
+    device's. On the host's own device (CPU) the forward pass already uses every core, so the fill runs in this
+    thread when the loop waits for it, after the forward pass, while the step's batched argmax runs on another
+    core (loop.py). Either way the masks are those :func:`fill_masks` computes."""
 
     _pool: ThreadPoolExecutor | None = None
 
     def __init__(self, background: bool) -> None:
         self.background = background
         self._pending: Future[None] | None = None
+        self._deferred: list[Matcher] | None = None
 
     def start(self, matchers: list[Matcher]) -> None:
         if not self.background:
-            fill_masks(matchers)
+            self._deferred = matchers
             return
         if MaskFill._pool is None:
             MaskFill._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="formtax-masks")
         self._pending = MaskFill._pool.submit(fill_masks, matchers)
 
+    @property
+    def deferred(self) -> bool:
+        """Whether :meth:`wait` has masks to fill in this thread (the host's path)."""
+        return bool(self._deferred)
+
     def wait(self) -> None:
+        if self._deferred is not None:
+            deferred, self._deferred = self._deferred, None
+            fill_masks(deferred)
         if self._pending is not None:
             pending, self._pending = self._pending, None
             pending.result()

@@ -9,7 +9,6 @@ differ only in where a token comes from; every decision around it is the step ke
 
 from __future__ import annotations
 
-import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -21,7 +20,7 @@ import torch
 
 from formtax.decoding.lowering import LoweredRow, Lowering
 from formtax.decoding.sampling import Sampling
-from formtax.tensorops import count_true
+from formtax.tensorops import count_true, holds, unpack_bitmask
 
 if TYPE_CHECKING:
     from formtax.constraints.compile import Matcher
@@ -59,22 +58,56 @@ class Phase(StrEnum):
     ANSWER = "answer"
 
 
-@dataclass
 class Plan:
-    """What a policy wants at one step of one row."""
+    """What a policy wants at one step of one row.
 
-    forced: int | None = None  # emit this token without choosing
-    allowed: torch.Tensor | None = None  # bool [n_logits]; None = unconstrained
-    banned: Sequence[int] = ()  # tokens never chosen at this step (e.g. EOS in InWriting's preamble)
-    measure_mass: bool = False  # record the probability mass outside ``allowed`` (exact, full distribution)
-    scores: torch.Tensor | None = None  # choose from these instead of the raw logits (e.g. Deco-G's reweighting)
-    stop: str | None = None  # finish the row now, without a token (e.g. the grammar is complete)
-    event: dict[str, Any] | None = None  # a strategy statistic to record at this step
-    rewind: int | None = None  # go back to this many generated tokens (see the module docstring); no token now
-    divert: Divert | None = None  # if the token chosen under this plan is in ``divert.tokens``, re-plan (below)
-    veto: Veto | None = None  # a chosen token the policy refuses is masked and the choice made again (below)
-    known_count: tuple[torch.Tensor, int] | None = None  # (allowed, its size) when the policy knows it already
-    packed: tuple[torch.Tensor, np.ndarray] | None = None  # (allowed, its packed int32 words) when already packed
+    The allowed set comes as a bool tensor (``allowed``) or as the grammar engine's packed words (``words``: int32,
+    bit ``j`` of word ``w`` = token ``32 w + j``, no bit set past the tokenizer's vocabulary; ``width``: the
+    logits' width). Packed, it is unpacked only when something reads ``allowed``: a greedy row whose top token
+    the set holds, a device round and an engine's batched mask read the words alone, and unpacking a 49k-token
+    set costs more than the engine took to compute it (``bench/loop_overhead.py``). That is why this class is
+    written by hand rather than as a dataclass: ``allowed`` is a property, and setting it (a policy narrowing
+    the set) drops the words and count made for the old set."""
+
+    __slots__ = ("_allowed", "_count", "_width", "_words", "banned", "divert", "event", "forced", "measure_mass",
+                 "rewind", "scores", "stop", "veto")
+
+    def __init__(
+        self,
+        forced: int | None = None,  # emit this token without choosing
+        allowed: torch.Tensor | None = None,  # bool [n_logits]; None (and no ``words``) = unconstrained
+        banned: Sequence[int] = (),  # tokens never chosen at this step (e.g. EOS in InWriting's preamble)
+        measure_mass: bool = False,  # record the probability mass outside the allowed set (exact, full distribution)
+        scores: torch.Tensor | None = None,  # choose from these instead of the raw logits (Deco-G's reweighting)
+        stop: str | None = None,  # finish the row now, without a token (e.g. the grammar is complete)
+        event: dict[str, Any] | None = None,  # a strategy statistic to record at this step
+        rewind: int | None = None,  # go back to this many generated tokens (the loop's docstring); no token now
+        divert: Divert | None = None,  # if the token chosen under this plan is in ``divert.tokens``, re-plan
+        veto: Veto | None = None,  # a chosen token the policy refuses is masked and the choice made again
+        words: np.ndarray | None = None,  # the allowed set packed (instead of ``allowed``), ``width`` tokens wide
+        width: int = 0,
+        count: int | None = None,  # the allowed set's size, when the policy knows it already
+    ) -> None:
+        self.forced, self.banned, self.measure_mass, self.scores = forced, banned, measure_mass, scores
+        self.stop, self.event, self.rewind, self.divert, self.veto = stop, event, rewind, divert, veto
+        self._allowed, self._words, self._width, self._count = allowed, words, width, count
+
+    @property
+    def allowed(self) -> torch.Tensor | None:
+        """The allowed set as a bool tensor [n_logits] (unpacked from ``words`` on first read); None: no mask."""
+        if self._allowed is None and self._words is not None:
+            w = self._words
+            self._allowed = unpack_bitmask(w, self._width, min(self._width, 32 * w.shape[-1]))
+        return self._allowed
+
+    @allowed.setter
+    def allowed(self, value: torch.Tensor | None) -> None:
+        self._allowed, self._words, self._count = value, None, None
+
+    @property
+    def has_mask(self) -> bool:
+        """Whether an allowed set applies (without unpacking it)."""
+        return self._allowed is not None or self._words is not None
 
     def base(self, logits: torch.Tensor) -> torch.Tensor:
         """What the row chooses from at this step: the policy's own scores (Deco-G's reweighting, a server's score
@@ -82,19 +115,57 @@ class Plan:
         return self.scores if self.scores is not None else logits
 
     def packed_words(self) -> np.ndarray | None:
-        """``allowed``'s packed words (llguidance's layout) when the policy handed them over for this very tensor
-        (a device step then copies those; a policy that narrows ``allowed`` afterwards leaves them stale)."""
-        if self.packed is not None and self.allowed is not None and self.packed[0] is self.allowed:
-            return self.packed[1]
-        return None
+        """The allowed set's packed words when the policy handed them over (a device round copies those, 1 bit a
+        token); None when the set is a tensor (a policy that narrows ``allowed`` drops the old words)."""
+        return self._words
+
+    def holds(self, token: int) -> bool:
+        """Whether the allowed set holds ``token`` (one bit of the words when packed: nothing unpacked)."""
+        w = self._words
+        if w is not None:
+            return 0 <= token < min(self._width, 32 * w.size) and bool((int(w[token >> 5]) >> (token & 31)) & 1)
+        assert self._allowed is not None
+        return holds(self._allowed, token)
 
     def allowed_count(self) -> int:
-        """How many tokens ``allowed`` holds (a set of one is a forced token): the policy's count when it was made
-        for this very tensor (a policy that narrows ``allowed`` afterwards gets a fresh count), else counted."""
-        assert self.allowed is not None
-        if self.known_count is not None and self.known_count[0] is self.allowed:
-            return self.known_count[1]
-        return count_true(self.allowed)
+        """How many tokens the allowed set holds (a set of one is a forced token): the policy's count when it gave
+        one, else counted (a popcount of the words when packed)."""
+        if self._count is None:
+            w = self._words
+            if w is not None and self._width >= 32 * w.size:
+                self._count = int(np.bitwise_count(w.view(np.uint32)).sum())
+            else:
+                assert self.allowed is not None
+                self._count = count_true(self.allowed)
+        return self._count
+
+    def only(self, token: int) -> bool:
+        """Whether the allowed set is ``token`` alone (``token`` being one it holds; a negative one: any single
+        token). Packed, the common answer costs one word: a set of one has no other bit in ``token``'s word."""
+        w = self._words
+        if (self._count is None and w is not None and 0 <= token < 32 * w.size
+                and int(w.view(np.uint32)[token >> 5]) != 1 << (token & 31)):
+            return False
+        return self.allowed_count() == 1
+
+    def replace(self, **changes: Any) -> Plan:
+        """A copy with ``changes`` (the keyword arguments of the constructor); a new ``allowed`` drops the words."""
+        fields: dict[str, Any] = {
+            "forced": self.forced, "banned": self.banned, "measure_mass": self.measure_mass, "scores": self.scores,
+            "stop": self.stop, "event": self.event, "rewind": self.rewind, "divert": self.divert, "veto": self.veto,
+            "allowed": self._allowed, "words": self._words, "width": self._width, "count": self._count}
+        if "allowed" in changes:
+            fields.update(words=None, count=None)
+        fields.update(changes)
+        return Plan(**fields)
+
+    def __repr__(self) -> str:
+        shown = {k: getattr(self, k) for k in ("forced", "banned", "measure_mass", "stop", "event", "rewind")}
+        body = ", ".join(f"{k}={v!r}" for k, v in shown.items() if v not in (None, (), False, []))
+        mask = "packed" if self._words is not None else ("tensor" if self._allowed is not None else None)
+        extra = [f"mask={mask}"] if mask else []
+        extra += [f"{k}=..." for k in ("scores", "divert", "veto") if getattr(self, k) is not None]
+        return f"Plan({', '.join(x for x in (body, *extra) if x)})"
 
 
 @dataclass
@@ -123,11 +194,11 @@ class Veto:
     """Refuse a chosen token after the fact: when ``accept(token)`` is False, the token is masked out and the
     choice is made again from the same logits, so greedy takes the best accepted token and sampling draws from
     the distribution conditioned on an accepted token (rejection). After ``tries`` refusals ``fallback`` is
-    emitted as a forced token. For conditions too costly to evaluate over the whole vocabulary (closing mode asks
-    whether a completion still fits after the token)."""
+    emitted as a forced token (``fallback()`` is asked only then). For conditions too costly to evaluate over the
+    whole vocabulary (closing mode asks whether a completion still fits after the token)."""
 
     accept: Callable[[int], bool]
-    fallback: int
+    fallback: Callable[[], int]
     tries: int = 8
 
 
@@ -263,7 +334,7 @@ def relay(plan: Plan, sync: Callable[[], None]) -> Plan:
 
     otherwise = plan.divert.otherwise
     if otherwise is None:
-        return dataclasses.replace(plan, divert=Divert(plan.divert.tokens, then, by_argmax=plan.divert.by_argmax))
+        return plan.replace(divert=Divert(plan.divert.tokens, then, by_argmax=plan.divert.by_argmax))
     first = otherwise
 
     def other() -> Plan:
@@ -271,4 +342,4 @@ def relay(plan: Plan, sync: Callable[[], None]) -> Plan:
         sync()
         return replaced
 
-    return dataclasses.replace(plan, divert=Divert(plan.divert.tokens, then, other, plan.divert.by_argmax))
+    return plan.replace(divert=Divert(plan.divert.tokens, then, other, plan.divert.by_argmax))

@@ -74,29 +74,25 @@ class ConstrainedPolicy(Policy):
             return Plan(stop=Finish.CONSTRAINT_ERROR)
         if self.matcher.stopped:
             return Plan(stop=Finish.CONSTRAINT_COMPLETE)
-        allowed = self.matcher.allowed_mask()
-        known = self.matcher.known_count(allowed)
-        if known == 0 or (known is None and not any_true(allowed)):
+        m = self.matcher
+        if m.allowed_empty():
             return Plan(stop=Finish.CONSTRAINT_ERROR)
         measure = self._measure and self.first
         self.first = False
-        banned: list[int] = []
+        plan = Plan(words=m.allowed_words(), width=m.n_logits, measure_mass=measure)
         if self.keys is not None:
-            banned = self.keys.banned(allowed)
-            if banned and len(banned) >= (known if known is not None else int(allowed.sum())):
+            banned = self.keys.banned(plan.allowed)
+            if banned and len(banned) >= plan.allowed_count():
                 banned = []  # only repeats remain: leave the choice to the grammar (the oracle refuses it)
-        veto = None
-        if self.closer is not None and self.closer.current() is not None:  # no witness known: nothing to keep
-            closer, left = self.closer, self.closer.limit - step - 1  # tokens left after this one
-            closer.begin_step()
+            plan.banned = banned
+        closer = self.closer
+        if closer is not None and closer.current() is not None:  # no witness known: nothing to keep
+            closer.begin_step(closer.limit - step - 1)  # tokens left after this one
             if self.keys is not None:  # closing and the key guard together: no completion may repeat a key
-                veto = Veto(self._keyed_accept(frozenset(banned), left), closer.fallback())
+                plan.veto = Veto(self._keyed_accept(frozenset(plan.banned), closer.left), closer.fallback)
             else:
-                veto = Veto(lambda t: closer.accept(t, left), closer.fallback())
-        words = self.matcher.packed(allowed)
-        return Plan(allowed=allowed, banned=banned, measure_mass=measure, veto=veto,
-                    known_count=None if known is None else (allowed, known),
-                    packed=None if words is None else (allowed, words))
+                plan.veto = Veto(closer.vet, closer.fallback)
+        return plan
 
     def _keyed_accept(self, banned: frozenset[int], left: int) -> Callable[[int], bool]:
         """Closing's acceptance for a guarded row: the token repeats no key, a completion fits after it, and that
@@ -171,7 +167,7 @@ class JsonCapPolicy(ConstrainedPolicy):
     def plan(self, logits: torch.Tensor, step: int) -> Plan:
         plan = super().plan(logits, step)
         extra = self.caps.allowed()
-        if plan.allowed is None or extra is None:
+        if extra is None or plan.allowed is None:
             return plan
         allowed = plan.allowed & extra[: plan.allowed.shape[0]]
         if not any_true(allowed):

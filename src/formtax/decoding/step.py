@@ -24,7 +24,6 @@ every row, choose, emit, advance, rewind or finish.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
@@ -34,7 +33,7 @@ import torch
 from formtax.decoding.devicestep import Entry, clear_bits, device_round, pack_bool
 from formtax.decoding.plan import Finish, Plan, RowOutput, RowRequest, Step
 from formtax.decoding.sampling import GREEDY, Sampling
-from formtax.tensorops import argmax, holds, masked_argmax, ranked_masked
+from formtax.tensorops import argmax, masked_argmax, ranked_masked
 
 __all__ = ["DRAWN", "Choice", "End", "RowCursor", "admits", "allowed_words", "choose", "choose_vetted", "decide",
            "draw_divert", "edit_row", "flags", "greedy_batch", "mass_words", "masked_mass", "plan_end", "vetted"]
@@ -79,8 +78,8 @@ def plan_end(plan: Plan, rewinds: bool) -> End | None:
 
 def flags(plan: Plan, token: int) -> Choice:
     """The :class:`Choice` of ``token`` chosen under ``plan``'s mask and bans (not its forced token)."""
-    return Choice(token, plan.allowed is not None or bool(plan.banned),
-                  plan.allowed is not None and plan.allowed_count() == 1)
+    masked = plan.has_mask
+    return Choice(token, masked or bool(plan.banned), masked and plan.only(token))
 
 
 def allowed_words(plan: Plan, n_words: int, allowed: np.ndarray | None = None) -> np.ndarray | None:
@@ -94,10 +93,10 @@ def allowed_words(plan: Plan, n_words: int, allowed: np.ndarray | None = None) -
 
 def mass_words(plan: Plan, n_words: int) -> np.ndarray | None:
     """The plan's allowed set alone (before its bans: the masked mass is the grammar's) as packed words."""
-    if plan.allowed is None:
+    if not plan.has_mask:
         return None
     words = plan.packed_words()
-    return pack_bool(plan.allowed, n_words) if words is None else words
+    return pack_bool(plan.allowed, n_words) if words is None else words  # type: ignore[arg-type]
 
 
 def admits(plan: Plan, token: int) -> bool:
@@ -105,7 +104,7 @@ def admits(plan: Plan, token: int) -> bool:
     cannot be replayed, so a diverting plan admits none of its divert tokens, and none when every draw diverts)."""
     if plan.forced is not None:
         return token == plan.forced
-    return not ((plan.allowed is not None and not bool(plan.allowed[token])) or token in plan.banned
+    return not ((plan.has_mask and not plan.holds(token)) or token in plan.banned
                 or (plan.divert is not None
                     and (token in plan.divert.tokens or plan.divert.otherwise is not None)))
 
@@ -113,9 +112,9 @@ def admits(plan: Plan, token: int) -> bool:
 def _pick(logits: torch.Tensor, plan: Plan, sampling: Sampling, gen: torch.Generator | None) -> int:
     """The token chosen under the plan's mask and bans: the masked argmax, or a draw from the masked, warped
     distribution with the row's generator."""
-    if plan.allowed is not None or plan.banned:
+    if plan.has_mask or plan.banned:
         logits = logits.clone()
-        if plan.allowed is not None:
+        if plan.allowed is not None:  # (unpacked here: a sampled or re-chosen row reads the whole set)
             logits.masked_fill_(~plan.allowed.to(logits.device), float("-inf"))
         if plan.banned:
             logits[list(plan.banned)] = float("-inf")
@@ -156,11 +155,11 @@ def vetted(logits: torch.Tensor, plan: Plan, sampling: Sampling, gen: torch.Gene
         if ranked is not None:
             token = ranked[k]
         else:
-            token = _pick(logits, dataclasses.replace(plan, banned=[*plan.banned, *refused]), sampling, gen)
+            token = _pick(logits, plan.replace(banned=[*plan.banned, *refused]), sampling, gen)
         if veto.accept(token):
             return Choice(token, True, False)
         refused.append(token)
-    return Choice(veto.fallback, True, True)
+    return Choice(veto.fallback(), True, True)
 
 
 def draw_divert(plan: Plan, logits: torch.Tensor, sampling: Sampling, gen: torch.Generator | None,
@@ -172,7 +171,7 @@ def draw_divert(plan: Plan, logits: torch.Tensor, sampling: Sampling, gen: torch
     if plan.divert is None:
         return plan, None
     base = plan.base(logits)
-    unmasked = plan.scores is None and plan.allowed is None and not plan.banned
+    unmasked = plan.scores is None and not plan.has_mask and not plan.banned
     if (sampling.greedy or plan.divert.by_argmax) and unmasked:
         drawn = top()
     elif plan.divert.by_argmax:
@@ -187,7 +186,7 @@ def decide(plan: Plan, drawn: int | None, logits: torch.Tensor, sampling: Sampli
            gen: torch.Generator | None) -> Choice:
     """The token of a plan that stands (after :func:`draw_divert`)."""
     if plan.forced is not None:
-        return Choice(plan.forced, plan.allowed is not None, True)
+        return Choice(plan.forced, plan.has_mask, True)
     if drawn is not None:  # kept from the diverting plan: its divert tokens were in effect masked
         return Choice(drawn, True, False)
     return choose_vetted(plan.base(logits), plan, sampling, gen)
@@ -212,23 +211,13 @@ def edit_row(row: torch.Tensor, index: int, plan: Plan, drawn: int | None, view:
         row.copy_(plan.scores.to(device=row.device, dtype=row.dtype))
     if not choice.masked:
         return choice, None
-    if plan.allowed is None and row.device.type == "cpu":
+    if not plan.has_mask and row.device.type == "cpu":
         # bans alone (InWriting's reasoning phase bans EOS) on the host: set those few scores here. Same edit as
         # the batched application, which would unpack a whole-vocabulary mask for this row (issue 44's
         # profile: most of InWriting's plugin time at 64 rows)
         row[torch.tensor(sorted(plan.banned), dtype=torch.long)] = float("-inf")
         return choice, None
     return choice, Entry(index, allowed_words(plan, (row.shape[-1] + 31) // 32))
-
-
-def _holds(plan: Plan, token: int) -> bool:
-    """Whether the plan's allowed set holds ``token``: one bit of its packed words when the policy handed them
-    over (no numpy view of the mask to make), else the mask's entry."""
-    words = plan.packed_words()
-    if words is not None:
-        return 0 <= token < 32 * words.size and bool((int(words[token >> 5]) >> (token & 31)) & 1)
-    assert plan.allowed is not None
-    return holds(plan.allowed, token)
 
 
 def greedy_batch(logits: Sequence[torch.Tensor], chosen: list[tuple[int, Plan]], top: Callable[[], list[int]]
@@ -250,9 +239,9 @@ def greedy_batch(logits: Sequence[torch.Tensor], chosen: list[tuple[int, Plan]],
             rest.append(k)
             continue
         token = top()[pos]
-        if plan.allowed is None and not plan.banned:
+        if not plan.has_mask and not plan.banned:
             out[k] = Choice(token, False, False)
-        elif (plan.allowed is None or _holds(plan, token)) and token not in plan.banned:
+        elif (not plan.has_mask or plan.holds(token)) and token not in plan.banned:
             out[k] = flags(plan, token)
         else:
             rest.append(k)
@@ -329,7 +318,7 @@ class RowCursor:
 
     def measures(self, plan: Plan) -> bool:
         """Whether :meth:`measure` records this plan's masked mass (the row's first measured, masked step)."""
-        return plan.measure_mass and plan.allowed is not None and self.out.masked_mass is None
+        return plan.measure_mass and plan.has_mask and self.out.masked_mass is None
 
     def opening(self) -> End | None:
         """A row with no budget ends before its first step, as its policy names an exhausted budget."""

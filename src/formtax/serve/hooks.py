@@ -21,7 +21,6 @@ for token as ``formtax.generate``. The semantics (ours where OpenAI leaves them 
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 from collections import Counter
@@ -87,7 +86,7 @@ class Hooked(Transparent):
         if self.hooks.logprobs:
             self._logp = torch.log_softmax(logits.double(), dim=-1)
         if self.hooks.edits_scores and plan.forced is None and plan.stop is None and plan.rewind is None:
-            plan = dataclasses.replace(plan, scores=self._edited(plan.base(logits)))
+            plan = plan.replace(scores=self._edited(plan.base(logits)))
         return plan
 
     def _edited(self, base: torch.Tensor) -> torch.Tensor:

@@ -455,14 +455,12 @@ class SeamBreak(Wrapping):
             self.phase = self.inner.phase
 
     def _wrap(self, plan: Plan, was: str) -> Plan:
-        import dataclasses
-
         from formtax.decoding.plan import Divert
 
         assert plan.divert is not None
         div = plan.divert
         then, other = div.then, div.otherwise
-        return dataclasses.replace(plan, divert=Divert(
+        return plan.replace(divert=Divert(
             div.tokens, lambda: self._seam(then(), was),
             None if other is None else (lambda: self._seam(other(), was)), div.by_argmax))
 
