@@ -381,7 +381,10 @@ class Closer:
 
     def vet(self, token: int) -> bool:
         """:meth:`accept` with this step's tokens left (a step's :class:`~formtax.decoding.plan.Veto`)."""
-        return self.accept(token, self.left)
+        first, self._first = self._first, False
+        ok = self._accept(token, self.left)
+        self.changed += int(first and not ok)
+        return ok
 
     def accept(self, token: int, left: int) -> bool:
         """Whether a completion still fits in ``left`` tokens after emitting ``token`` (the witness after it is

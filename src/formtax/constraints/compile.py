@@ -205,7 +205,7 @@ def fill_masks(matchers: list[Matcher]) -> None:
     global _EXECUTOR
     groups: dict[tuple[int, int], list[Matcher]] = {}
     for m in matchers:
-        if m.error is None and not m.stopped:
+        if not m._ll.is_stopped():  # (stopped includes the error state)
             groups.setdefault((m.tokenizer.vocab_size, m.n_logits), []).append(m)
     for (vocab, n_logits), ms in groups.items():
         if len(ms) == 1:
@@ -237,39 +237,29 @@ def exact_words(words: np.ndarray, vocab: int) -> np.ndarray:
 
 
 class MaskFill:
-    """The masks of a step's grammar rows, filled while other work of the step runs (vLLM's overlap).
+    """The masks of a step's grammar rows, filled while the device runs that step's forward pass (vLLM's overlap).
 
     The decode loop starts the fill right after it launches the forward pass (asynchronous on an accelerator) and
     waits for it before planning. With ``background`` the fill runs on one worker thread (llguidance computes
     masks outside the GIL, over its own pool where :data:`_PARALLEL`), so the host's mask work hides behind the
-    device's. On the host's own device (CPU) the forward pass already uses every core, so the fill runs in this
-    thread when the loop waits for it, after the forward pass, while the step's batched argmax runs on another
-    core (loop.py). Either way the masks are those :func:`fill_masks` computes."""
+    device's; on the host's own device (CPU) the forward pass already uses every core, so it runs inline, after
+    the forward pass, as before. Either way the masks are those :func:`fill_masks` computes."""
 
     _pool: ThreadPoolExecutor | None = None
 
     def __init__(self, background: bool) -> None:
         self.background = background
         self._pending: Future[None] | None = None
-        self._deferred: list[Matcher] | None = None
 
     def start(self, matchers: list[Matcher]) -> None:
         if not self.background:
-            self._deferred = matchers
+            fill_masks(matchers)
             return
         if MaskFill._pool is None:
             MaskFill._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="formtax-masks")
         self._pending = MaskFill._pool.submit(fill_masks, matchers)
 
-    @property
-    def deferred(self) -> bool:
-        """Whether :meth:`wait` has masks to fill in this thread (the host's path)."""
-        return bool(self._deferred)
-
     def wait(self) -> None:
-        if self._deferred is not None:
-            deferred, self._deferred = self._deferred, None
-            fill_masks(deferred)
         if self._pending is not None:
             pending, self._pending = self._pending, None
             pending.result()

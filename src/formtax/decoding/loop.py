@@ -15,10 +15,8 @@ on a rewind step. The suffix strategies use it to branch back into an earlier po
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
@@ -78,23 +76,6 @@ def _coupled(policy: Policy) -> bool:
     return False
 
 
-TOP_AHEAD_ROWS = 8
-"""From this many greedy rows on the host, the step's argmax of every row starts on a worker thread as the step
-begins, and runs on another core while this thread fills the masks and plans the rows (numpy's reduction leaves
-the GIL; the tokens are the same). Ours, and why: at 64 rows of 49k logits the argmax is most of a free step and
-a third of a constrained one (``bench/loop_overhead.py``), and below 8 rows the thread's hand-off costs about what
-it saves."""
-_CORES = os.cpu_count() or 1
-_TOP_POOL: ThreadPoolExecutor | None = None
-
-
-def _top_pool() -> ThreadPoolExecutor:
-    global _TOP_POOL
-    if _TOP_POOL is None:
-        _TOP_POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="formtax-top")
-    return _TOP_POOL
-
-
 class _Stepper:
     """The steps of one :func:`decode` over its live rows: at each step plan each row, choose, emit and advance.
 
@@ -115,9 +96,7 @@ class _Stepper:
         self.vocab = 0
         self.begin(torch.empty(0), 0)
 
-    def begin(self, logits: torch.Tensor, passes: int, live: Sequence[int] = (), ahead: bool = False) -> None:
-        """A new step over ``logits``; ``ahead``: this thread has GIL-free work to do before the rows choose (the
-        masks to fill), so the argmax may start now on another core (:data:`TOP_AHEAD_ROWS`)."""
+    def begin(self, logits: torch.Tensor, passes: int, live: Sequence[int] = ()) -> None:
         self.logits, self.passes, self.live = logits, passes, live
         self.rows: Sequence[torch.Tensor] = logits.unbind(0)  # one call for every row's view (indexing is not free)
         self.decided: dict[int, Choice] = {}  # pos -> the row's choice
@@ -129,10 +108,6 @@ class _Stepper:
         self.next_tokens: list[int] = []
         self._top: list[int] | None = None
         self._top_dev: torch.Tensor | None = None
-        self._top_ahead: Future[list[int]] | None = None
-        if ahead and not self.on_device and len(live) >= TOP_AHEAD_ROWS and _CORES >= 2 and self.together \
-                and all(self.samplings[i].greedy for i in live):
-            self._top_ahead = _top_pool().submit(argmax_rows, logits)
         self.device_ids: tuple[torch.Tensor, list[int]] | None = None  # the round's ids, on the device and host
 
     def top(self) -> list[int]:
@@ -141,8 +116,6 @@ class _Stepper:
             if self.on_device:
                 self._top_dev = self.logits.argmax(dim=-1)
                 self._top = [int(t) for t in to_host(self._top_dev).tolist()]
-            elif self._top_ahead is not None:
-                self._top = self._top_ahead.result()
             else:
                 self._top = argmax_rows(self.logits)
         return self._top
@@ -353,8 +326,8 @@ def decode(
     fill = MaskFill(background=on_device and logits.device.type != "cpu")
     fill.start([m for i in live if (m := rows[i].policy.mask_matcher()) is not None])
     while live:
-        step.begin(logits, passes, live, ahead=fill.deferred)
-        fill.wait()  # the masks: computed while the device ran the forward pass, or now, while the argmax runs
+        step.begin(logits, passes, live)
+        fill.wait()  # the step's masks, computed while the device ran the forward pass
         if not step.together:  # coupled rows: each row plans, chooses and advances before the next one plans
             for pos, i in enumerate(live):
                 step.plan_row(pos, i)

@@ -70,11 +70,9 @@ class ConstrainedPolicy(Policy):
         self.closing_idle = False  # closing mode is on but can never act (constraints/extent.py): no closer built
 
     def plan(self, logits: torch.Tensor, step: int) -> Plan:
-        if self.matcher.error is not None:
-            return Plan(stop=Finish.CONSTRAINT_ERROR)
-        if self.matcher.stopped:
-            return Plan(stop=Finish.CONSTRAINT_COMPLETE)
         m = self.matcher
+        if m.stopped:  # complete, or the engine's error state
+            return Plan(stop=Finish.CONSTRAINT_ERROR if m.error is not None else Finish.CONSTRAINT_COMPLETE)
         if m.allowed_empty():
             return Plan(stop=Finish.CONSTRAINT_ERROR)
         measure = self._measure and self.first

@@ -234,17 +234,25 @@ def greedy_batch(logits: Sequence[torch.Tensor], chosen: list[tuple[int, Plan]],
     :meth:`Plan.allowed_count`."""
     out: list[Choice] = [Choice(0, False, False)] * len(chosen)
     rest: list[int] = []
-    for k, (pos, plan) in enumerate(chosen):
+    tops: list[int] | None = None
+    for k, (pos, plan) in enumerate(chosen):  # (as flags() says, inline: this runs per row-step)
         if plan.scores is not None:
             rest.append(k)
             continue
-        token = top()[pos]
-        if not plan.has_mask and not plan.banned:
+        if tops is None:
+            tops = top()
+        token = tops[pos]
+        if plan.has_mask:
+            if plan.holds(token) and token not in plan.banned:
+                out[k] = Choice(token, True, plan.only(token))
+                continue
+        elif not plan.banned:
             out[k] = Choice(token, False, False)
-        elif (not plan.has_mask or plan.holds(token)) and token not in plan.banned:
-            out[k] = flags(plan, token)
-        else:
-            rest.append(k)
+            continue
+        elif token not in plan.banned:
+            out[k] = Choice(token, True, False)
+            continue
+        rest.append(k)
     if not rest:
         return out
     slow: list[int] = []
@@ -272,16 +280,16 @@ def masked_mass(logits: torch.Tensor, allowed: torch.Tensor) -> float:
     """Probability mass the unconstrained model puts outside ``allowed`` (softmax of raw logits, in float64).
 
     On the host through numpy (ours, and why: the same float64 softmax without torch's intra-op threads, which
-    on a busy machine made this one row 50-70 ms instead of 0.3; the sum over the allowed set as a product, as
-    a masked reduction does not vectorise); elsewhere with torch."""
+    on a busy machine made this one row 50-70 ms instead of 0.3; the sum over the allowed set as a dot product with
+    0/1 weights, as a masked reduction does not vectorise); elsewhere with torch."""
     if (logits.device.type == "cpu" and allowed.device.type == "cpu" and not logits.requires_grad
             and logits.dtype in (torch.float32, torch.float64, torch.float16)):
         d = logits.numpy().astype(np.float64)
         d -= d.max()
         np.exp(d, out=d)
         total = float(d.sum())
-        d *= allowed.numpy()
-        return 1.0 - float(d.sum()) / total
+        inside = float(np.dot(d, allowed.numpy().astype(np.float64)))  # 1/0 weights: a dot beats a masked sum
+        return 1.0 - inside / total
     p = torch.softmax(logits.double(), dim=-1)
     return float(1.0 - p[allowed].sum().item())
 
@@ -327,11 +335,12 @@ class RowCursor:
     def accept(self, choice: Choice) -> End | None:
         """Emit the choice's token and advance the policy: the row's end (the policy's finish, e.g. a stop
         string, then the budget's), or None to go on."""
-        self.out.tokens.append(choice.token)
-        self.out.steps.append(Step(choice.token, self.policy.phase, choice.forced, choice.masked))
-        reason = self.policy.advance(choice.token)
-        if reason is None and len(self.out.tokens) >= self.req.max_tokens:
-            reason = self.policy.budget_exhausted()
+        out, policy, token = self.out, self.policy, choice.token
+        out.tokens.append(token)
+        out.steps.append(Step(token, policy.phase, choice.forced, choice.masked))
+        reason = policy.advance(token)
+        if reason is None and len(out.tokens) >= self.req.max_tokens:
+            reason = policy.budget_exhausted()
         return None if reason is None else End(reason)
 
     def engine_end(self, engine_finish: str | None, eos_id: int | None = None) -> End:
