@@ -45,19 +45,39 @@ def argmax(x: torch.Tensor) -> int:
     return int(x.argmax().item()) if a is None else int(a.argmax())
 
 
-def masked_argmax(x: torch.Tensor, allowed: torch.Tensor | None, banned: Sequence[int]) -> int | None:
-    """The first maximal index of ``x`` [V] among the tokens ``allowed`` holds and ``banned`` does not, read on
-    the host without copying the row (the allowed ids are gathered, then their values); None when the tensors
-    are not on the host's fast path (the caller masks with torch) or nothing is left to choose."""
+def ids_from_words(words: np.ndarray, width: int) -> np.ndarray:
+    """The ids a packed set holds (llguidance's int32 words: bit ``j`` of word ``w`` = id ``32 w + j``), ascending,
+    below ``width``. Only the nonzero words are unpacked: a grammar state that allows a few tokens costs a scan of
+    its words, not an unpacking of the whole vocabulary."""
+    nz = np.flatnonzero(words)
+    if nz.size == 0:
+        return nz
+    if 8 * nz.size > words.size:  # a dense set: unpacking every word costs less than picking them out
+        ids = np.flatnonzero(np.unpackbits(np.ascontiguousarray(words).view(np.uint8), bitorder="little"))
+        return ids[ids < width] if ids[-1] >= width else ids
+    bits = np.unpackbits(np.ascontiguousarray(words[nz]).view(np.uint8), bitorder="little").reshape(nz.size, 32)
+    row, col = np.nonzero(bits)
+    ids = nz[row] * 32 + col
+    return ids[ids < width] if ids[-1] >= width else ids
+
+
+def masked_argmax(x: torch.Tensor, allowed: torch.Tensor | None, banned: Sequence[int],
+                  ids: np.ndarray | None = None) -> int | None:
+    """The first maximal index of ``x`` [V] among the tokens ``allowed`` holds (or the ascending ``ids``, when the
+    caller has them: ``allowed`` is then not read) and ``banned`` does not, read on the host without copying the
+    row (the allowed ids are gathered, then their values); None when the tensors are not on the host's fast path
+    (the caller masks with torch) or nothing is left to choose."""
     xa = _numpy(x)
-    aa = None if allowed is None else _numpy(allowed)
-    if xa is None or (allowed is not None and aa is None):
+    aa = None if allowed is None or ids is not None else _numpy(allowed)
+    if xa is None or (ids is None and allowed is not None and aa is None):
         return None
-    if aa is None:  # banned only: the row less its banned ids
+    if ids is None and aa is None:  # banned only: the row less its banned ids
         c = xa.copy()
         c[np.asarray(banned, dtype=np.int64)] = -np.inf
         return int(c.argmax()) if len(banned) < c.shape[0] else None
-    ids = np.flatnonzero(aa)
+    if ids is None:
+        assert aa is not None
+        ids = np.flatnonzero(aa)
     if ids.size == 0:
         return None
     vals = xa[ids]  # a copy (fancy indexing)
@@ -79,16 +99,18 @@ def masked_argmax(x: torch.Tensor, allowed: torch.Tensor | None, banned: Sequenc
     return int(ids[int(vals.argmax())])
 
 
-def ranked_masked(x: torch.Tensor, allowed: torch.Tensor | None, banned: Sequence[int], k: int) -> list[int] | None:
+def ranked_masked(x: torch.Tensor, allowed: torch.Tensor | None, banned: Sequence[int], k: int,
+                  ids: np.ndarray | None = None) -> list[int] | None:
     """The ``k`` tokens the host's masked argmax would choose one after another, each time with the ones before it
     banned too: the allowed, unbanned ids by value, highest first, ties by the lower index; 0 once none with a
     finite value is left (the re-choice is then an argmax over a row of ``-inf``). One gather and one partial sort instead of ``k`` argmaxes; None off the
-    host's fast path."""
+    host's fast path. ``ids``: the allowed ids, ascending, when the caller has them (``allowed`` is then not read)."""
     xa = _numpy(x)
-    aa = None if allowed is None else _numpy(allowed)
-    if xa is None or (allowed is not None and aa is None) or k <= 0:
+    aa = None if allowed is None or ids is not None else _numpy(allowed)
+    if xa is None or (ids is None and allowed is not None and aa is None) or k <= 0:
         return None
-    ids = np.flatnonzero(aa) if aa is not None else np.arange(xa.shape[0])
+    if ids is None:
+        ids = np.flatnonzero(aa) if aa is not None else np.arange(xa.shape[0])
     if banned and ids.size:
         b = np.asarray(banned, dtype=ids.dtype)
         at = np.searchsorted(ids, b)

@@ -19,7 +19,7 @@ from formtax.decoding.plan import Plan
 from formtax.decoding.sampling import as_sampling
 from formtax.decoding.step import choose as _choose
 from formtax.decoding.step import greedy_batch as _greedy_batch
-from formtax.tensorops import argmax, argmax_rows, bitmask_counts, count_true, unpack_bitmask
+from formtax.tensorops import argmax, argmax_rows, bitmask_counts, count_true, ids_from_words, unpack_bitmask
 
 V = 37
 
@@ -97,6 +97,9 @@ def test_bitmask_unpacks_and_counts_bit_by_bit(vocab: int, rows: int, dn: int, r
     assert unpack_bitmask(words, n, vocab).tolist() == want
     assert bitmask_counts(words, n, vocab) == [sum(w) for w in want]
     assert unpack_bitmask(words[0], n, vocab).tolist() == want[0]
+    for r in range(rows):  # the ids of a packed set, only its nonzero words unpacked
+        bits = [bool((int(words[r, t // 32]) >> (t % 32)) & 1) for t in range(32 * words.shape[1])]
+        assert ids_from_words(words[r].numpy(), n).tolist() == [t for t, on in enumerate(bits) if on and t < n]
 
 
 def test_host_reductions_equal_torchs() -> None:

@@ -84,6 +84,7 @@ class _Prefilled:
     words: np.ndarray
     empty: bool | None = None
     mask: torch.Tensor | None = None
+    live: bool = False  # filled by fill_masks, which skips stopped matchers: this state is not stopped
 
 
 class Matcher:
@@ -177,7 +178,11 @@ class Matcher:
 
     @property
     def stopped(self) -> bool:
-        """No token but EOS can follow (the grammar is complete), or the matcher is in error."""
+        """No token but EOS can follow (the grammar is complete), or the matcher is in error. (Known without asking
+        the engine again for a state :func:`fill_masks` filled: it fills no stopped matcher.)"""
+        pre = self._prefilled
+        if pre is not None and pre.live and pre.version == self._version:
+            return False
         return bool(self._ll.is_stopped())
 
     @property
@@ -223,7 +228,7 @@ def fill_masks(matchers: list[Matcher]) -> None:
         # a set is left unpacked until a plan reads it as a tensor (Plan.allowed): most greedy steps never do
         empty = (np.count_nonzero(words, axis=1) == 0).tolist() if n_logits >= vocab else [None] * len(ms)
         for k, m in enumerate(ms):
-            m._prefilled = _Prefilled(m._version, words[k], empty[k])
+            m._prefilled = _Prefilled(m._version, words[k], empty[k], live=True)
 
 
 def exact_words(words: np.ndarray, vocab: int) -> np.ndarray:

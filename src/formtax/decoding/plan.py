@@ -20,7 +20,7 @@ import torch
 
 from formtax.decoding.lowering import LoweredRow, Lowering
 from formtax.decoding.sampling import Sampling
-from formtax.tensorops import count_true, holds, unpack_bitmask
+from formtax.tensorops import count_true, holds, ids_from_words, unpack_bitmask
 
 if TYPE_CHECKING:
     from formtax.constraints.compile import Matcher
@@ -126,6 +126,14 @@ class Plan:
             return 0 <= token < min(self._width, 32 * w.size) and bool((int(w[token >> 5]) >> (token & 31)) & 1)
         assert self._allowed is not None
         return holds(self._allowed, token)
+
+    def allowed_ids(self) -> np.ndarray | None:
+        """The allowed ids, ascending, on the host (from the words when packed: only their nonzero words are
+        unpacked); None without a mask, or for a mask off the host."""
+        if self._words is not None:
+            return ids_from_words(self._words, self._width)
+        a = self._allowed
+        return None if a is None or a.device.type != "cpu" else np.flatnonzero(a.numpy())
 
     def allowed_count(self) -> int:
         """How many tokens the allowed set holds (a set of one is a forced token): the policy's count when it gave

@@ -68,6 +68,7 @@ class ConstrainedPolicy(Policy):
         self.first = True
         self.closer = None if closing_limit is None else Closer(matcher, closing_limit, eos_ids)
         self.closing_idle = False  # closing mode is on but can never act (constraints/extent.py): no closer built
+        self._veto: Veto | None = None
 
     def plan(self, logits: torch.Tensor, step: int) -> Plan:
         m = self.matcher
@@ -89,7 +90,9 @@ class ConstrainedPolicy(Policy):
             if self.keys is not None:  # closing and the key guard together: no completion may repeat a key
                 plan.veto = Veto(self._keyed_accept(frozenset(plan.banned), closer.left), closer.fallback)
             else:
-                plan.veto = Veto(closer.vet, closer.fallback)
+                if self._veto is None:  # the same every step: the closer holds the step's tokens left
+                    self._veto = Veto(closer.vet, closer.fallback)
+                plan.veto = self._veto
         return plan
 
     def _keyed_accept(self, banned: frozenset[int], left: int) -> Callable[[int], bool]:

@@ -150,7 +150,9 @@ def vetted(logits: torch.Tensor, plan: Plan, sampling: Sampling, gen: torch.Gene
         return first
     refused = [token]
     if ranked is None and sampling.greedy:
-        ranked = ranked_masked(logits, plan.allowed, [*plan.banned, token], veto.tries - 1)
+        ids = plan.allowed_ids() if plan.has_mask else None  # (None for a mask off the host: then the tensor)
+        ranked = ranked_masked(logits, plan.allowed if ids is None else None, [*plan.banned, token], veto.tries - 1,
+                               ids)
     for k in range(veto.tries - 1):
         if ranked is not None:
             token = ranked[k]
@@ -258,7 +260,11 @@ def greedy_batch(logits: Sequence[torch.Tensor], chosen: list[tuple[int, Plan]],
     slow: list[int] = []
     for k in rest:  # on the host: each row's argmax over its allowed ids, without a copy of its logits
         pos, plan = chosen[k]
-        found = masked_argmax(plan.base(logits[pos]), plan.allowed, plan.banned)
+        if plan.has_mask:
+            ids = plan.allowed_ids()  # (only the nonzero words unpacked: the sets of these rows are often small)
+            found = None if ids is None else masked_argmax(plan.base(logits[pos]), None, plan.banned, ids)
+        else:
+            found = masked_argmax(plan.base(logits[pos]), None, plan.banned)
         if found is None:
             slow.append(k)
             continue
