@@ -226,7 +226,9 @@ def fill_masks(matchers: list[Matcher]) -> None:
                 m._ll.unsafe_compute_mask_ptr(ptr + k * row_bytes, row_bytes)
         words = exact_words(bitmask.numpy().copy(), vocab)  # the buffer is reused: each row keeps its own copy
         # a set is left unpacked until a plan reads it as a tensor (Plan.allowed): most greedy steps never do
-        empty = (np.count_nonzero(words, axis=1) == 0).tolist() if n_logits >= vocab else [None] * len(ms)
+        empty: list[bool | None] = [None] * len(ms)
+        if n_logits >= vocab:  # (else counted on demand, below the logits' width: Matcher.allowed_empty)
+            empty = [not bool(a) for a in np.asarray(words.any(axis=1)).tolist()]
         for k, m in enumerate(ms):
             m._prefilled = _Prefilled(m._version, words[k], empty[k], live=True)
 
