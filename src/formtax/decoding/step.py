@@ -236,25 +236,15 @@ def greedy_batch(logits: Sequence[torch.Tensor], chosen: list[tuple[int, Plan]],
     :meth:`Plan.allowed_count`."""
     out: list[Choice] = [Choice(0, False, False)] * len(chosen)
     rest: list[int] = []
-    tops: list[int] | None = None
-    for k, (pos, plan) in enumerate(chosen):  # (as flags() says, inline: this runs per row-step)
+    for k, (pos, plan) in enumerate(chosen):
         if plan.scores is not None:
             rest.append(k)
             continue
-        if tops is None:
-            tops = top()
-        token = tops[pos]
-        if plan.has_mask:
-            if plan.holds(token) and token not in plan.banned:
-                out[k] = Choice(token, True, plan.only(token))
-                continue
-        elif not plan.banned:
-            out[k] = Choice(token, False, False)
-            continue
-        elif token not in plan.banned:
-            out[k] = Choice(token, True, False)
-            continue
-        rest.append(k)
+        token = top()[pos]
+        if (not plan.has_mask or plan.holds(token)) and token not in plan.banned:
+            out[k] = flags(plan, token)
+        else:
+            rest.append(k)
     if not rest:
         return out
     slow: list[int] = []
