@@ -135,3 +135,31 @@ def test_the_responses_stream_opens_and_closes_each_item_in_order():
     assert [o["type"] for o in final["output"]] == ["reasoning", "message"]
     assert final["output"][1]["content"][0]["text"] == "Hi!" and final["usage"]["output_tokens"] == 4
     assert final["formtax"] == {"x": 1}
+
+
+def test_a_server_nobody_stopped_is_shut_down_at_exit(tmp_path) -> None:
+    """A script that ends with its ServerThread running (the docs' examples do) exits cleanly: the server is stopped
+    at exit, its batcher closed, before the interpreter finalises (CI once aborted there, SIGABRT, when a daemon
+    thread freed a tensor during finalisation). The check runs after the server's own exit hook (hooks run last
+    registered first), so it sees what finalisation will find."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "left_running.py"
+    script.write_text(
+        "import atexit, httpx\n"
+        "from formtax.backends.fake import FakeBackend, random_logits\n"
+        "from formtax.serve.app import ServerThread, create_app\n"
+        "state = {}\n"
+        "atexit.register(lambda: print('alive:', state['s'].thread.is_alive(), state['app'].state.batcher.alive))\n"
+        "state['app'] = create_app(FakeBackend(random_logits(seed=1)), window_s=0.0)\n"
+        "state['s'] = ServerThread(state['app'])\n"
+        "r = httpx.post(state['s'].url + '/chat/completions', json={'model': 'default', 'max_tokens': 4,\n"
+        "               'messages': [{'role': 'user', 'content': 'hi'}]}, timeout=60)\n"
+        "assert r.status_code == 200, r.text\n", encoding="utf-8")
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                         env={**__import__("os").environ, "PYTHONPATH": src})
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip().endswith("alive: False False"), run.stdout

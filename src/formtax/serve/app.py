@@ -28,6 +28,7 @@ chunks when the generation completes.
 
 from __future__ import annotations
 
+import atexit
 import time
 from dataclasses import fields
 from typing import Any
@@ -87,7 +88,11 @@ def init_app_state(state: State, backend: Backend, cfg: ServeConfig) -> None:
 
 class ServerThread:
     """Run an app with uvicorn on 127.0.0.1 in a background thread (tests, benchmarks, notebooks): a random free
-    port unless given, a bounded start-up, and ``stop()`` (or the context manager) always shuts it down."""
+    port unless given, a bounded start-up, and ``stop()`` (or the context manager) always shuts it down.
+
+    A server nobody stopped is stopped at interpreter exit (``atexit``): a script that ends with the server still
+    running otherwise finalises while the server's threads still free tensors, and a daemon thread that wakes then
+    is torn down inside torch's C++ frames (``terminate called without an active exception``, SIGABRT)."""
 
     def __init__(self, app: FastAPI, port: int = 0, startup_s: float = 30.0) -> None:
         import socket
@@ -101,6 +106,7 @@ class ServerThread:
         self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
         self.thread.start()
+        atexit.register(self.stop)
         deadline = time.monotonic() + startup_s
         while not self.server.started:
             if time.monotonic() > deadline or not self.thread.is_alive():
@@ -113,6 +119,7 @@ class ServerThread:
         return f"http://127.0.0.1:{self.port}/v1"
 
     def stop(self) -> None:
+        atexit.unregister(self.stop)
         self.server.should_exit = True
         self.thread.join(timeout=30)
         self.sock.close()
