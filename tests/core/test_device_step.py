@@ -270,3 +270,27 @@ def test_apply_entries_edits_the_batch_as_the_per_row_edits_did(dtype, host, mon
     cut[3] = False
     want[2, ~cut] = float("-inf")
     assert torch.equal(logits, want)
+
+
+@given(seed=st.integers(0, 10_000), n=st.integers(1, 80), k=st.integers(1, 10), levels=st.integers(1, 6),
+       density=st.floats(0.0, 1.0), n_banned=st.integers(0, 5), neg_inf=st.booleans(), narrow=st.integers(0, 40))
+@settings(max_examples=300, deadline=None)
+def test_ranked_in_words_is_the_repeated_masked_argmax(seed, n, k, levels, density, n_banned, neg_inf, narrow):
+    """The packed set's ranking (repeated argmax over the row) is the oracle's where it answers; where it gives up
+    (a sparse set) it says so with None. ``narrow``: the set is packed for fewer tokens than the row holds."""
+    from formtax.decoding.devicestep import pack_bool
+    from formtax.tensorops import ranked_in_words
+
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, levels, (n,), generator=g).float()
+    if neg_inf:
+        x[torch.rand(n, generator=g) < 0.3] = float("-inf")
+    allowed = torch.rand(n, generator=g) < density
+    width = max(1, n - narrow)
+    allowed[width:] = False  # the row's tail lies past the packed set: never chosen
+    banned = torch.randint(0, n, (n_banned,), generator=g).tolist()
+    got = ranked_in_words(x, pack_bool(allowed[:width], (width + 31) // 32), width, banned, k)
+    if got is not None:
+        assert got == _repeated_argmax(x, allowed, banned, k)
+    if width == n and bool(allowed.all()):
+        assert got is not None  # a full set never misses: it answers

@@ -164,3 +164,29 @@ def test_the_cases_exercise_what_they_name(sampling: Sampling) -> None:
     assert any(any("switch" in e for e in o.events) for o in outs["inwriting-divert"])
     if not sampling.greedy:  # the rows really drew, each from its own generator
         assert len({tuple(o.tokens) for o in outs["constraint"]}) > 1
+
+
+@pytest.mark.parametrize("seed", [0, 3, 5, 11])
+@pytest.mark.parametrize("case", ["constraint", "forced-prefix", "closing-veto", "inwriting-divert"])
+def test_the_grammar_step_equals_the_planned_step(case: str, seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The host's step of a plain grammar row (Policy.grammar_step: no plan built where the grammar holds the top
+    token) gives the tokens, flags, finish and closing statistics that planning the same steps gives; and it is
+    really taken (counted), with closing's veto acting through it."""
+    from formtax.decoding.policies import ConstrainedPolicy
+
+    own = ConstrainedPolicy.grammar_step
+    taken = []
+
+    def counted(self: ConstrainedPolicy, step: int):  # type: ignore[no-untyped-def]
+        got = own(self, step)
+        taken.append(got is not None)
+        return got
+
+    monkeypatch.setattr(ConstrainedPolicy, "grammar_step", counted)
+    fast = run("loop-host", case, GREEDY, seed)
+    assert any(taken)
+    monkeypatch.setattr(ConstrainedPolicy, "grammar_step", lambda self, step: None)
+    planned = run("loop-host", case, GREEDY, seed)
+    for a, b in zip(planned, fast, strict=True):
+        assert (b.tokens, steps(b), b.finish_reason, b.events) == (a.tokens, steps(a), a.finish_reason, a.events)
+        assert b.masked_mass == a.masked_mass

@@ -373,11 +373,13 @@ class Closer:
             return w[0]
         return min(self.eos_ids)
 
-    def begin_step(self, left: int = 0) -> None:
-        """A new step, with ``left`` tokens after its own: the next :meth:`accept` is asked of the model's own
-        choice (for :attr:`changed`)."""
+    def begin_step(self, step: int) -> bool:
+        """A new step (``step`` tokens emitted of :attr:`limit`), so ``limit - step - 1`` are left after its own:
+        the next :meth:`accept` is asked of the model's own choice (for :attr:`changed`). Whether a witness is
+        known (:meth:`current`): without one closing keeps nothing at this step."""
         self._first = True
-        self.left = left
+        self.left = self.limit - step - 1
+        return (self.witness if self._known else self.current()) is not None
 
     def vet(self, token: int) -> bool:
         """:meth:`accept` with this step's tokens left (a step's :class:`~formtax.decoding.plan.Veto`)."""
@@ -406,13 +408,14 @@ class Closer:
         be an answer it accepts."""
         if token in self.eos_ids:
             return self._valid(b"", [])
-        ll, eos = self.matcher.ll, self._eos
-        after = self._decode([token]) if self.oracle is not None else b""
-        w = self.current()
+        ll, eos, oracle = self.matcher.ll, self._eos, self.oracle
+        after = self._decode([token]) if oracle is not None else b""
+        w = self.witness if self._known else self.current()
         if w and token == w[0] and len(w) - 1 <= left:
             self._after[token] = w[1:]
             return True
-        if w is not None and len(w) <= left and fits(ll, [token], w, eos) and self._valid(after, w):
+        if (w is not None and len(w) <= left and fits(ll, [token], w, eos)
+                and (oracle is None or self._valid(after, w))):
             self._after[token] = w  # the common case: one engine call
             return True
         if fits(ll, [token], [], eos) and self._valid(after, []):  # an accepting state needs nothing more

@@ -23,7 +23,18 @@ import torch
 from formtax.constraints.compile import MaskFill
 from formtax.decoding.devicestep import Entry, device_round, to_host
 from formtax.decoding.engine import Backend, Batch
-from formtax.decoding.plan import Divert, Finish, Plan, Policy, RowOutput, RowRequest, Step, Veto, relay
+from formtax.decoding.plan import (
+    Divert,
+    Finish,
+    GrammarStep,
+    Plan,
+    Policy,
+    RowOutput,
+    RowRequest,
+    Step,
+    Veto,
+    relay,
+)
 from formtax.decoding.sampling import GREEDY, Sampling, as_sampling
 from formtax.decoding.step import (
     Choice,
@@ -33,6 +44,7 @@ from formtax.decoding.step import (
     decide,
     draw_divert,
     flags,
+    grammar_choice,
     greedy_batch,
     masked_mass,
     mass_words,
@@ -98,7 +110,7 @@ class _Stepper:
 
     def begin(self, logits: torch.Tensor, passes: int, live: Sequence[int] = ()) -> None:
         self.logits, self.passes, self.live = logits, passes, live
-        self.rows: Sequence[torch.Tensor] = logits.unbind(0)  # one call for every row's view (indexing is not free)
+        self._rows: Sequence[torch.Tensor] | None = None
         self.decided: dict[int, Choice] = {}  # pos -> the row's choice
         self.plans: dict[int, Plan] = {}
         self.ends: dict[int, End] = {}  # pos -> how the row's plan ends its step without a token (stop, rewind)
@@ -109,6 +121,14 @@ class _Stepper:
         self._top: list[int] | None = None
         self._top_dev: torch.Tensor | None = None
         self.device_ids: tuple[torch.Tensor, list[int]] | None = None  # the round's ids, on the device and host
+
+    @property
+    def rows(self) -> Sequence[torch.Tensor]:
+        """Every live row's logits as views, made at the first read of the step (one call for them all: indexing
+        is not free; a step of grammar rows that take their top tokens reads none)."""
+        if self._rows is None:
+            self._rows = self.logits.unbind(0)
+        return self._rows
 
     def top(self) -> list[int]:
         """The argmax of every live row's raw logits, computed once per step (at the first row that needs it)."""
@@ -139,6 +159,11 @@ class _Stepper:
 
     def _plan_row(self, pos: int, i: int) -> None:
         cur, gen, sampling = self.cursors[i], self.gens[i], self.samplings[i]
+        if sampling.greedy and self.together and not self.on_device:
+            g = cur.policy.grammar_step(cur.step)
+            if g is not None:  # the grammar's own step: no plan built where the grammar holds the top token
+                self._grammar_row(pos, g)
+                return
         row_logits = self.rows[pos]
         plan = cur.plan(row_logits)
         drawn = None
@@ -159,6 +184,22 @@ class _Stepper:
             self.greedy.append((pos, plan))
         else:  # forced, kept from a divert, sampled (from the row's own generator), or a coupled row
             self.decided[pos] = decide(plan, drawn, row_logits, sampling, gen)
+
+    def _grammar_row(self, pos: int, g: GrammarStep) -> None:
+        """A greedy row whose step is its grammar's (:meth:`Policy.grammar_step`, on the host): the stop, or the
+        choice :func:`~formtax.decoding.step.grammar_choice` makes from the step's top tokens, or its plan joins
+        the greedy rows (the masked argmax of :meth:`choose_greedy`). The same token, flags and end as planning
+        it: this skips building a plan for the common step, whose cost per row-step is the loop's overhead
+        (``bench/loop_overhead.py``)."""
+        if g.stop is not None:
+            self.ends[pos] = End(g.stop)
+            return
+        got = grammar_choice(g, self.top()[pos], lambda: self.rows[pos])
+        if isinstance(got, Choice):
+            self.decided[pos] = got
+        else:
+            self.plans[pos] = got
+            self.greedy.append((pos, got))
 
     def choose_greedy(self) -> None:
         """The greedy rows choose together; a row whose veto refuses its choice goes on alone."""

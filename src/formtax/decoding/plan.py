@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import torch
@@ -114,6 +114,11 @@ class Plan:
         edits), else the raw logits."""
         return self.scores if self.scores is not None else logits
 
+    @property
+    def width(self) -> int:
+        """How many tokens wide the packed set is (the logits' width; 0 when the set is not packed)."""
+        return self._width
+
     def packed_words(self) -> np.ndarray | None:
         """The allowed set's packed words when the policy handed them over (a device round copies those, 1 bit a
         token); None when the set is a tensor (a policy that narrows ``allowed`` drops the old words)."""
@@ -123,7 +128,7 @@ class Plan:
         """Whether the allowed set holds ``token`` (one bit of the words when packed: nothing unpacked)."""
         w = self._words
         if w is not None:
-            return 0 <= token < min(self._width, 32 * w.size) and bool((int(w[token >> 5]) >> (token & 31)) & 1)
+            return word_of(w, self._width, token) != 0
         assert self._allowed is not None
         return holds(self._allowed, token)
 
@@ -152,7 +157,7 @@ class Plan:
         token). Packed, the common answer costs one word: a set of one has no other bit in ``token``'s word."""
         w = self._words
         if (self._count is None and w is not None and 0 <= token < 32 * w.size
-                and int(w.view(np.uint32)[token >> 5]) != 1 << (token & 31)):
+                and int(w.item(token >> 5)) & 0xFFFFFFFF != 1 << (token & 31)):
             return False
         return self.allowed_count() == 1
 
@@ -174,6 +179,32 @@ class Plan:
         extra = [f"mask={mask}"] if mask else []
         extra += [f"{k}=..." for k in ("scores", "divert", "veto") if getattr(self, k) is not None]
         return f"Plan({', '.join(x for x in (body, *extra) if x)})"
+
+
+def word_of(words: np.ndarray, width: int, token: int) -> int:
+    """The packed word (as an unsigned int) that holds ``token``'s bit when the set ``words`` (``width`` tokens
+    wide) holds ``token``, else 0: one read of the words, nothing unpacked (:meth:`Plan.holds`, the host's step
+    of a grammar row)."""
+    if not 0 <= token < min(width, 32 * words.size):
+        return 0
+    word = int(words.item(token >> 5)) & 0xFFFFFFFF
+    return word if (word >> (token & 31)) & 1 else 0
+
+
+class GrammarStep(NamedTuple):
+    """A row's step that is exactly its grammar's (:meth:`Policy.grammar_step`): the allowed set is the grammar
+    engine's (``words``, ``width`` tokens wide), nothing is banned, no scores, divert, event or mass to measure;
+    ``veto``: closing's, if it acts at this step. ``stop``: the grammar ends the row instead (no token)."""
+
+    words: np.ndarray | None = None
+    width: int = 0
+    stop: str | None = None
+    veto: Veto | None = None
+
+    def plan(self) -> Plan:
+        """The same step as a :class:`Plan` (what the policy's ``plan`` returns), for the general path."""
+        return Plan(stop=self.stop) if self.stop is not None else Plan(words=self.words, width=self.width,
+                                                                       veto=self.veto)
 
 
 @dataclass
@@ -237,6 +268,13 @@ class Policy(ABC):
         (closing mode's ``closing_changed_tokens``). A wrapping policy reports its inner policy's."""
         return {}
 
+    def grammar_step(self, step: int) -> GrammarStep | None:
+        """Instead of :meth:`plan`, when the row's step is exactly its grammar's (:class:`GrammarStep`): the host
+        loop then takes a greedy row's top token where the grammar holds it without building a plan
+        (:meth:`~formtax.decoding.loop._Stepper.plan_row`). The step must be what :meth:`plan` would have
+        returned, with the same effects on the policy. None (the default): plan as usual."""
+        return None
+
     def mask_matcher(self) -> Matcher | None:
         """The grammar matcher whose allowed set this row's next :meth:`plan` reads, if it is known before
         planning: the loop then computes the masks of all such rows of a step in one call to the engine
@@ -283,6 +321,10 @@ class Transparent(Wrapping):
 
     def advance(self, token: int) -> str | None:
         return self.inner.advance(token)
+
+    def grammar_step(self, step: int) -> GrammarStep | None:
+        """The inner policy's, unless this wrapping plans its own way (then it must say when it does not)."""
+        return self.inner.grammar_step(step) if type(self).plan is Transparent.plan else None
 
     def mask_matcher(self) -> Matcher | None:
         return self.inner.mask_matcher()

@@ -14,7 +14,7 @@ from formtax.constraints.jsonkeys import KeyGuard
 from formtax.constraints.jsonstrings import StringCaps
 from formtax.decoding.loop import Divert, Plan, Policy, Veto, relay
 from formtax.decoding.lowering import LoweredRow, Lowering
-from formtax.decoding.plan import Finish, Phase, Wrapping
+from formtax.decoding.plan import Finish, GrammarStep, Phase, Wrapping
 from formtax.tensorops import any_true
 
 if TYPE_CHECKING:
@@ -71,11 +71,10 @@ class ConstrainedPolicy(Policy):
         self._veto: Veto | None = None
 
     def plan(self, logits: torch.Tensor, step: int) -> Plan:
+        stop = self._stop()
+        if stop is not None:
+            return Plan(stop=stop)
         m = self.matcher
-        if m.stopped:  # complete, or the engine's error state
-            return Plan(stop=Finish.CONSTRAINT_ERROR if m.error is not None else Finish.CONSTRAINT_COMPLETE)
-        if m.allowed_empty():
-            return Plan(stop=Finish.CONSTRAINT_ERROR)
         measure = self._measure and self.first
         self.first = False
         plan = Plan(words=m.allowed_words(), width=m.n_logits, measure_mass=measure)
@@ -84,16 +83,37 @@ class ConstrainedPolicy(Policy):
             if banned and len(banned) >= plan.allowed_count():
                 banned = []  # only repeats remain: leave the choice to the grammar (the oracle refuses it)
             plan.banned = banned
-        closer = self.closer
-        if closer is not None and closer.current() is not None:  # no witness known: nothing to keep
-            closer.begin_step(closer.limit - step - 1)  # tokens left after this one
-            if self.keys is not None:  # closing and the key guard together: no completion may repeat a key
-                plan.veto = Veto(self._keyed_accept(frozenset(plan.banned), closer.left), closer.fallback)
-            else:
-                if self._veto is None:  # the same every step: the closer holds the step's tokens left
-                    self._veto = Veto(closer.vet, closer.fallback)
-                plan.veto = self._veto
+        plan.veto = self._closing(step, plan.banned)
         return plan
+
+    def grammar_step(self, step: int) -> GrammarStep | None:
+        """:meth:`plan` without a :class:`Plan`, where the step is the grammar's alone: not for the key guard or
+        the string caps (a subclass), nor at the step whose masked mass is measured."""
+        if type(self) is not ConstrainedPolicy or self.keys is not None or (self._measure and self.first):
+            return None
+        stop = self._stop()
+        if stop is not None:
+            return GrammarStep(stop=stop)
+        self.first = False
+        return GrammarStep(self.matcher.allowed_words(), self.matcher.n_logits, None, self._closing(step, ()))
+
+    def _stop(self) -> str | None:
+        """The row's end before a token: the grammar is complete, or the engine is in error or at a dead end."""
+        m = self.matcher
+        if m.stopped:  # complete, or the engine's error state
+            return Finish.CONSTRAINT_ERROR if m.error is not None else Finish.CONSTRAINT_COMPLETE
+        return Finish.CONSTRAINT_ERROR if m.allowed_empty() else None
+
+    def _closing(self, step: int, banned: Sequence[int]) -> Veto | None:
+        """Closing's veto at ``step`` (None where closing is off or knows no witness: nothing to keep)."""
+        closer = self.closer
+        if closer is None or not closer.begin_step(step):
+            return None
+        if self.keys is not None:  # closing and the key guard together: no completion may repeat a key
+            return Veto(self._keyed_accept(frozenset(banned), closer.left), closer.fallback)
+        if self._veto is None:  # the same every step: the closer holds the step's tokens left
+            self._veto = Veto(closer.vet, closer.fallback)
+        return self._veto
 
     def _keyed_accept(self, banned: frozenset[int], left: int) -> Callable[[int], bool]:
         """Closing's acceptance for a guarded row: the token repeats no key, a completion fits after it, and that
@@ -226,6 +246,12 @@ class InWritingPolicy(Policy):
             return Plan(divert=eos)
         return self.answer.plan(logits, step)
 
+    def grammar_step(self, step: int) -> GrammarStep | None:
+        """The answer's own grammar step, once switched (the answer's plan is then this policy's)."""
+        if self.switched is None or type(self).plan is not InWritingPolicy.plan:
+            return None
+        return self.answer.grammar_step(step)
+
     def _switch(self, logits: torch.Tensor, step: int, reason: str) -> Plan:
         self.switched = (step, reason)
         self.phase = Phase.ANSWER
@@ -269,6 +295,15 @@ class ForcedPrefix(Wrapping):
 
     def _sync(self) -> None:
         self.phase = self.inner.phase
+
+    def grammar_step(self, step: int) -> GrammarStep | None:
+        """The inner policy's grammar step once the prefix is written (as :meth:`plan` hands over)."""
+        if self.k < len(self.prefix) or type(self).plan is not ForcedPrefix.plan:
+            return None
+        self.phase = self.inner.phase
+        got = self.inner.grammar_step(step - len(self.prefix))
+        self.phase = self.inner.phase
+        return got
 
     def lowered(self, whole: Constraint | None) -> LoweredRow:
         """The inner policy's lowering with the prefix joining the prompt (one level of prefix only)."""

@@ -31,12 +31,13 @@ import numpy as np
 import torch
 
 from formtax.decoding.devicestep import Entry, clear_bits, device_round, pack_bool
-from formtax.decoding.plan import Finish, Plan, RowOutput, RowRequest, Step
+from formtax.decoding.plan import Finish, GrammarStep, Plan, RowOutput, RowRequest, Step, word_of
 from formtax.decoding.sampling import GREEDY, Sampling
-from formtax.tensorops import argmax, masked_argmax, ranked_masked
+from formtax.tensorops import argmax, masked_argmax, ranked_in_words, ranked_masked
 
 __all__ = ["DRAWN", "Choice", "End", "RowCursor", "admits", "allowed_words", "choose", "choose_vetted", "decide",
-           "draw_divert", "edit_row", "flags", "greedy_batch", "mass_words", "masked_mass", "plan_end", "vetted"]
+           "draw_divert", "edit_row", "flags", "grammar_choice", "greedy_batch", "mass_words", "masked_mass",
+           "plan_end", "rechosen", "vetted"]
 
 
 class Choice(NamedTuple):
@@ -145,14 +146,26 @@ def vetted(logits: torch.Tensor, plan: Plan, sampling: Sampling, gen: torch.Gene
     one): ``ranked``, the next ids after ``first`` when a device round ranked them already, else ranked here
     on the host without a masked copy of the row; sampled ones draw again from the row's generator."""
     veto = plan.veto
-    token = first.token
-    if veto is None or veto.accept(token):
+    if veto is None or veto.accept(first.token):
         return first
+    return rechosen(logits, plan, sampling, gen, first.token, ranked)
+
+
+def rechosen(logits: torch.Tensor, plan: Plan, sampling: Sampling, gen: torch.Generator | None, token: int,
+             ranked: Sequence[int] | None = None) -> Choice:
+    """:func:`vetted` after its veto refused the first choice, ``token`` (not asked again: a refusal may have
+    searched)."""
+    veto = plan.veto
+    assert veto is not None
     refused = [token]
     if ranked is None and sampling.greedy:
-        ids = plan.allowed_ids() if plan.has_mask else None  # (None for a mask off the host: then the tensor)
-        ranked = ranked_masked(logits, plan.allowed if ids is None else None, [*plan.banned, token], veto.tries - 1,
-                               ids)
+        words = plan.packed_words()
+        if words is not None:  # a dense set by repeated argmax (a sparse one gives up: by its ids, below)
+            ranked = ranked_in_words(logits, words, plan.width, [*plan.banned, token], veto.tries - 1)
+        if ranked is None:
+            ids = plan.allowed_ids() if plan.has_mask else None  # (None for a mask off the host: the tensor)
+            ranked = ranked_masked(logits, plan.allowed if ids is None else None, [*plan.banned, token],
+                                   veto.tries - 1, ids)
     for k in range(veto.tries - 1):
         if ranked is not None:
             token = ranked[k]
@@ -162,6 +175,22 @@ def vetted(logits: torch.Tensor, plan: Plan, sampling: Sampling, gen: torch.Gene
             return Choice(token, True, False)
         refused.append(token)
     return Choice(veto.fallback(), True, True)
+
+
+def grammar_choice(g: GrammarStep, token: int, logits: Callable[[], torch.Tensor]) -> Choice | Plan:
+    """The greedy choice of a row whose step is its grammar's (:class:`GrammarStep`), given its top token: that
+    token where the grammar holds it and the veto (closing's) accepts it, with :func:`flags`' flags, the choice
+    :func:`greedy_batch` and :func:`vetted` make under ``g.plan()``, without building it. Otherwise the plan:
+    a refused top token is re-chosen here (:func:`rechosen`: the veto is not asked twice), and a top token the
+    grammar does not hold returns the plan, for the masked argmax of :func:`greedy_batch` (``logits()``: the
+    row's logits, read only for a re-choice)."""
+    word = word_of(g.words, g.width, token) if g.words is not None else 0
+    if word and (g.veto is None or g.veto.accept(token)):
+        return Choice(token, True, word == 1 << (token & 31) and g.plan().only(token))
+    plan = g.plan()
+    if not word:
+        return plan
+    return rechosen(logits(), plan, GREEDY, None, token)
 
 
 def draw_divert(plan: Plan, logits: torch.Tensor, sampling: Sampling, gen: torch.Generator | None,

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from formtax.decoding.engine import TokenizerInfo
-from formtax.decoding.plan import Finish, Plan, Policy, Transparent
+from formtax.decoding.plan import Finish, GrammarStep, Plan, Policy, Transparent
 from formtax.decoding.stops import StopScan, stop_cut
 
 
@@ -88,6 +88,14 @@ class Hooked(Transparent):
         if self.hooks.edits_scores and plan.forced is None and plan.stop is None and plan.rewind is None:
             plan = plan.replace(scores=self._edited(plan.base(logits)))
         return plan
+
+    def grammar_step(self, step: int) -> GrammarStep | None:
+        """The inner policy's grammar step where :meth:`plan` would hand its plan through unchanged: not cancelled,
+        no log-probabilities to record, no score edits."""
+        h = self.hooks
+        if h.cancel.is_set() or h.logprobs or h.edits_scores:
+            return None
+        return self.inner.grammar_step(step)
 
     def _edited(self, base: torch.Tensor) -> torch.Tensor:
         scores = base.clone()
