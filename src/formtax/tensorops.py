@@ -61,6 +61,16 @@ def ids_from_words(words: np.ndarray, width: int) -> np.ndarray:
     return ids[ids < width] if ids[-1] >= width else ids
 
 
+def word_of(words: np.ndarray, width: int, token: int) -> int:
+    """The packed word (as an unsigned int) that holds ``token``'s bit when the set ``words`` (``width`` tokens
+    wide) holds ``token``, else 0: one read of the words, nothing unpacked (``Plan.holds``, the host's step of a
+    grammar row, :func:`ranked_in_words`)."""
+    if not 0 <= token < min(width, 32 * words.size):
+        return 0
+    word = int(words.item(token >> 5)) & 0xFFFFFFFF
+    return word if (word >> (token & 31)) & 1 else 0
+
+
 def masked_argmax(x: torch.Tensor, allowed: torch.Tensor | None, banned: Sequence[int],
                   ids: np.ndarray | None = None) -> int | None:
     """The first maximal index of ``x`` [V] among the tokens ``allowed`` holds (or the ascending ``ids``, when the
@@ -147,7 +157,6 @@ def ranked_in_words(x: torch.Tensor, words: np.ndarray, width: int, banned: Sequ
     row = xa.copy()
     if banned:
         row[np.asarray(banned, dtype=np.int64)] = -np.inf
-    limit = min(width, 32 * words.size, row.shape[0])
     out: list[int] = []
     misses = 0
     while len(out) < k:
@@ -155,7 +164,7 @@ def ranked_in_words(x: torch.Tensor, words: np.ndarray, width: int, banned: Sequ
         if row[j] == -np.inf:  # nothing finite left: the re-choice is an argmax over -inf, the first index
             return out + [0] * (k - len(out))
         row[j] = -np.inf
-        if j < limit and (int(words.item(j >> 5)) >> (j & 31)) & 1:
+        if word_of(words, width, j):
             out.append(j)
         else:
             misses += 1

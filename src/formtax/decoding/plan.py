@@ -20,7 +20,7 @@ import torch
 
 from formtax.decoding.lowering import LoweredRow, Lowering
 from formtax.decoding.sampling import Sampling
-from formtax.tensorops import count_true, holds, ids_from_words, unpack_bitmask
+from formtax.tensorops import count_true, holds, ids_from_words, unpack_bitmask, word_of
 
 if TYPE_CHECKING:
     from formtax.constraints.compile import Matcher
@@ -179,16 +179,6 @@ class Plan:
         extra = [f"mask={mask}"] if mask else []
         extra += [f"{k}=..." for k in ("scores", "divert", "veto") if getattr(self, k) is not None]
         return f"Plan({', '.join(x for x in (body, *extra) if x)})"
-
-
-def word_of(words: np.ndarray, width: int, token: int) -> int:
-    """The packed word (as an unsigned int) that holds ``token``'s bit when the set ``words`` (``width`` tokens
-    wide) holds ``token``, else 0: one read of the words, nothing unpacked (:meth:`Plan.holds`, the host's step
-    of a grammar row)."""
-    if not 0 <= token < min(width, 32 * words.size):
-        return 0
-    word = int(words.item(token >> 5)) & 0xFFFFFFFF
-    return word if (word >> (token & 31)) & 1 else 0
 
 
 class GrammarStep(NamedTuple):

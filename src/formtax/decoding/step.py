@@ -31,9 +31,9 @@ import numpy as np
 import torch
 
 from formtax.decoding.devicestep import Entry, clear_bits, device_round, pack_bool
-from formtax.decoding.plan import Finish, GrammarStep, Plan, RowOutput, RowRequest, Step, word_of
+from formtax.decoding.plan import Finish, GrammarStep, Plan, RowOutput, RowRequest, Step
 from formtax.decoding.sampling import GREEDY, Sampling
-from formtax.tensorops import argmax, masked_argmax, ranked_in_words, ranked_masked
+from formtax.tensorops import argmax, masked_argmax, ranked_in_words, ranked_masked, word_of
 
 __all__ = ["DRAWN", "Choice", "End", "RowCursor", "admits", "allowed_words", "choose", "choose_vetted", "decide",
            "draw_divert", "edit_row", "flags", "grammar_choice", "greedy_batch", "mass_words", "masked_mass",
