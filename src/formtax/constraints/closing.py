@@ -21,8 +21,8 @@ How "a completion still fits" is decided (ours; llguidance exposes no shortest-c
 * on a schema the grammar only approximates, every witness must also be an answer the oracle accepts
   (:func:`closing_oracle`), so the answer closing steers to parses (``Result.stats["closing_parse"]``).
 * witnesses are pooled (:class:`WitnessPool`): a state whose own witness does not replay first tries, shortest
-  first, every suffix of the grammar's start witness (shared by every row and request of one compiled grammar)
-  and of the witnesses the row itself found. A check is one ``validate_tokens([token, *witness, EOS])`` on the
+  first, every suffix of the grammar's start witness (shared by every row and request of one compiled grammar; its
+  token suffixes and some of its byte suffixes, :func:`byte_suffixes`) and of the witnesses the row itself found. A check is one ``validate_tokens([token, *witness, EOS])`` on the
   row's own matcher: the engine accepts the EOS only where the grammar accepts, so it tells whether the witness
   completes after the token, without copying the matcher. The states a row meets (inside a string, after a
   value, before the next key) are completed by such suffixes, so the search runs rarely, and a pooled witness
@@ -202,7 +202,7 @@ def start_search(grammar: CompiledGrammar, n_logits: int, limit: int | None = No
         given = handed[name]
         assert given is not None
         if fits(grammar.matcher(n_logits).ll, [], given, int(tok.ll.eos_token)):  # verified here, then trusted
-            return _keep(key, Witness(list(given)))
+            return _keep(key, Witness(list(given)), tok)
     found = _start_search(grammar, n_logits, key, limit, oracle, oracle_key)
     if handed is not None and found.tokens is not None:
         handed[name] = list(found.tokens)
@@ -222,18 +222,36 @@ def _start_search(grammar: CompiledGrammar, n_logits: int, key: tuple[str, str, 
         bounded = find_witness(m.ll, tok, grammar.grammar, b"", limit, START_MS, hints=m.hints, oracle=oracle,
                                oracle_key=oracle_key, max_nodes=START_NODES)
         if bounded.tokens is not None and len(bounded.tokens) <= limit or bounded.timed_out:
-            return _keep(key, bounded)
+            return _keep(key, bounded, tok)
         ms = max(0.0, min(START_MS / 10, START_MS - 1000 * (search_clock() - t0)))
     found = find_witness(m.ll, tok, grammar.grammar, b"", MAX_DEPTH if limit is None else 4 * limit + 64, ms,
                          hints=m.hints, oracle=oracle, oracle_key=oracle_key, max_nodes=START_NODES // 10)
-    return _keep(key, found) if limit is None or found.tokens is not None else Witness(None)
+    return _keep(key, found, tok) if limit is None or found.tokens is not None else Witness(None)
 
 
-def _keep(key: tuple[str, str, str], found: Witness) -> Witness:
+def _keep(key: tuple[str, str, str], found: Witness, tok: EngineTokenizer) -> Witness:
     if found.tokens is not None:
         _START.put(key, found)
-        _POOLS.put(key[:2], WitnessPool([found.tokens]))
+        _POOLS.put(key[:2], WitnessPool([found.tokens, *byte_suffixes(tok, found.tokens)]))
     return found
+
+
+BYTE_SUFFIXES = 32
+"""How many byte suffixes of a start witness join its grammar's shared pool, written in the model's tokens (ours).
+The witness's token suffixes complete the states a row reaches at the witness's own token boundaries; a model that
+writes the same structure in other tokens (a string opened with its first characters in one token, `` "+``) stops
+between them, where the witness's bytes from the next quote on complete it. Without them each such row searches
+(tens of microseconds on a small schema, milliseconds on a large one) for what the witness already holds."""
+
+
+def byte_suffixes(tok: EngineTokenizer, witness: Sequence[int]) -> list[list[int]]:
+    """The witness's byte suffixes that start at a quote or in its last 8 bytes, shortest first, at most
+    :data:`BYTE_SUFFIXES`, in the tokenizer's canonical tokens (unchecked here: each use is checked from the row's
+    own state by the engine). Deterministic in the grammar and tokenizer: a row's output never depends on what else
+    ran."""
+    data = bytes(tok.ll.decode_bytes(list(witness)))
+    starts = {p for p, b in enumerate(data) if b == 0x22} | set(range(max(1, len(data) - 8), len(data)))
+    return [list(tok.ll.tokenize_bytes(data[p:])) for p in sorted(starts, reverse=True)[:BYTE_SUFFIXES] if p]
 
 
 def closing_oracle(constraint: object) -> tuple[Oracle | None, str]:
@@ -290,6 +308,7 @@ class Closer:
 
     def __post_init__(self) -> None:
         self._eos = int(self.matcher.tokenizer.ll.eos_token)
+        self._ll = self.matcher.ll  # the row's engine matcher (the policy's matcher holds the same one throughout)
         self._shared = witness_pool(self.matcher.grammar, self.matcher.tokenizer)
         self._own = WitnessPool()  # the suffixes of the witnesses this row found
         self._bytes: llguidance.LLMatcher | None = None  # a byte matcher, brought up to ``prefix`` when searched
@@ -408,16 +427,17 @@ class Closer:
         be an answer it accepts."""
         if token in self.eos_ids:
             return self._valid(b"", [])
-        ll, eos, oracle = self.matcher.ll, self._eos, self.oracle
+        ll, eos, oracle = self._ll, self._eos, self.oracle
         after = self._decode([token]) if oracle is not None else b""
         w = self.witness if self._known else self.current()
-        if w and token == w[0] and len(w) - 1 <= left:
-            self._after[token] = w[1:]
-            return True
-        if (w is not None and len(w) <= left and fits(ll, [token], w, eos)
-                and (oracle is None or self._valid(after, w))):
-            self._after[token] = w  # the common case: one engine call
-            return True
+        if w is not None and len(w) <= left + 1:
+            if w and token == w[0]:
+                self._after[token] = w[1:]
+                return True
+            seq = [token, *w, eos]  # the common case, one engine call: fits(ll, [token], w, eos), inlined
+            if len(w) <= left and ll.validate_tokens(seq) == len(seq) and (oracle is None or self._valid(after, w)):
+                self._after[token] = w
+                return True
         if fits(ll, [token], [], eos) and self._valid(after, []):  # an accepting state needs nothing more
             self._after[token] = []
             return True
