@@ -174,8 +174,9 @@ def floor_us(backend: FixedBackend, steps: int, batch: int) -> float:
 def paired(backend: FixedBackend, batch: int, steps: int, rounds: int) -> dict[str, Any]:
     """The targets' ratios measured side by side: each round times a constrained decode, a closing decode, the
     engine's mask and the floor back to back, three times interleaved, and divides each kind's fastest within the
-    round; the median over the rounds is reported. Ours, and why: on a machine whose speed drifts 1.3-2x over minutes, a ratio of numbers taken in
-    different minutes (the table's medians) moves with the drift; one taken within a round does not."""
+    round; the median over the rounds is reported. Ours, and why: on a machine whose speed drifts 1.3-2x over
+    minutes, a ratio of numbers taken in different minutes (the table's medians) moves with the drift; one taken
+    within a round does not."""
     rounds_: list[dict[str, float]] = []
     for _ in range(rounds):
         times: dict[str, list[float]] = {"constrained": [], "closing": [], "mask": [], "floor": []}

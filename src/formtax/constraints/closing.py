@@ -22,9 +22,10 @@ How "a completion still fits" is decided (ours; llguidance exposes no shortest-c
   (:func:`closing_oracle`), so the answer closing steers to parses (``Result.stats["closing_parse"]``).
 * witnesses are pooled (:class:`WitnessPool`): a state whose own witness does not replay first tries, shortest
   first, every suffix of the grammar's start witness (shared by every row and request of one compiled grammar; its
-  token suffixes and some of its byte suffixes, :func:`byte_suffixes`) and of the witnesses the row itself found. A check is one ``validate_tokens([token, *witness, EOS])`` on the
-  row's own matcher: the engine accepts the EOS only where the grammar accepts, so it tells whether the witness
-  completes after the token, without copying the matcher. The states a row meets (inside a string, after a
+  token suffixes and some of its byte suffixes, :func:`byte_suffixes`) and of the witnesses the row itself found.
+  A check is one ``validate_tokens([token, *witness, EOS])`` on the row's own matcher: the engine accepts the EOS
+  only where the grammar accepts, so it tells whether the witness completes after the token, without copying the
+  matcher. The states a row meets (inside a string, after a
   value, before the next key) are completed by such suffixes, so the search runs rarely, and a pooled witness
   is as real as a searched one: the engine checked it from this very state. The pool holds nothing learnt from
   other requests, so a row's output never depends on what else ran (batch, order, server traffic).
