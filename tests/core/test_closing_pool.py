@@ -113,3 +113,14 @@ def test_the_byte_suffixes_change_no_output_where_the_budget_binds(fresh_pools, 
         counts[suffixes] = len(searches)
     assert tokens[32] == tokens[0]
     assert counts[32] <= counts[0]
+
+
+def test_byte_suffixes_start_at_a_character_and_are_the_witness_own_bytes():
+    tok = planted_tokenizer("smollm2").engine
+    data = '{"s": "é, ü ok", "t": "日本"}'.encode()
+    got = byte_suffixes(tok, list(tok.ll.tokenize_bytes(data)))
+    texts = [bytes(tok.ll.decode_bytes(w)) for w in got]
+    assert all(data.endswith(t) and t for t in texts)
+    assert [t.decode() for t in texts]  # each starts at a character's first byte (strict UTF-8 decodes it)
+    assert b'"}' in texts and '", "t": "日本"}'.encode() in texts
+    assert len(texts) == len(set(texts)) and texts == sorted(texts, key=len)

@@ -246,13 +246,14 @@ between them, where the witness's bytes from the next quote on complete it. With
 
 
 def byte_suffixes(tok: EngineTokenizer, witness: Sequence[int]) -> list[list[int]]:
-    """The witness's byte suffixes that start at a quote or in its last 8 bytes, shortest first, at most
-    :data:`BYTE_SUFFIXES`, in the tokenizer's canonical tokens (unchecked here: each use is checked from the row's
-    own state by the engine). Deterministic in the grammar and tokenizer: a row's output never depends on what else
-    ran."""
+    """The witness's byte suffixes that start at a quote or in its last 8 bytes (at a character's first byte),
+    shortest first, at most :data:`BYTE_SUFFIXES`, in the tokenizer's canonical tokens (unchecked here: each use is
+    checked from the row's own state by the engine). Deterministic in the grammar and tokenizer: a row's output never
+    depends on what else ran."""
     data = bytes(tok.ll.decode_bytes(list(witness)))
-    starts = {p for p, b in enumerate(data) if b == 0x22} | set(range(max(1, len(data) - 8), len(data)))
-    return [list(tok.ll.tokenize_bytes(data[p:])) for p in sorted(starts, reverse=True)[:BYTE_SUFFIXES] if p]
+    tail = {p for p in range(max(1, len(data) - 8), len(data)) if data[p] & 0xC0 != 0x80}  # not inside a character
+    starts = sorted({p for p, b in enumerate(data) if b == 0x22 and p} | tail, reverse=True)[:BYTE_SUFFIXES]
+    return [list(tok.ll.tokenize_bytes(data[p:])) for p in starts]
 
 
 def closing_oracle(constraint: object) -> tuple[Oracle | None, str]:
