@@ -310,7 +310,6 @@ class Closer:
 
     def __post_init__(self) -> None:
         self._eos = int(self.matcher.tokenizer.ll.eos_token)
-        self._ll = self.matcher.ll  # the row's engine matcher (the policy's matcher holds the same one throughout)
         self._shared = witness_pool(self.matcher.grammar, self.matcher.tokenizer)
         self._own = WitnessPool()  # the suffixes of the witnesses this row found
         self._bytes: llguidance.LLMatcher | None = None  # a byte matcher, brought up to ``prefix`` when searched
@@ -429,17 +428,16 @@ class Closer:
         be an answer it accepts."""
         if token in self.eos_ids:
             return self._valid(b"", [])
-        ll, eos, oracle = self._ll, self._eos, self.oracle
+        ll, eos, oracle = self.matcher.ll, self._eos, self.oracle
         after = self._decode([token]) if oracle is not None else b""
         w = self.witness if self._known else self.current()
-        if w is not None and len(w) <= left + 1:
-            if w and token == w[0]:
-                self._after[token] = w[1:]
-                return True
-            seq = [token, *w, eos]  # the common case, one engine call: fits(ll, [token], w, eos), inlined
-            if len(w) <= left and ll.validate_tokens(seq) == len(seq) and (oracle is None or self._valid(after, w)):
-                self._after[token] = w
-                return True
+        if w and token == w[0] and len(w) - 1 <= left:
+            self._after[token] = w[1:]
+            return True
+        if (w is not None and len(w) <= left and fits(ll, [token], w, eos)
+                and (oracle is None or self._valid(after, w))):
+            self._after[token] = w  # the common case: one engine call
+            return True
         if fits(ll, [token], [], eos) and self._valid(after, []):  # an accepting state needs nothing more
             self._after[token] = []
             return True
