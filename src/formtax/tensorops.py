@@ -154,10 +154,26 @@ def ranked_in_words(x: torch.Tensor, words: np.ndarray, width: int, banned: Sequ
     xa = _numpy(x)
     if xa is None or k <= 0:
         return None
+    order = _leading(xa, k + DENSE_SPARE + len(banned) + 1)
+    if order is not None:  # the same picks, from the few values above a threshold (no copy of the row)
+        out: list[int] = []
+        misses, ban = 0, set(banned)
+        for j in order.tolist():
+            if j in ban:
+                continue
+            if word_of(words, width, j):
+                out.append(j)
+                if len(out) == k:
+                    return out
+            else:
+                misses += 1
+                if misses > DENSE_SPARE:
+                    return None
+        raise AssertionError("unreachable: _leading returned enough picks")  # pragma: no cover
     row = xa.copy()
     if banned:
         row[np.asarray(banned, dtype=np.int64)] = -np.inf
-    out: list[int] = []
+    out = []
     misses = 0
     while len(out) < k:
         j = int(row.argmax())
@@ -171,6 +187,32 @@ def ranked_in_words(x: torch.Tensor, words: np.ndarray, width: int, banned: Sequ
             if misses > DENSE_SPARE:
                 return None
     return out
+
+
+RANK_STRIDE = 64
+"""The stride of the sample :func:`_leading` takes its threshold from."""
+
+
+def _leading(xa: np.ndarray, need: int) -> np.ndarray | None:
+    """The first picks of repeated argmax over the row ``xa`` (value descending, the first index first among
+    equal values), at least ``need`` of them: every index whose value lies above a threshold, sorted. The
+    threshold is a high value of a strided sample of the row (about ``RANK_STRIDE`` times ``need`` values lie
+    above it); every value outside lies at or below it, so the order of those above it is the order repeated
+    argmax starts with. None where fewer than ``need`` lie above it or a NaN is among them (argmax picks a NaN
+    first): the caller picks one by one. Ours, and why: seven re-choices by argmax cost seven reads of the row
+    (about 47 us at 49k), this costs one compare."""
+    sample = xa[::RANK_STRIDE]
+    m = 3 + need // RANK_STRIDE
+    if sample.shape[0] < 4 * m:
+        return None
+    thr = np.partition(sample, sample.shape[0] - m)[sample.shape[0] - m]
+    cand = np.flatnonzero(~(xa <= thr))  # (NaN compares false: it lands here, and is refused below)
+    if cand.size < need:
+        return None
+    vals = xa[cand]
+    if np.isnan(vals).any():
+        return None
+    return cand[np.argsort(-vals, kind="stable")]
 
 
 def count_true(mask: torch.Tensor) -> int:

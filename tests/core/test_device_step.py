@@ -294,3 +294,26 @@ def test_ranked_in_words_is_the_repeated_masked_argmax(seed, n, k, levels, densi
         assert got == _repeated_argmax(x, allowed, banned, k)
     if width == n and bool(allowed.all()):
         assert got is not None  # a full set never misses: it answers
+
+
+@given(seed=st.integers(0, 10_000), n=st.integers(300, 6000), k=st.integers(1, 10), levels=st.sampled_from([3, 50, 0]),
+       density=st.floats(0.5, 1.0), n_banned=st.integers(0, 5), special=st.sampled_from(["", "-inf", "nan"]))
+@settings(max_examples=150, deadline=None)
+def test_ranked_in_words_over_a_long_row_is_the_repeated_masked_argmax(seed, n, k, levels, density, n_banned,
+                                                                         special):
+    """Rows long enough for the threshold's sample (tensorops._leading): distinct values, many ties (few
+    levels), -inf and NaN entries; the same picks as repeated argmax wherever it answers."""
+    from formtax.decoding.devicestep import pack_bool
+    from formtax.tensorops import ranked_in_words
+
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, generator=g) if levels == 0 else torch.randint(0, levels, (n,), generator=g).float()
+    if special:
+        x[torch.rand(n, generator=g) < 0.2] = float(special)
+    allowed = torch.rand(n, generator=g) < density
+    banned = torch.topk(x.nan_to_num(nan=1e9), n_banned).indices.tolist()  # bans among the leaders
+    got = ranked_in_words(x, pack_bool(allowed, (n + 31) // 32), n, banned, k)
+    if got is not None:
+        assert got == _repeated_argmax(x, allowed, banned, k)
+    if bool(allowed.all()) and not special:
+        assert got is not None

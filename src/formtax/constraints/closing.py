@@ -402,9 +402,14 @@ class Closer:
         return (self.witness if self._known else self.current()) is not None
 
     def vet(self, token: int) -> bool:
-        """:meth:`accept` with this step's tokens left (a step's :class:`~formtax.decoding.plan.Veto`)."""
-        first, self._first = self._first, False
+        """:meth:`accept` with this step's tokens left (a step's :class:`~formtax.decoding.plan.Veto`). True only
+        for a token the grammar allows (every proof checks the token itself); a token it does not allow is refused
+        with no effect (not counted, not searched: the step's first choice is still to come), so the veto may be
+        asked before the grammar (``Veto.proves``)."""
         ok = self._accept(token, self.left)
+        if ok is None:
+            return False
+        first, self._first = self._first, False
         self.changed += int(first and not ok)
         return ok
 
@@ -412,12 +417,14 @@ class Closer:
         """Whether a completion still fits in ``left`` tokens after emitting ``token`` (the witness after it is
         kept for :meth:`advance`). The first call of a step is the model's own choice: refusing it counts in
         :attr:`changed`."""
-        first, self._first = self._first, False
         ok = self._accept(token, left)
+        if ok is None:
+            return False
+        first, self._first = self._first, False
         self.changed += int(first and not ok)
         return ok
 
-    def _accept(self, token: int, left: int) -> bool:
+    def _accept(self, token: int, left: int) -> bool | None:
         """The rule: ``token`` is refused only if no completion from the state after it fits in ``left``.
 
         The checks run cheapest first and stop at the first proof: the state after the token accepts (nothing
@@ -425,9 +432,9 @@ class Closer:
         pooled witness completes it; and only then a search from the state after the token, bounded by ``left``
         (and by :data:`STEP_MS`). The search runs wherever the cheaper proofs fail, also where the budget binds:
         refusing a token without it would veto answers that fit (issue 46). With an oracle every proof must also
-        be an answer it accepts."""
+        be an answer it accepts. None: the grammar does not allow ``token`` here (nothing is searched)."""
         if token in self.eos_ids:
-            return self._valid(b"", [])
+            return self._valid(b"", []) if self.matcher.accepting else None
         ll, eos, oracle = self.matcher.ll, self._eos, self.oracle
         after = self._decode([token]) if oracle is not None else b""
         w = self.witness if self._known else self.current()
@@ -441,6 +448,8 @@ class Closer:
         if fits(ll, [token], [], eos) and self._valid(after, []):  # an accepting state needs nothing more
             self._after[token] = []
             return True
+        if not ll.validate_tokens([token]):  # not a token the grammar allows: no proof to look for
+            return None
         pooled = self._pooled([token], left, skip=w)
         if pooled is not None:
             self._after[token] = pooled

@@ -13,6 +13,7 @@ import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import llguidance
@@ -23,7 +24,7 @@ import torch
 from formtax.cache import LRU
 from formtax.constraints.hints import grammar_hints
 from formtax.errors import ConstraintError
-from formtax.tensorops import bitmask_counts, unpack_bitmask
+from formtax.tensorops import bitmask_counts, unpack_bitmask, word_of
 
 
 class EngineTokenizer:
@@ -35,6 +36,19 @@ class EngineTokenizer:
         self.vocab_size: int = self.ll.vocab_size
         s = hf_tokenizer.backend_tokenizer.to_str()
         self.key = hashlib.sha256(s.encode()).hexdigest()
+
+    @cached_property
+    def first_byte_tokens(self) -> np.ndarray:
+        """For each token of two bytes or more, a token whose bytes are its first byte alone (-1: none, or a special
+        token; -1 for every token of one byte or none). Built once per tokenizer (about 50 ms at 49k), at the first
+        greedy grammar step that reads it (:meth:`Matcher.not_alone`)."""
+        ll, n = self.ll, self.vocab_size
+        data = [b"" if ll.is_special_token(i) else bytes(ll.decode_bytes([i])) for i in range(n)]
+        single: dict[int, int] = {}
+        for i, b in enumerate(data):
+            if len(b) == 1:
+                single.setdefault(b[0], i)
+        return np.array([single.get(b[0], -1) if len(b) > 1 else -1 for b in data], dtype=np.int32)
 
 
 @dataclass
@@ -100,6 +114,7 @@ class Matcher:
         self.grammar = ""  # the grammar's text (closing mode's search reads its literals)
         self._version = 0  # bumped by every change of state: a prefilled mask is valid only for its version
         self._prefilled: _Prefilled | None = None  # this state's allowed set, once computed (or filled for a batch)
+        self._forcing = (-1, False)  # (version, whether that state forces bytes): :meth:`forces`
 
     # -- the allowed set ------------------------------------------------------------------------------------
     def _current(self) -> _Prefilled:
@@ -136,6 +151,37 @@ class Matcher:
 
     def allowed_ids(self) -> list[int]:
         return self.allowed_mask().nonzero().flatten().tolist()
+
+    def forces(self) -> bool:
+        """Whether this state forces bytes (the engine's ``compute_ff_bytes``; asked once per state). Where it does,
+        the engine's mask keeps to the canonical tokens of those bytes (``{"`` but not ``{``), which a check of one
+        token (``validate_tokens``) does not see; where it does not, the two agree (:meth:`holds`)."""
+        if self._forcing[0] != self._version:
+            self._forcing = (self._version, bool(self._ll.compute_ff_bytes()))
+        return self._forcing[1]
+
+    def holds(self, token: int) -> bool:
+        """Whether ``token`` is allowed next: one bit of this state's allowed set where it was computed; else, in a
+        state that forces no bytes (:meth:`forces`), one engine check of that token alone (``validate_tokens``: the
+        rule the mask applies to every token there, EOS only where the grammar accepts), without computing the
+        set; else the set is computed. A token past the tokenizer or the logits is not held."""
+        pre = self._prefilled
+        if pre is None or pre.version != self._version:
+            if not self.forces():
+                return 0 <= token < min(self.n_logits, self._tok.vocab_size) and self._ll.validate_tokens([token]) == 1
+            pre = self._current()
+        return word_of(pre.words, self.n_logits, token) != 0
+
+    def not_alone(self, token: int) -> bool:
+        """Proof, without the allowed set, that a token this state allows is not the only one: the state forces no
+        bytes (:meth:`forces`), the token's first byte is a token of its own
+        (:attr:`EngineTokenizer.first_byte_tokens`), and in such a state the engine allows every token whose bytes
+        are a prefix of an allowed token's (tests/core/test_lazy_grammar_step.py checks this property of
+        llguidance against its masks). False says nothing: the caller counts the set."""
+        if self.forces():
+            return False
+        other: int = self._tok.first_byte_tokens.item(token)
+        return 0 <= other < self.n_logits
 
     @property
     def ll(self) -> llguidance.LLMatcher:

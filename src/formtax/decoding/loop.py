@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from formtax.constraints.compile import MaskFill
+from formtax.constraints.compile import MaskFill, Matcher
 from formtax.decoding.devicestep import Entry, device_round, to_host
 from formtax.decoding.engine import Backend, Batch
 from formtax.decoding.plan import (
@@ -179,7 +179,7 @@ class _Stepper:
             if self.on_device and plan.scores is None:  # measured in the step's device round
                 self.mass_rows.append(pos)
             else:
-                cur.measure(plan, lambda: masked_mass(row_logits, plan.allowed))  # type: ignore[arg-type]
+                cur.measure(plan, lambda: masked_mass(row_logits, plan))
         if sampling.greedy and self.together and plan.forced is None and drawn is None:
             self.greedy.append((pos, plan))
         else:  # forced, kept from a divert, sampled (from the row's own generator), or a coupled row
@@ -197,8 +197,11 @@ class _Stepper:
         got = grammar_choice(g, self.top()[pos], lambda: self.rows[pos])
         if isinstance(got, Choice):
             self.decided[pos] = got
+            return
+        self.plans[pos] = got
+        if got.stop is not None:  # the grammar's dead end, found where its top token was not held
+            self.ends[pos] = End(got.stop)
         else:
-            self.plans[pos] = got
             self.greedy.append((pos, got))
 
     def choose_greedy(self) -> None:
@@ -365,7 +368,15 @@ def decode(
     step = _Stepper(cursors, gens, samplings, batch, t0, together=not any(_coupled(r.policy) for r in rows),
                  on_device=on_device)
     fill = MaskFill(background=on_device and logits.device.type != "cpu")
-    fill.start([m for i in live if (m := rows[i].policy.mask_matcher()) is not None])
+    # a greedy row on the host checks its top token first (step.grammar_choice): its mask is computed only where
+    # that needs it, so it is not filled ahead
+    lazy = not on_device and step.together
+
+    def masks() -> list[Matcher]:
+        return [m for i in live if (m := rows[i].policy.mask_matcher()) is not None
+                and not (lazy and samplings[i].greedy)]
+
+    fill.start(masks())
     while live:
         step.begin(logits, passes, live)
         fill.wait()  # the step's masks, computed while the device ran the forward pass
@@ -394,7 +405,7 @@ def decode(
         if admit is not None and batch.joinable:
             logits = _admit(backend, batch, logits, admit(len(live)), rows, cursors, outs, gens, samplings, live,
                             sampling, on_finish)
-        fill.start([m for i in live if (m := rows[i].policy.mask_matcher()) is not None])
+        fill.start(masks())
         passes += 1
     faults = [o.fault for o in outs if o.fault is not None]
     if faults and on_finish is None:  # a caller that gets the outputs at the end gets the first fault raised

@@ -183,18 +183,29 @@ class Plan:
 
 class GrammarStep(NamedTuple):
     """A row's step that is exactly its grammar's (:meth:`Policy.grammar_step`): the allowed set is the grammar
-    engine's (``words``, ``width`` tokens wide), nothing is banned, no scores, divert, event or mass to measure;
-    ``veto``: closing's, if it acts at this step. ``stop``: the grammar ends the row instead (no token)."""
+    engine's (``matcher``'s state, not computed yet: a greedy row whose top token the grammar holds never needs
+    it), nothing is banned, no scores, divert, event or mass to measure; ``veto``: closing's, if it acts at this
+    step. ``stop``: the grammar ends the row instead (no token)."""
 
-    words: np.ndarray | None = None
-    width: int = 0
+    matcher: Matcher | None = None
     stop: str | None = None
     veto: Veto | None = None
 
     def plan(self) -> Plan:
-        """The same step as a :class:`Plan` (what the policy's ``plan`` returns), for the general path."""
-        return Plan(stop=self.stop) if self.stop is not None else Plan(words=self.words, width=self.width,
-                                                                       veto=self.veto)
+        """The same step as a :class:`Plan` (what the policy's ``plan`` returns), for the general path: its
+        allowed set computed now, or the row's stop (:func:`grammar_stop`: a dead end is found only here)."""
+        m = self.matcher
+        stop = self.stop if m is None else grammar_stop(m)
+        return Plan(stop=stop) if stop is not None or m is None else Plan(words=m.allowed_words(), width=m.n_logits,
+                                                                         veto=self.veto)
+
+
+def grammar_stop(m: Matcher) -> str | None:
+    """A grammar row's end before a token: the grammar is complete, or the engine is in error or at a dead end
+    (nothing allowed: the one question here that computes the allowed set)."""
+    if m.stopped:  # complete, or the engine's error state
+        return Finish.CONSTRAINT_ERROR if m.error is not None else Finish.CONSTRAINT_COMPLETE
+    return Finish.CONSTRAINT_ERROR if m.allowed_empty() else None
 
 
 @dataclass
@@ -229,6 +240,9 @@ class Veto:
     accept: Callable[[int], bool]
     fallback: Callable[[], int]
     tries: int = 8
+    proves: bool = False
+    """``accept`` is True only for a token the grammar allows (its proof checks the token itself, as closing's
+    does), and refuses a token the grammar does not allow without effect: it may be asked before the grammar."""
 
 
 class Policy(ABC):

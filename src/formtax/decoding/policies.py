@@ -14,7 +14,7 @@ from formtax.constraints.jsonkeys import KeyGuard
 from formtax.constraints.jsonstrings import StringCaps
 from formtax.decoding.loop import Divert, Plan, Policy, Veto, relay
 from formtax.decoding.lowering import LoweredRow, Lowering
-from formtax.decoding.plan import Finish, GrammarStep, Phase, Wrapping
+from formtax.decoding.plan import Finish, GrammarStep, Phase, Wrapping, grammar_stop
 from formtax.tensorops import any_true
 
 if TYPE_CHECKING:
@@ -88,21 +88,19 @@ class ConstrainedPolicy(Policy):
 
     def grammar_step(self, step: int) -> GrammarStep | None:
         """:meth:`plan` without a :class:`Plan`, where the step is the grammar's alone: not for the key guard or
-        the string caps (a subclass), nor at the step whose masked mass is measured."""
+        the string caps (a subclass), nor at the step whose masked mass is measured. The allowed set is left to
+        the step (:func:`~formtax.decoding.step.grammar_choice`): a dead end is found there, where it is needed."""
         if type(self) is not ConstrainedPolicy or self.keys is not None or (self._measure and self.first):
             return None
-        stop = self._stop()
-        if stop is not None:
-            return GrammarStep(stop=stop)
+        m = self.matcher
+        if m.stopped:
+            return GrammarStep(stop=grammar_stop(m))
         self.first = False
-        return GrammarStep(self.matcher.allowed_words(), self.matcher.n_logits, None, self._closing(step, ()))
+        return GrammarStep(m, None, self._closing(step, ()))
 
     def _stop(self) -> str | None:
-        """The row's end before a token: the grammar is complete, or the engine is in error or at a dead end."""
-        m = self.matcher
-        if m.stopped:  # complete, or the engine's error state
-            return Finish.CONSTRAINT_ERROR if m.error is not None else Finish.CONSTRAINT_COMPLETE
-        return Finish.CONSTRAINT_ERROR if m.allowed_empty() else None
+        """The row's end before a token (:func:`~formtax.decoding.plan.grammar_stop`)."""
+        return grammar_stop(self.matcher)
 
     def _closing(self, step: int, banned: Sequence[int]) -> Veto | None:
         """Closing's veto at ``step`` (None where closing is off or knows no witness: nothing to keep)."""
@@ -112,7 +110,7 @@ class ConstrainedPolicy(Policy):
         if self.keys is not None:  # closing and the key guard together: no completion may repeat a key
             return Veto(self._keyed_accept(frozenset(banned), closer.left), closer.fallback)
         if self._veto is None:  # the same every step: the closer holds the step's tokens left
-            self._veto = Veto(closer.vet, closer.fallback)
+            self._veto = Veto(closer.vet, closer.fallback, proves=True)
         return self._veto
 
     def _keyed_accept(self, banned: frozenset[int], left: int) -> Callable[[int], bool]:

@@ -33,7 +33,7 @@ import torch
 from formtax.decoding.devicestep import Entry, clear_bits, device_round, pack_bool
 from formtax.decoding.plan import Finish, GrammarStep, Plan, RowOutput, RowRequest, Step
 from formtax.decoding.sampling import GREEDY, Sampling
-from formtax.tensorops import argmax, masked_argmax, ranked_in_words, ranked_masked, word_of
+from formtax.tensorops import argmax, ids_from_words, masked_argmax, ranked_in_words, ranked_masked
 
 __all__ = ["DRAWN", "Choice", "End", "RowCursor", "admits", "allowed_words", "choose", "choose_vetted", "decide",
            "draw_divert", "edit_row", "flags", "grammar_choice", "greedy_batch", "mass_words", "masked_mass",
@@ -182,15 +182,28 @@ def grammar_choice(g: GrammarStep, token: int, logits: Callable[[], torch.Tensor
     token where the grammar holds it and the veto (closing's) accepts it, with :func:`flags`' flags, the choice
     :func:`greedy_batch` and :func:`vetted` make under ``g.plan()``, without building it. Otherwise the plan:
     a refused top token is re-chosen here (:func:`rechosen`: the veto is not asked twice), and a top token the
-    grammar does not hold returns the plan, for the masked argmax of :func:`greedy_batch` (``logits()``: the
-    row's logits, read only for a re-choice)."""
-    word = word_of(g.words, g.width, token) if g.words is not None else 0
-    if word and (g.veto is None or g.veto.accept(token)):
-        return Choice(token, True, word == 1 << (token & 31) and g.plan().only(token))
-    plan = g.plan()
-    if not word:
-        return plan
-    return rechosen(logits(), plan, GREEDY, None, token)
+    grammar does not hold returns the plan (or the row's stop, at a dead end), for the masked argmax of
+    :func:`greedy_batch` (``logits()``: the row's logits, read only for a re-choice).
+
+    The top token is checked first, alone, and the allowed set is computed only where that check fails or the
+    flags need it (a held token proved not alone by :meth:`~formtax.constraints.compile.Matcher.not_alone` is
+    not forced; else the set is counted). Exact for greedy: the first maximal index overall, when allowed, is
+    the first maximal index among the allowed ones. (llama.cpp's sampler checks its grammar the same way,
+    sampled token first.) A veto whose proof checks the token itself (``Veto.proves``: closing's) is asked
+    first, in a state that forces no bytes, and its acceptance is the grammar's check too (one engine call)."""
+    m, veto = g.matcher, g.veto
+    assert m is not None
+    if veto is not None and veto.proves and not m.forces():  # the veto's proof checks the token: one check
+        if veto.accept(token):
+            return Choice(token, True, not m.not_alone(token) and g.plan().only(token))
+        held = m.holds(token)  # refused: by the veto (re-chosen below), or not the grammar's (no effect)
+    elif m.holds(token):
+        if veto is None or veto.accept(token):
+            return Choice(token, True, not m.not_alone(token) and g.plan().only(token))
+        held = True
+    else:
+        held = False
+    return rechosen(logits(), g.plan(), GREEDY, None, token) if held else g.plan()
 
 
 def draw_divert(plan: Plan, logits: torch.Tensor, sampling: Sampling, gen: torch.Generator | None,
@@ -301,22 +314,34 @@ def greedy_batch(logits: Sequence[torch.Tensor], chosen: list[tuple[int, Plan]],
     return out
 
 
-def masked_mass(logits: torch.Tensor, allowed: torch.Tensor) -> float:
-    """Probability mass the unconstrained model puts outside ``allowed`` (softmax of raw logits, in float64).
+def masked_mass(logits: torch.Tensor, plan: Plan) -> float:
+    """Probability mass the unconstrained model puts outside the plan's allowed set (softmax of raw logits, in
+    float64).
 
     On the host through numpy (ours, and why: the same float64 softmax without torch's intra-op threads, which
-    on a busy machine made this one row 50-70 ms instead of 0.3; the sum over the allowed set as a dot product with
-    0/1 weights, as a masked reduction does not vectorise); elsewhere with torch."""
-    if (logits.device.type == "cpu" and allowed.device.type == "cpu" and not logits.requires_grad
+    on a busy machine made this one row 50-70 ms instead of 0.3); a packed set is summed over its smaller side,
+    the allowed ids or the rest (no whole-vocabulary mask is unpacked or multiplied); elsewhere with torch."""
+    words = plan.packed_words()
+    if (logits.device.type == "cpu" and not logits.requires_grad
             and logits.dtype in (torch.float32, torch.float64, torch.float16)):
-        d = logits.numpy().astype(np.float64)
-        d -= d.max()
+        x = logits.numpy()
+        d = np.subtract(x, x.max(), dtype=np.float64)
         np.exp(d, out=d)
         total = float(d.sum())
-        inside = float(np.dot(d, allowed.numpy().astype(np.float64)))  # 1/0 weights: a dot beats a masked sum
-        return 1.0 - inside / total
+        width = int(x.shape[-1])
+        if words is not None:
+            ids = ids_from_words(words, width)
+            if 2 * ids.size <= width or 32 * words.size < width:
+                return 1.0 - float(d[ids].sum()) / total
+            return float(d[ids_from_words(~words, width)].sum()) / total  # a dense set: the few ids outside it
+        allowed = plan.allowed
+        assert allowed is not None
+        if allowed.device.type == "cpu":
+            return 1.0 - float(np.dot(d, allowed.numpy().astype(np.float64))) / total  # 1/0 weights: one dot
+    allowed = plan.allowed
+    assert allowed is not None
     p = torch.softmax(logits.double(), dim=-1)
-    return float(1.0 - p[allowed].sum().item())
+    return float(1.0 - p[allowed.to(p.device)].sum().item())
 
 
 class RowCursor:

@@ -163,7 +163,7 @@ class EngineRow:
         if end is not None:
             self.end(end)
             return Entry(index, forced=self.eos_id)
-        cur.measure(plan, lambda: masked_mass(host, plan.allowed))  # type: ignore[arg-type]
+        cur.measure(plan, lambda: masked_mass(host, plan))
         choice, entry = edit_row(row, index, plan, drawn, host, self.sampling, self.gen, draws=not self.chooses)
         self.n_planned += 1
         if choice.token == DRAWN:
