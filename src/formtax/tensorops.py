@@ -10,7 +10,7 @@ device stays with torch (one transfer per call). Nothing here changes what is ch
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
@@ -154,39 +154,41 @@ def ranked_in_words(x: torch.Tensor, words: np.ndarray, width: int, banned: Sequ
     xa = _numpy(x)
     if xa is None or k <= 0:
         return None
-    order = _leading(xa, k + DENSE_SPARE + len(banned) + 1)
-    if order is not None:  # the same picks, from the few values above a threshold (no copy of the row)
-        out: list[int] = []
-        misses, ban = 0, set(banned)
-        for j in order.tolist():
-            if j in ban:
-                continue
-            if word_of(words, width, j):
-                out.append(j)
-                if len(out) == k:
-                    return out
-            else:
-                misses += 1
-                if misses > DENSE_SPARE:
-                    return None
-        raise AssertionError("unreachable: _leading returned enough picks")  # pragma: no cover
-    row = xa.copy()
-    if banned:
-        row[np.asarray(banned, dtype=np.int64)] = -np.inf
-    out = []
+    out: list[int] = []
     misses = 0
-    while len(out) < k:
-        j = int(row.argmax())
-        if row[j] == -np.inf:  # nothing finite left: the re-choice is an argmax over -inf, the first index
+    for j in _picks(xa, banned, k + DENSE_SPARE + len(banned) + 1):
+        if j < 0:  # nothing finite left: the re-choice is an argmax over -inf, the first index
             return out + [0] * (k - len(out))
-        row[j] = -np.inf
         if word_of(words, width, j):
             out.append(j)
+            if len(out) == k:
+                return out
         else:
             misses += 1
             if misses > DENSE_SPARE:
                 return None
-    return out
+    return out  # pragma: no cover - _picks never runs out first
+
+
+def _picks(xa: np.ndarray, banned: Sequence[int], need: int) -> Iterator[int]:
+    """Repeated argmax's picks over the row, banned ids left out, for :func:`ranked_in_words`: its first ``need``
+    from :func:`_leading` where it answers (no copy of the row), else one argmax at a time; -1 once nothing finite
+    is left."""
+    order = _leading(xa, need)
+    if order is not None:
+        ban = set(banned)
+        yield from (j for j in order.tolist() if j not in ban)
+        return
+    row = xa.copy()
+    if banned:
+        row[np.asarray(banned, dtype=np.int64)] = -np.inf
+    while True:
+        j = int(row.argmax())
+        if row[j] == -np.inf:
+            yield -1
+            return
+        row[j] = -np.inf
+        yield j
 
 
 RANK_STRIDE = 64
@@ -196,8 +198,8 @@ RANK_STRIDE = 64
 def _leading(xa: np.ndarray, need: int) -> np.ndarray | None:
     """The first picks of repeated argmax over the row ``xa`` (value descending, the first index first among
     equal values), at least ``need`` of them: every index whose value lies above a threshold, sorted. The
-    threshold is a high value of a strided sample of the row (about ``RANK_STRIDE`` times ``need`` values lie
-    above it); every value outside lies at or below it, so the order of those above it is the order repeated
+    threshold is the ``3 + need // RANK_STRIDE``-th highest value of a strided sample of the row (about
+    ``RANK_STRIDE`` times that many values lie above it); every value outside lies at or below it, so the order of those above it is the order repeated
     argmax starts with. None where fewer than ``need`` lie above it or a NaN is among them (argmax picks a NaN
     first): the caller picks one by one. Ours, and why: seven re-choices by argmax cost seven reads of the row
     (about 47 us at 49k), this costs one compare."""

@@ -194,15 +194,13 @@ def grammar_choice(g: GrammarStep, token: int, logits: Callable[[], torch.Tensor
     m, veto = g.matcher, g.veto
     assert m is not None
     if veto is not None and veto.proves and not m.forces():  # the veto's proof checks the token: one check
-        if veto.accept(token):
-            return Choice(token, True, not m.not_alone(token) and g.plan().only(token))
-        held = m.holds(token)  # refused: by the veto (re-chosen below), or not the grammar's (no effect)
-    elif m.holds(token):
-        if veto is None or veto.accept(token):
-            return Choice(token, True, not m.not_alone(token) and g.plan().only(token))
-        held = True
+        kept = veto.accept(token)
+        held = kept or m.holds(token)  # refused: by the veto (re-chosen below), or not the grammar's (no effect)
     else:
-        held = False
+        held = m.holds(token)
+        kept = held and (veto is None or veto.accept(token))
+    if kept:
+        return Choice(token, True, not m.not_alone(token) and g.plan().only(token))
     return rechosen(logits(), g.plan(), GREEDY, None, token) if held else g.plan()
 
 
@@ -322,8 +320,10 @@ def masked_mass(logits: torch.Tensor, plan: Plan) -> float:
     on a busy machine made this one row 50-70 ms instead of 0.3); a packed set is summed over its smaller side,
     the allowed ids or the rest (no whole-vocabulary mask is unpacked or multiplied); elsewhere with torch."""
     words = plan.packed_words()
+    allowed = plan.allowed if words is None else None
     if (logits.device.type == "cpu" and not logits.requires_grad
-            and logits.dtype in (torch.float32, torch.float64, torch.float16)):
+            and logits.dtype in (torch.float32, torch.float64, torch.float16)
+            and (allowed is None or allowed.device.type == "cpu")):
         x = logits.numpy()
         d = np.subtract(x, x.max(), dtype=np.float64)
         np.exp(d, out=d)
@@ -334,10 +334,8 @@ def masked_mass(logits: torch.Tensor, plan: Plan) -> float:
             if 2 * ids.size <= width or 32 * words.size < width:
                 return 1.0 - float(d[ids].sum()) / total
             return float(d[ids_from_words(~words, width)].sum()) / total  # a dense set: the few ids outside it
-        allowed = plan.allowed
         assert allowed is not None
-        if allowed.device.type == "cpu":
-            return 1.0 - float(np.dot(d, allowed.numpy().astype(np.float64))) / total  # 1/0 weights: one dot
+        return 1.0 - float(np.dot(d, allowed.numpy().astype(np.float64))) / total  # 1/0 weights: one dot
     allowed = plan.allowed
     assert allowed is not None
     p = torch.softmax(logits.double(), dim=-1)
