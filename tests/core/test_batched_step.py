@@ -102,6 +102,26 @@ def test_bitmask_unpacks_and_counts_bit_by_bit(vocab: int, rows: int, dn: int, r
         assert ids_from_words(words[r].numpy(), n).tolist() == [t for t, on in enumerate(bits) if on and t < n]
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 100), st.integers(-64, 64), st.sampled_from([0.0, 0.02, 0.2, 1.0]),
+       st.randoms(use_true_random=False))
+def test_ids_of_sparse_and_dense_packed_sets(n_words: int, dn: int, density: float, rnd) -> None:  # type: ignore[no-untyped-def]
+    """Every path of ids_from_words (a few nonzero pairs bit by bit, some unpacked, all unpacked; an odd count
+    of words; a strided array) against the bits read one by one."""
+    words = np.array([rnd.randint(-2**31, 2**31 - 1) if rnd.random() < density else 0 for _ in range(n_words)],
+                     dtype=np.int32)
+    if density == 0.0 and rnd.random() < 0.7:  # a forced state: one or two bits
+        for _ in range(rnd.randint(1, 2)):
+            t = rnd.randrange(32 * n_words)
+            words[t // 32] |= np.int32(np.uint32(1 << (t % 32)).view(np.int32))
+    width = max(1, 32 * n_words + dn)
+    want = [t for t in range(min(width, 32 * n_words)) if (int(words[t // 32]) >> (t % 32)) & 1]
+    assert ids_from_words(words, width).tolist() == want
+    strided = np.zeros(2 * n_words, dtype=np.int32)[::2]
+    strided[:] = words
+    assert ids_from_words(strided, width).tolist() == want
+
+
 def test_host_reductions_equal_torchs() -> None:
     x = torch.tensor([[1.0, 3.0, 3.0, -1.0], [float("-inf")] * 4, [0.0, 0.0, 2.0, 2.0]])
     assert argmax_rows(x) == x.argmax(dim=-1).tolist() == [1, 0, 2]

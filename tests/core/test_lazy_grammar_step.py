@@ -1,5 +1,5 @@
 """A greedy grammar row on the host checks its top token first and computes the allowed set only where it must
-(decoding/step.py: grammar_choice; constraints/compile.py: Matcher.holds, Matcher.not_alone).
+(decoding/step.py: grammar_choice; constraints/compile.py: Matcher.holds, Matcher.not_alone, Matcher.check).
 
 Two properties of the grammar engine make this exact, and both are checked here against the engine's own mask:
 - ``validate_tokens([t])`` allows exactly the tokens the mask allows (``Matcher.holds`` without the mask);
@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from formtax.constraints import compile_grammar, parse_spec
 from formtax.constraints.closing import start_witness
-from formtax.constraints.compile import Matcher
+from formtax.constraints.compile import HELD, HELD_NOT_ALONE, Matcher, exact_words
 from formtax.decoding.loop import decode
 from formtax.decoding.plan import RowRequest
 from formtax.decoding.policies import ConstrainedPolicy
@@ -51,8 +52,12 @@ def test_the_engine_check_of_one_token_and_the_prefix_rule_agree_with_its_mask(s
         firsts_allowed = sorted({int(firsts[t]) for t in allowed if firsts[t] >= 0})
         sample = {*rng.sample(range(tok.engine.vocab_size), min(400, tok.engine.vocab_size)), *rng.sample(sorted(allowed), min(400, len(allowed))),
                   *firsts_allowed, *tok.eos_ids}
+        filled = Matcher(m.ll.deep_copy(), tok.engine, tok.n_logits)
+        filled.allowed_words()  # its set computed: the bits answer
         for t in sorted(sample):
             assert probe.holds(t) == (t in allowed), (spec, t)
+            for who in (probe, filled):  # check() fuses holds() and not_alone()
+                assert who.check(t) == (0 if t not in allowed else HELD_NOT_ALONE if who.not_alone(t) else HELD)
         if not bytes(m.ll.compute_ff_bytes()):  # a state that forces no bytes: every prefix of an allowed token is
             assert all(f in allowed for f in firsts_allowed), spec  # allowed
             assert all(probe.not_alone(t) == (firsts[t] >= 0) for t in sorted(allowed))
@@ -138,3 +143,63 @@ def test_closing_refuses_a_token_the_grammar_does_not_allow_without_effect() -> 
     assert closer._first  # the model's choice is still to come
     inside = [t for t in range(tok.engine.vocab_size) if (int(words[t >> 5]) >> (t & 31)) & 1][:50]
     assert all(m.holds(t) for t in inside if closer.vet(t))
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**31 - 1), spec=st.sampled_from(WALK_SPECS), tokenizer=st.sampled_from(["smollm2", "bytes"]))
+def test_the_budgets_last_token_finishes_as_advance_then_the_budget(seed: int, spec: str, tokenizer: str) -> None:
+    """ConstrainedPolicy.advance_last (no engine consume: one check of the token then EOS) names the finish that
+    advance then budget_exhausted name, for allowed tokens, refused ones and EOS, at states along a random walk
+    (the walk ends where the grammar completes, so the last states accept)."""
+    tok = planted_tokenizer(tokenizer)
+    compiled = compile_grammar(parse_spec(spec).grammar, tok.engine)
+    rng = random.Random(seed)
+    seen: set[str] = set()
+    walks = [None, start_witness(compiled, tok.n_logits)]  # a random walk, and the start witness (it completes)
+    for walk in walks:
+        m = compiled.matcher(tok.n_logits)
+        for k in range(40 if walk is None else len(walk)):
+            if m.stopped:
+                break
+            allowed = sorted(set(ids_from_words(m.allowed_words(), tok.n_logits).tolist()))
+            nxt = rng.choice([t for t in allowed if t not in tok.eos_ids] or allowed) if walk is None else walk[k]
+            for t in {nxt, *rng.sample(allowed, min(6, len(allowed))), rng.randrange(tok.engine.vocab_size),
+                      *tok.eos_ids}:
+                fast = ConstrainedPolicy(m.copy(), tok.eos_ids)
+                slow = ConstrainedPolicy(m.copy(), tok.eos_ids)
+                want = slow.advance(t) or slow.budget_exhausted()
+                assert fast.advance_last(t) == want, (spec, t)
+                seen.add(want)
+            assert m.consume(nxt)
+    assert {"length", "length-incomplete", "eos"} <= seen, seen
+
+
+FORCED_SPECS = [*WALK_SPECS, "The answer is: {int:0..999}", "{choice:yes|no|maybe}", "regex:(ab|abc)d[0-9]{2}",
+                'json:{"type":"array","items":{"enum":["red","green","blue"]},"minItems":2}',
+                'json:{"type":"object","properties":{"k":{"const":"fixed value"},"n":{"type":"number"}},'
+                '"required":["k","n"]}']
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**31 - 1), spec=st.sampled_from(FORCED_SPECS),
+       tokenizer=st.sampled_from(["smollm2", "bytes"]))
+def test_a_state_with_forced_tokens_allows_its_first_alone(seed: int, spec: str, tokenizer: str) -> None:
+    """The engine property Matcher.allowed_words rests on where the grammar forces tokens: where llguidance
+    names forced tokens (``compute_ff_tokens`` non-empty), its mask allows the first of them and nothing else,
+    so the set is that one token, without the mask (checked here against the engine's own mask, along random
+    walks; ``Matcher.allowed_words`` reads the set that way, so the engine's mask is computed on a copy)."""
+    tok = planted_tokenizer(tokenizer)
+    m = compile_grammar(parse_spec(spec).grammar, tok.engine).matcher(tok.n_logits)
+    rng = random.Random(seed)
+    for _ in range(40):
+        if m.stopped:
+            break
+        probe = m.ll.deep_copy()
+        engine = np.zeros((tok.engine.vocab_size + 31) // 32, dtype=np.int32)
+        probe.unsafe_compute_mask_ptr(engine.ctypes.data, engine.nbytes)
+        want = ids_from_words(exact_words(engine, tok.engine.vocab_size), tok.n_logits).tolist()
+        forced = probe.compute_ff_tokens()
+        if forced:
+            assert want == [forced[0]], (spec, forced, want[:8])
+        assert ids_from_words(m.allowed_words(), tok.n_logits).tolist() == want, spec
+        m.consume(rng.choice(want))

@@ -310,6 +310,7 @@ class Closer:
 
     def __post_init__(self) -> None:
         self._eos = int(self.matcher.tokenizer.ll.eos_token)
+        self._ll = self.matcher.ll  # the matcher's engine state (the same object for the matcher's life)
         self._shared = witness_pool(self.matcher.grammar, self.matcher.tokenizer)
         self._own = WitnessPool()  # the suffixes of the witnesses this row found
         self._bytes: llguidance.LLMatcher | None = None  # a byte matcher, brought up to ``prefix`` when searched
@@ -435,7 +436,7 @@ class Closer:
         be an answer it accepts. None: the grammar does not allow ``token`` here (nothing is searched)."""
         if token in self.eos_ids:
             return self._valid(b"", []) if self.matcher.accepting else None
-        ll, eos, oracle = self.matcher.ll, self._eos, self.oracle
+        ll, eos, oracle = self._ll, self._eos, self.oracle
         after = self._decode([token]) if oracle is not None else b""
         w = self.witness if self._known else self.current()
         if w and token == w[0] and len(w) - 1 <= left:
@@ -445,18 +446,19 @@ class Closer:
                 and (oracle is None or self._valid(after, w))):
             self._after[token] = w  # the common case: one engine call
             return True
-        if fits(ll, [token], [], eos) and self._valid(after, []):  # an accepting state needs nothing more
+        held = int(ll.validate_tokens([token, eos]))  # fits([token], []), and whether the grammar allows token
+        if held == 2 and self._valid(after, []):  # an accepting state needs nothing more
             self._after[token] = []
             return True
-        if not ll.validate_tokens([token]):  # not a token the grammar allows: no proof to look for
+        if not held:  # not a token the grammar allows: no proof to look for
             return None
+        if left <= 0:  # the state after the token does not accept and no token is left (no witness is that short)
+            self.refused += 1
+            return False
         pooled = self._pooled([token], left, skip=w)
         if pooled is not None:
             self._after[token] = pooled
             return True
-        if left <= 0:  # the state after the token does not accept and no token is left
-            self.refused += 1
-            return False
         child = ll.deep_copy()
         if not child.consume_token(token):
             return False

@@ -43,7 +43,7 @@ def _dumps(value: Any) -> int:
 def _pattern_width(pattern: str) -> int:
     """The fewest characters a match of ``pattern`` takes (cached: a schema repeats its patterns)."""
     try:
-        width = re._parser.parse(pattern).getwidth()[0]  # type: ignore[attr-defined]
+        width = re._parser.parse(pattern).getwidth()[0]  # type: ignore[attr-defined, unused-ignore]
     except Exception:  # an ECMA-262 pattern Python does not read: it adds nothing
         return 0
     return int(min(width, 1 << 20))

@@ -101,6 +101,12 @@ class _Prefilled:
     live: bool = False  # filled by fill_masks, which skips stopped matchers: this state is not stopped
 
 
+HELD = 1
+""":meth:`Matcher.check`: the token is held (whether it is alone is not known)."""
+HELD_NOT_ALONE = 2
+""":meth:`Matcher.check`: the token is held, and another token is too."""
+
+
 class Matcher:
     """Per-request grammar state: allowed set, consume, rollback, copy, explicit error state."""
 
@@ -120,10 +126,26 @@ class Matcher:
     def _current(self) -> _Prefilled:
         pre = self._prefilled
         if pre is None or pre.version != self._version:
-            self._ll.unsafe_compute_mask_ptr(self._bitmask_ptr, self._bitmask.nbytes)  # as llguidance.torch does
-            pre = self._prefilled = _Prefilled(self._version, exact_words(self._bitmask.copy(),
-                                                                          self._tok.vocab_size))
+            words = self._forced_words()
+            if words is None:
+                self._ll.unsafe_compute_mask_ptr(self._bitmask_ptr, self._bitmask.nbytes)  # as llguidance.torch does
+                words = exact_words(self._bitmask.copy(), self._tok.vocab_size)
+            pre = self._prefilled = _Prefilled(self._version, words)
         return pre
+
+    def _forced_words(self) -> np.ndarray | None:
+        """The allowed set of a state where the engine names forced tokens: the first of them alone (the engine's
+        mask allows nothing else there: tests/core/test_lazy_grammar_step.py checks this property of llguidance
+        against its masks), packed, without the mask, which costs the engine 2-4 times more in such a state
+        (a JSON object's opening keys); None elsewhere (the mask is computed)."""
+        if not self.forces():
+            return None
+        forced = self._ll.compute_ff_tokens()
+        if not forced:
+            return None
+        words = np.zeros_like(self._bitmask)
+        words.view(np.uint32)[forced[0] >> 5] = np.uint32(1 << (forced[0] & 31))
+        return words
 
     def allowed_words(self) -> np.ndarray:
         """This state's allowed set as llguidance's packed int32 words (no bit set past the tokenizer's
@@ -183,6 +205,22 @@ class Matcher:
         other: int = self._tok.first_byte_tokens.item(token)
         return 0 <= other < self.n_logits
 
+    def check(self, token: int) -> int:
+        """:meth:`holds` and :meth:`not_alone` in one call, for the host's greedy step (a grammar row's common step
+        pays per call): 0 where ``token`` is not held, :data:`HELD_NOT_ALONE` where it is and is proved not the
+        only token, :data:`HELD` where it is held and nothing is proved."""
+        if self._forcing[0] != self._version:
+            self._forcing = (self._version, bool(self._ll.compute_ff_bytes()))
+        if self._forcing[1]:
+            return HELD if self.holds(token) else 0
+        pre = self._prefilled
+        if pre is None or pre.version != self._version:
+            if not (0 <= token < min(self.n_logits, self._tok.vocab_size) and self._ll.validate_tokens([token]) == 1):
+                return 0
+        elif not word_of(pre.words, self.n_logits, token):
+            return 0
+        return HELD_NOT_ALONE if 0 <= self._tok.first_byte_tokens.item(token) < self.n_logits else HELD
+
     @property
     def ll(self) -> llguidance.LLMatcher:
         """The engine's matcher (for searches that copy it, e.g. closing mode's witness)."""
@@ -203,6 +241,12 @@ class Matcher:
         if ok:
             self.consumed += 1
         return ok
+
+    def takes_then_eos(self, token: int) -> int:
+        """How many of ``token`` then EOS the engine takes from this state, which stays as it is: 0 (``token`` is
+        not allowed: :meth:`consume` would fail), 1 (allowed, and the grammar does not accept after it), 2
+        (allowed, and it accepts after it: :attr:`accepting` after :meth:`consume`)."""
+        return int(self._ll.validate_tokens([token, int(self._tok.ll.eos_token)]))
 
     def consume_many(self, tokens: list[int]) -> bool:
         return all(self.consume(t) for t in tokens)

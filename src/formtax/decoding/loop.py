@@ -105,6 +105,7 @@ class _Stepper:
                  samplings: list[Sampling], batch: Batch, t0: float, together: bool, on_device: bool = False) -> None:
         self.cursors, self.gens, self.samplings, self.batch, self.t0 = cursors, gens, samplings, batch, t0
         self.together, self.on_device = together, on_device
+        self.lazy = together and not on_device  # a greedy grammar row checks its top token first (_grammar_row)
         self.vocab = 0
         self.begin(torch.empty(0), 0)
 
@@ -143,6 +144,12 @@ class _Stepper:
     def plan_row(self, pos: int, i: int) -> None:
         """Plan row ``i`` (at ``pos``); a row whose policy raises ends alone (:meth:`fault`)."""
         try:
+            cur = self.cursors[i]
+            if self.lazy and self.samplings[i].greedy:
+                g = cur.policy.grammar_step(cur.step)
+                if g is not None:  # the grammar's own step: no plan built where the grammar holds the top token
+                    self._grammar_row(pos, g)
+                    return
             self._plan_row(pos, i)
         except Exception as e:  # noqa: BLE001 - one row's fault ends that row, never its batch
             self.fault(i, e)
@@ -159,11 +166,6 @@ class _Stepper:
 
     def _plan_row(self, pos: int, i: int) -> None:
         cur, gen, sampling = self.cursors[i], self.gens[i], self.samplings[i]
-        if sampling.greedy and self.together and not self.on_device:
-            g = cur.policy.grammar_step(cur.step)
-            if g is not None:  # the grammar's own step: no plan built where the grammar holds the top token
-                self._grammar_row(pos, g)
-                return
         row_logits = self.rows[pos]
         plan = cur.plan(row_logits)
         drawn = None
@@ -194,7 +196,7 @@ class _Stepper:
         if g.stop is not None:
             self.ends[pos] = End(g.stop)
             return
-        got = grammar_choice(g, self.top()[pos], lambda: self.rows[pos])
+        got = grammar_choice(g, self.top()[pos], lambda: self.rows[pos])  # (the row's logits: for a re-choice)
         if isinstance(got, Choice):
             self.decided[pos] = got
             return
@@ -368,13 +370,12 @@ def decode(
     step = _Stepper(cursors, gens, samplings, batch, t0, together=not any(_coupled(r.policy) for r in rows),
                  on_device=on_device)
     fill = MaskFill(background=on_device and logits.device.type != "cpu")
-    # a greedy row on the host checks its top token first (step.grammar_choice): its mask is computed only where
-    # that needs it, so it is not filled ahead
-    lazy = not on_device and step.together
 
     def masks() -> list[Matcher]:
-        return [m for i in live if (m := rows[i].policy.mask_matcher()) is not None
-                and not (lazy and samplings[i].greedy)]
+        """The step's masks to fill ahead: not a greedy row's on the host (``step.lazy``), which checks its top
+        token first (step.grammar_choice) and computes its mask only where that needs it."""
+        return [m for i in live if not (step.lazy and samplings[i].greedy)
+                and (m := rows[i].policy.mask_matcher()) is not None]
 
     fill.start(masks())
     while live:

@@ -69,7 +69,7 @@ class Plan:
     written by hand rather than as a dataclass: ``allowed`` is a property, and setting it (a policy narrowing
     the set) drops the words and count made for the old set."""
 
-    __slots__ = ("_allowed", "_count", "_width", "_words", "banned", "divert", "event", "forced", "measure_mass",
+    __slots__ = ("_allowed", "_count", "_ids", "_width", "_words", "banned", "divert", "event", "forced", "measure_mass",
                  "rewind", "scores", "stop", "veto")
 
     def __init__(
@@ -91,6 +91,7 @@ class Plan:
         self.forced, self.banned, self.measure_mass, self.scores = forced, banned, measure_mass, scores
         self.stop, self.event, self.rewind, self.divert, self.veto = stop, event, rewind, divert, veto
         self._allowed, self._words, self._width, self._count = allowed, words, width, count
+        self._ids: np.ndarray | None = None  # the packed set's ids, once unpacked (allowed_ids)
 
     @property
     def allowed(self) -> torch.Tensor | None:
@@ -102,7 +103,7 @@ class Plan:
 
     @allowed.setter
     def allowed(self, value: torch.Tensor | None) -> None:
-        self._allowed, self._words, self._count = value, None, None
+        self._allowed, self._words, self._count, self._ids = value, None, None, None
 
     @property
     def has_mask(self) -> bool:
@@ -134,9 +135,12 @@ class Plan:
 
     def allowed_ids(self) -> np.ndarray | None:
         """The allowed ids, ascending, on the host (from the words when packed: only their nonzero words are
-        unpacked); None without a mask, or for a mask off the host."""
+        unpacked, once: a row's masked mass, its choice and its count read the same ids); None without a mask, or
+        for a mask off the host. Read-only."""
         if self._words is not None:
-            return ids_from_words(self._words, self._width)
+            if self._ids is None:
+                self._ids = ids_from_words(self._words, self._width)
+            return self._ids
         a = self._allowed
         return None if a is None or a.device.type != "cpu" else np.flatnonzero(a.numpy())
 
@@ -145,7 +149,9 @@ class Plan:
         one, else counted (a popcount of the words when packed)."""
         if self._count is None:
             w = self._words
-            if w is not None and self._width >= 32 * w.size:
+            if self._ids is not None:  # unpacked already: the ids below the width are the set
+                self._count = int(self._ids.size)
+            elif w is not None and self._width >= 32 * w.size:
                 self._count = int(np.bitwise_count(w.view(np.uint32)).sum())
             else:
                 assert self.allowed is not None
@@ -170,7 +176,10 @@ class Plan:
         if "allowed" in changes:
             fields.update(words=None, count=None)
         fields.update(changes)
-        return Plan(**fields)
+        out = Plan(**fields)
+        if out._words is self._words and out._width == self._width:
+            out._ids = self._ids  # the same packed set: its ids, if unpacked, stand
+        return out
 
     def __repr__(self) -> str:
         shown = {k: getattr(self, k) for k in ("forced", "banned", "measure_mass", "stop", "event", "rewind")}
@@ -266,6 +275,11 @@ class Policy(ABC):
     def budget_exhausted(self) -> str:
         """Finish reason when the token budget runs out (a policy can report an incomplete constraint)."""
         return Finish.LENGTH
+
+    def advance_last(self, token: int) -> str:
+        """Take the row's last token (its budget ends with it) and return the row's finish: :meth:`advance`'s,
+        else the budget's. A policy may skip the state no later step reads (``ConstrainedPolicy``)."""
+        return self.advance(token) or self.budget_exhausted()
 
     def row_stats(self) -> dict[str, Any]:
         """What the policy reports about how it decoded its row, merged into ``Result.stats`` when the row ends

@@ -69,6 +69,7 @@ class ConstrainedPolicy(Policy):
         self.closer = None if closing_limit is None else Closer(matcher, closing_limit, eos_ids)
         self.closing_idle = False  # closing mode is on but can never act (constraints/extent.py): no closer built
         self._veto: Veto | None = None
+        self._step: GrammarStep | None = None  # grammar_step's last: the same while closing's veto is
 
     def plan(self, logits: torch.Tensor, step: int) -> Plan:
         stop = self._stop()
@@ -96,7 +97,10 @@ class ConstrainedPolicy(Policy):
         if m.stopped:
             return GrammarStep(stop=grammar_stop(m))
         self.first = False
-        return GrammarStep(m, None, self._closing(step, ()))
+        veto = None if self.closer is None else self._closing(step, ())
+        if self._step is None or self._step.veto is not veto:  # made again only where the veto changes
+            self._step = GrammarStep(m, None, veto)
+        return self._step
 
     def _stop(self) -> str | None:
         """The row's end before a token (:func:`~formtax.decoding.plan.grammar_stop`)."""
@@ -148,6 +152,23 @@ class ConstrainedPolicy(Policy):
 
     def budget_exhausted(self) -> str:
         return Finish.LENGTH if self.matcher.accepting else Finish.LENGTH_INCOMPLETE
+
+    def advance_last(self, token: int) -> str:
+        """:meth:`advance` then :meth:`budget_exhausted`, without the grammar engine's consume: nothing reads the
+        matcher after the row's last token, and llguidance's consume of a token that completes the grammar costs
+        it about 50 us, where closing's rows end (at their budget). One engine check of the token and EOS after it
+        answers the same (EOS is allowed only where the grammar accepts); the matcher stays before the token. A
+        subclass or a key guard advances as it does at every step."""
+        if type(self) is not ConstrainedPolicy or self.keys is not None:
+            return super().advance_last(token)
+        if token in self.eos_ids:
+            return Finish.EOS
+        taken = self.matcher.takes_then_eos(token)
+        if not taken:
+            return Finish.CONSTRAINT_ERROR
+        if self.closer is not None:
+            self.closer.advance(token)
+        return Finish.LENGTH if taken == 2 else Finish.LENGTH_INCOMPLETE
 
     def with_start(self, witness: list[int]) -> ConstrainedPolicy:
         """Closing mode begins from ``witness`` (a completion of the start state); returns the policy."""

@@ -30,6 +30,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from formtax.constraints.compile import HELD_NOT_ALONE
 from formtax.decoding.devicestep import Entry, clear_bits, device_round, pack_bool
 from formtax.decoding.plan import Finish, GrammarStep, Plan, RowOutput, RowRequest, Step
 from formtax.decoding.sampling import GREEDY, Sampling
@@ -181,9 +182,10 @@ def grammar_choice(g: GrammarStep, token: int, logits: Callable[[], torch.Tensor
     """The greedy choice of a row whose step is its grammar's (:class:`GrammarStep`), given its top token: that
     token where the grammar holds it and the veto (closing's) accepts it, with :func:`flags`' flags, the choice
     :func:`greedy_batch` and :func:`vetted` make under ``g.plan()``, without building it. Otherwise the plan:
-    a refused top token is re-chosen here (:func:`rechosen`: the veto is not asked twice), and a top token the
-    grammar does not hold returns the plan (or the row's stop, at a dead end), for the masked argmax of
-    :func:`greedy_batch` (``logits()``: the row's logits, read only for a re-choice).
+    a refused top token is re-chosen here (:func:`rechosen`: the veto is not asked twice; in a state that forces
+    no bytes its re-choices are ranked by the engine's check of each token, that state's mask bit, so no mask is
+    computed), and a top token the grammar does not hold returns the plan (or the row's stop, at a dead end), for
+    the masked argmax of :func:`greedy_batch` (``logits()``: the row's logits, read only for a re-choice).
 
     The top token is checked first, alone, and the allowed set is computed only where that check fails or the
     flags need it (a held token proved not alone by :meth:`~formtax.constraints.compile.Matcher.not_alone` is
@@ -193,15 +195,26 @@ def grammar_choice(g: GrammarStep, token: int, logits: Callable[[], torch.Tensor
     first, in a state that forces no bytes, and its acceptance is the grammar's check too (one engine call)."""
     m, veto = g.matcher, g.veto
     assert m is not None
-    if veto is not None and veto.proves and not m.forces():  # the veto's proof checks the token: one check
+    if veto is None:  # the grammar's check alone (and its proof the token is not alone, in the same call)
+        held = m.check(token)
+        if held:
+            return Choice(token, True, held != HELD_NOT_ALONE and g.plan().only(token))
+        return g.plan()
+    if veto.proves and not m.forces():  # the veto's proof checks the token: one check
         kept = veto.accept(token)
         held = kept or m.holds(token)  # refused: by the veto (re-chosen below), or not the grammar's (no effect)
     else:
         held = m.holds(token)
-        kept = held and (veto is None or veto.accept(token))
+        kept = held and veto.accept(token)
     if kept:
         return Choice(token, True, not m.not_alone(token) and g.plan().only(token))
-    return rechosen(logits(), g.plan(), GREEDY, None, token) if held else g.plan()
+    if not held:
+        return g.plan()
+    if not m.forces():  # the veto refused it: its re-choices ranked by the engine's checks (the mask's bits here)
+        ranked = ranked_in_words(logits(), None, m.n_logits, [token], veto.tries - 1, m.holds)
+        if ranked is not None:
+            return rechosen(logits(), Plan(veto=veto), GREEDY, None, token, ranked)
+    return rechosen(logits(), g.plan(), GREEDY, None, token)
 
 
 def draw_divert(plan: Plan, logits: torch.Tensor, sampling: Sampling, gen: torch.Generator | None,
@@ -312,25 +325,37 @@ def greedy_batch(logits: Sequence[torch.Tensor], chosen: list[tuple[int, Plan]],
     return out
 
 
+SHIFT_FREE = 600.0
+"""Scores whose maximum lies within this of 0 are exponentiated as they are by :func:`masked_mass` (float64's exp
+is finite to 709 and normal from -708; a term 600 below the maximum is 1e-261 of it), others less their maximum."""
+
+
 def masked_mass(logits: torch.Tensor, plan: Plan) -> float:
     """Probability mass the unconstrained model puts outside the plan's allowed set (softmax of raw logits, in
     float64).
 
     On the host through numpy (ours, and why: the same float64 softmax without torch's intra-op threads, which
-    on a busy machine made this one row 50-70 ms instead of 0.3); a packed set is summed over its smaller side,
-    the allowed ids or the rest (no whole-vocabulary mask is unpacked or multiplied); elsewhere with torch."""
+    on a busy machine made this one row 50-70 ms instead of 0.3), the scores exponentiated unshifted where that
+    is exact (:data:`SHIFT_FREE`; the mass is a ratio); a packed set is summed over its smaller side, the allowed
+    ids (the plan's, which its choice reads too) or the rest (no whole-vocabulary mask is unpacked or
+    multiplied); elsewhere with torch."""
     words = plan.packed_words()
     allowed = plan.allowed if words is None else None
     if (logits.device.type == "cpu" and not logits.requires_grad
             and logits.dtype in (torch.float32, torch.float64, torch.float16)
             and (allowed is None or allowed.device.type == "cpu")):
         x = logits.numpy()
-        d = np.subtract(x, x.max(), dtype=np.float64)
-        np.exp(d, out=d)
+        top = float(x.max())
+        if -SHIFT_FREE < top < SHIFT_FREE:  # exp of the scores themselves stays normal: the same ratios, one pass less
+            d = np.exp(x, dtype=np.float64)
+        else:
+            d = np.subtract(x, top, dtype=np.float64)
+            np.exp(d, out=d)
         total = float(d.sum())
         width = int(x.shape[-1])
         if words is not None:
-            ids = ids_from_words(words, width)
+            ids = plan.allowed_ids()
+            assert ids is not None
             if 2 * ids.size <= width or 32 * words.size < width:
                 return 1.0 - float(d[ids].sum()) / total
             return float(d[ids_from_words(~words, width)].sum()) / total  # a dense set: the few ids outside it
@@ -383,12 +408,13 @@ class RowCursor:
     def accept(self, choice: Choice) -> End | None:
         """Emit the choice's token and advance the policy: the row's end (the policy's finish, e.g. a stop
         string, then the budget's), or None to go on."""
-        out, policy, token = self.out, self.policy, choice.token
+        out, policy = self.out, self.policy
+        token, masked, forced = choice
         out.tokens.append(token)
-        out.steps.append(Step(token, policy.phase, choice.forced, choice.masked))
+        out.steps.append(Step(token, policy.phase, forced, masked))
+        if len(out.tokens) >= self.req.max_tokens:  # the budget's last token
+            return End(policy.advance_last(token))
         reason = policy.advance(token)
-        if reason is None and len(out.tokens) >= self.req.max_tokens:
-            reason = policy.budget_exhausted()
         return None if reason is None else End(reason)
 
     def engine_end(self, engine_finish: str | None, eos_id: int | None = None) -> End:
