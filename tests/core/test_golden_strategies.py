@@ -100,9 +100,11 @@ def _compare(section: str, got: dict[str, Any]) -> None:
             assert all((g is None) == (w is None) and (g is None or abs(g - w) <= MASS_ULPS) for g, w in masses)
 
 
-MASS_ULPS = 2e-6
+MASS_ULPS = 1e-5
 """The default model's masked masses are compared to this: its float32 forward pass differs in the last bits
-between CPUs (another machine's matmul kernels), which moves the 6th digit of a mass; its tokens never move."""
+between CPUs and library builds (another machine's matmul kernels), which moves the 6th digit of a mass; its
+tokens never move. (2e-6 until 2026-12-07, when a fresh install moved two masses by 2-3e-6 with the tree before
+as with the tree after: nl2format 0.716413 against 0.716410, suffix-beam 0.827866 against 0.827868.)"""
 
 
 def _exact(outputs: Any, section: str) -> Any:

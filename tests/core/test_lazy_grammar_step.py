@@ -202,4 +202,5 @@ def test_a_state_with_forced_tokens_allows_its_first_alone(seed: int, spec: str,
         if forced:
             assert want == [forced[0]], (spec, forced, want[:8])
         assert ids_from_words(m.allowed_words(), tok.n_logits).tolist() == want, spec
+        assert m.forced_token() == (forced[0] if forced and forced[0] < tok.n_logits else None)
         m.consume(rng.choice(want))

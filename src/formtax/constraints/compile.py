@@ -121,6 +121,7 @@ class Matcher:
         self._version = 0  # bumped by every change of state: a prefilled mask is valid only for its version
         self._prefilled: _Prefilled | None = None  # this state's allowed set, once computed (or filled for a batch)
         self._forcing = (-1, False)  # (version, whether that state forces bytes): :meth:`forces`
+        self._forced = (-1, -1)  # (version, the one token that state allows): :meth:`forced_token`
 
     # -- the allowed set ------------------------------------------------------------------------------------
     def _current(self) -> _Prefilled:
@@ -143,6 +144,7 @@ class Matcher:
         forced = self._ll.compute_ff_tokens()
         if not forced:
             return None
+        self._forced = (self._version, int(forced[0]))
         words = np.zeros_like(self._bitmask)
         words.view(np.uint32)[forced[0] >> 5] = np.uint32(1 << (forced[0] & 31))
         return words
@@ -204,6 +206,15 @@ class Matcher:
             return False
         other: int = self._tok.first_byte_tokens.item(token)
         return 0 <= other < self.n_logits
+
+    def forced_token(self) -> int | None:
+        """The one token this state allows where the engine names forced tokens (their first: the set
+        :meth:`allowed_words` builds from it), within the logits; else None (the set may still be one token)."""
+        if not self.forces():
+            return None
+        self._current()
+        version, token = self._forced
+        return token if version == self._version and token < self.n_logits else None
 
     def check(self, token: int) -> int:
         """:meth:`holds` and :meth:`not_alone` in one call, for the host's greedy step (a grammar row's common step

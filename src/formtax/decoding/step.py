@@ -184,8 +184,10 @@ def grammar_choice(g: GrammarStep, token: int, logits: Callable[[], torch.Tensor
     :func:`greedy_batch` and :func:`vetted` make under ``g.plan()``, without building it. Otherwise the plan:
     a refused top token is re-chosen here (:func:`rechosen`: the veto is not asked twice; in a state that forces
     no bytes its re-choices are ranked by the engine's check of each token, that state's mask bit, so no mask is
-    computed), and a top token the grammar does not hold returns the plan (or the row's stop, at a dead end), for
-    the masked argmax of :func:`greedy_batch` (``logits()``: the row's logits, read only for a re-choice).
+    computed), and a top token the grammar does not hold gives the state's forced token where the engine names one
+    (:meth:`~formtax.constraints.compile.Matcher.forced_token`: the set is that token alone; vetted as
+    :func:`vetted` vets a first choice), else the plan (or the row's stop, at a dead end), for the masked argmax of
+    :func:`greedy_batch` (``logits()``: the row's logits, read only for a re-choice).
 
     The top token is checked first, alone, and the allowed set is computed only where that check fails or the
     flags need it (a held token proved not alone by :meth:`~formtax.constraints.compile.Matcher.not_alone` is
@@ -199,7 +201,8 @@ def grammar_choice(g: GrammarStep, token: int, logits: Callable[[], torch.Tensor
         held = m.check(token)
         if held:
             return Choice(token, True, held != HELD_NOT_ALONE and g.plan().only(token))
-        return g.plan()
+        forced = m.forced_token()  # a set of one token: its masked argmax, forced
+        return Choice(forced, True, True) if forced is not None else g.plan()
     if veto.proves and not m.forces():  # the veto's proof checks the token: one check
         kept = veto.accept(token)
         held = kept or m.holds(token)  # refused: by the veto (re-chosen below), or not the grammar's (no effect)
@@ -209,7 +212,12 @@ def grammar_choice(g: GrammarStep, token: int, logits: Callable[[], torch.Tensor
     if kept:
         return Choice(token, True, not m.not_alone(token) and g.plan().only(token))
     if not held:
-        return g.plan()
+        forced = m.forced_token()  # a set of one token: its masked argmax, vetted as vetted() does
+        if forced is None:
+            return g.plan()
+        if veto.accept(forced):
+            return Choice(forced, True, True)
+        token = forced
     if not m.forces():  # the veto refused it: its re-choices ranked by the engine's checks (the mask's bits here)
         ranked = ranked_in_words(logits(), None, m.n_logits, [token], veto.tries - 1, m.holds)
         if ranked is not None:
