@@ -46,7 +46,8 @@ def argmax(x: torch.Tensor) -> int:
 
 
 SPARSE_PAIRS = 2
-"""A packed set with at most this many nonzero pairs of words is unpacked bit by bit in Python (:func:`ids_from_words`)."""
+"""A packed set with at most this many nonzero pairs of words is unpacked bit by bit in Python
+(:func:`ids_from_words`)."""
 
 
 def ids_from_words(words: np.ndarray, width: int) -> np.ndarray:
@@ -68,9 +69,10 @@ def ids_from_words(words: np.ndarray, width: int) -> np.ndarray:
             bits, base = pairs.item(k), 64 * k
             while bits:
                 low = bits & -bits
-                if base + low.bit_length() > width:
+                token = base + low.bit_length() - 1
+                if token >= width:
                     break
-                out.append(base + low.bit_length() - 1)
+                out.append(token)
                 bits ^= low
         return np.array(out, dtype=nz.dtype)
     if 8 * nz.size > pairs.size:  # a dense set: unpacking every word costs less than picking them out
@@ -161,18 +163,24 @@ def ranked_masked(x: torch.Tensor, allowed: torch.Tensor | None, banned: Sequenc
 
 
 DENSE_SPARE = 16
-"""How many refused picks :func:`ranked_in_words` makes before it hands the set to :func:`ranked_masked`."""
+"""How many refused picks :func:`ranked_held` makes before it hands the set to :func:`ranked_masked`."""
 
 
-def ranked_in_words(x: torch.Tensor, words: np.ndarray | None, width: int, banned: Sequence[int], k: int,
-                    holds: Callable[[int], bool] | None = None) -> list[int] | None:
-    """:func:`ranked_masked` for a set packed in llguidance's words (``width`` tokens wide), found the way the loop
-    would choose again and again: the argmax of a copy of the row, taken out after each pick, kept when the set
-    holds it. Ours, and why: a veto's re-choices come where a grammar allows most of the vocabulary (closing at
-    a string's last tokens), where unpacking the set's ids and sorting their values costs ten times the few
-    argmaxes. None off the host's fast path, or after :data:`DENSE_SPARE` picks the set did not hold (a sparse
-    set: :func:`ranked_masked` over its ids is then cheaper). Without ``words``, ``holds(token)`` says whether the
-    set holds a token (a grammar engine's check of one token, where that is the mask's bit: no mask computed)."""
+def ranked_in_words(x: torch.Tensor, words: np.ndarray, width: int, banned: Sequence[int], k: int
+                    ) -> list[int] | None:
+    """:func:`ranked_masked` for a set packed in llguidance's words (``width`` tokens wide): :func:`ranked_held`
+    with the words' bits as its test."""
+    return ranked_held(x, lambda j: word_of(words, width, j) != 0, banned, k)
+
+
+def ranked_held(x: torch.Tensor, holds: Callable[[int], bool], banned: Sequence[int], k: int) -> list[int] | None:
+    """:func:`ranked_masked` for a set known by its test ``holds(token)`` (the bit of its packed words, or a grammar
+    engine's check of one token where that is the mask's bit: no mask computed), found the way the loop would
+    choose again and again: the argmax of a copy of the row, taken out after each pick, kept when the set holds it.
+    Ours, and why: a veto's re-choices come where a grammar allows most of the vocabulary (closing at a string's
+    last tokens), where unpacking the set's ids and sorting their values costs ten times the few argmaxes. None
+    off the host's fast path, or after :data:`DENSE_SPARE` picks the set did not hold (a sparse set:
+    :func:`ranked_masked` over its ids is then cheaper)."""
     xa = _numpy(x)
     if xa is None or k <= 0:
         return None
@@ -181,7 +189,7 @@ def ranked_in_words(x: torch.Tensor, words: np.ndarray | None, width: int, banne
     for j in _picks(xa, banned, k + DENSE_SPARE + len(banned) + 1):
         if j < 0:  # nothing finite left: the re-choice is an argmax over -inf, the first index
             return out + [0] * (k - len(out))
-        if word_of(words, width, j) if words is not None else (j < width and holds is not None and holds(j)):
+        if holds(j):
             out.append(j)
             if len(out) == k:
                 return out
@@ -193,7 +201,7 @@ def ranked_in_words(x: torch.Tensor, words: np.ndarray | None, width: int, banne
 
 
 def _picks(xa: np.ndarray, banned: Sequence[int], need: int) -> Iterator[int]:
-    """Repeated argmax's picks over the row, banned ids left out, for :func:`ranked_in_words`: its first ``need``
+    """Repeated argmax's picks over the row, banned ids left out, for :func:`ranked_held`: its first ``need``
     from :func:`_leading` where it answers (no copy of the row), else one argmax at a time; -1 once nothing finite
     is left."""
     order = _leading(xa, need)
@@ -221,8 +229,8 @@ def _leading(xa: np.ndarray, need: int) -> np.ndarray | None:
     """The first picks of repeated argmax over the row ``xa`` (value descending, the first index first among
     equal values), at least ``need`` of them: every index whose value lies above a threshold, sorted. The
     threshold is the ``3 + need // RANK_STRIDE``-th highest value of a strided sample of the row (about
-    ``RANK_STRIDE`` times that many values lie above it); every value outside lies at or below it, so the order of those above it is the order repeated
-    argmax starts with. None where fewer than ``need`` lie above it or a NaN is among them (argmax picks a NaN
+    ``RANK_STRIDE`` times that many values lie above it); every value outside lies at or below it, so the order
+    of those above it is the order repeated argmax starts with. None where fewer than ``need`` lie above it or a NaN is among them (argmax picks a NaN
     first): the caller picks one by one. Ours, and why: seven re-choices by argmax cost seven reads of the row
     (about 47 us at 49k), this costs one compare."""
     sample = xa[::RANK_STRIDE]

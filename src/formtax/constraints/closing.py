@@ -407,13 +407,6 @@ class Closer:
         for a token the grammar allows (every proof checks the token itself); a token it does not allow is refused
         with no effect (not counted, not searched: the step's first choice is still to come), so the veto may be
         asked before the grammar (``Veto.proves``)."""
-        w = self.witness
-        if (self._known and w and self.oracle is None and len(w) <= self.left and token != w[0]
-                and token not in self.eos_ids  # _accept's common proof, first (one engine call, every step)
-                and self._ll.validate_tokens([token, *w, self._eos]) == len(w) + 2):
-            self._after[token] = w
-            self._first = False
-            return True
         ok = self._accept(token, self.left)
         if ok is None:
             return False

@@ -220,9 +220,7 @@ class Matcher:
         """:meth:`holds` and :meth:`not_alone` in one call, for the host's greedy step (a grammar row's common step
         pays per call): 0 where ``token`` is not held, :data:`HELD_NOT_ALONE` where it is and is proved not the
         only token, :data:`HELD` where it is held and nothing is proved."""
-        if self._forcing[0] != self._version:
-            self._forcing = (self._version, bool(self._ll.compute_ff_bytes()))
-        if self._forcing[1]:
+        if self.forces():
             return HELD if self.holds(token) else 0
         pre = self._prefilled
         if pre is None or pre.version != self._version:

@@ -34,7 +34,14 @@ from formtax.constraints.compile import HELD_NOT_ALONE
 from formtax.decoding.devicestep import Entry, clear_bits, device_round, pack_bool
 from formtax.decoding.plan import Finish, GrammarStep, Plan, RowOutput, RowRequest, Step
 from formtax.decoding.sampling import GREEDY, Sampling
-from formtax.tensorops import argmax, ids_from_words, masked_argmax, ranked_in_words, ranked_masked
+from formtax.tensorops import (
+    argmax,
+    ids_from_words,
+    masked_argmax,
+    ranked_held,
+    ranked_in_words,
+    ranked_masked,
+)
 
 __all__ = ["DRAWN", "Choice", "End", "RowCursor", "admits", "allowed_words", "choose", "choose_vetted", "decide",
            "draw_divert", "edit_row", "flags", "grammar_choice", "greedy_batch", "mass_words", "masked_mass",
@@ -219,7 +226,7 @@ def grammar_choice(g: GrammarStep, token: int, logits: Callable[[], torch.Tensor
             return Choice(forced, True, True)
         token = forced
     if not m.forces():  # the veto refused it: its re-choices ranked by the engine's checks (the mask's bits here)
-        ranked = ranked_in_words(logits(), None, m.n_logits, [token], veto.tries - 1, m.holds)
+        ranked = ranked_held(logits(), m.holds, [token], veto.tries - 1)
         if ranked is not None:
             return rechosen(logits(), Plan(veto=veto), GREEDY, None, token, ranked)
     return rechosen(logits(), g.plan(), GREEDY, None, token)
