@@ -9,17 +9,22 @@ suffixes left out (``BYTE_SUFFIXES = 0``, the pool as it was), token for token, 
 from __future__ import annotations
 
 import hashlib
+import random
 from collections.abc import Sequence
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import formtax
 from formtax.backends.fake import FakeBackend
 from formtax.cache import LRU
 from formtax.constraints import closing, compile_grammar, parse_spec
-from formtax.constraints.closing import Closer, byte_suffixes, start_witness
+from formtax.constraints.closing import Closer, WitnessPool, byte_suffixes, fits, start_witness
+from formtax.constraints.compile import Matcher
 from formtax.planted.backend import planted_tokenizer
+from formtax.tensorops import ids_from_words
 
 SCHEMA = 'json:{"type":"object","properties":{"s":{"type":"string"}},"required":["s"]}'
 SPECS = ['json:{"type":"object","properties":{"a":{"type":"string"},"b":{"type":"array","items":'
@@ -124,3 +129,42 @@ def test_byte_suffixes_start_at_a_character_and_are_the_witness_own_bytes():
     assert [t.decode() for t in texts]  # each starts at a character's first byte (strict UTF-8 decodes it)
     assert b'"}' in texts and '", "t": "日本"}'.encode() in texts
     assert len(texts) == len(set(texts)) and texts == sorted(texts, key=len)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**31 - 1), spec=st.sampled_from(SPECS))
+def test_the_pools_answer_is_the_shortest_fitting_witness_of_both(seed: int, spec: str) -> None:
+    """Closer._pooled checks the row's own pool only before the shared pool's first fit, and skips what the
+    shared pool has (tried there already): the answer is still the shortest fitting witness of the two pools
+    together (ties by the lower tokens), or None. Brute force over every pooled witness is the oracle, along a
+    random walk, with two pools drawn from the same witnesses (the start witness's and searches' along the walk),
+    so each pool's first fit comes first in some states, and they share some witnesses."""
+    rng = random.Random(seed)
+    tok = planted_tokenizer("smollm2")
+    compiled = compile_grammar(parse_spec(spec).grammar, tok.engine)
+
+    def row() -> tuple[Matcher, Closer]:
+        m = compiled.matcher(tok.n_logits)
+        return m, Closer(m, 64, frozenset(tok.eos_ids)).start_from(start_witness(compiled, tok.n_logits))
+
+    m, closer = row()
+    walk, found = [], list(closer._shared.items)
+    for _ in range(10):
+        if m.stopped:
+            break
+        walk.append(rng.choice(ids_from_words(m.allowed_words(), tok.n_logits).tolist()))
+        assert m.consume(walk[-1])
+        closer.advance(walk[-1])
+        w = closer._search(m.ll.deep_copy(), 12, b"")  # this state's shortest completion
+        found += [tuple(w[k:]) for k in range(len(w))] if w else []
+    m, closer = row()
+    closer._shared = WitnessPool([w for w in found if rng.random() < 0.5])
+    closer._own = WitnessPool([w for w in found if rng.random() < 0.5])
+    eos = int(tok.engine.ll.eos_token)
+    for t in walk:
+        left, skip = rng.randint(0, 8), rng.choice([None, list(rng.choice(found))])
+        fitting = [w for w in {*closer._shared.items, *closer._own.items}
+                   if len(w) <= left and list(w) != skip and fits(m.ll, [t], w, eos)]
+        want = min(fitting, key=lambda w: (len(w), w), default=None)
+        assert closer._pooled([t], left, skip) == (None if want is None else list(want)), (spec, t, left)
+        assert m.consume(t)

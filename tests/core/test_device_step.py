@@ -236,13 +236,17 @@ def _repeated_argmax(x: torch.Tensor, allowed: torch.Tensor | None, banned: list
 
 
 @given(seed=st.integers(0, 10_000), n=st.integers(1, 40), k=st.integers(1, 10), levels=st.integers(1, 6),
-       density=st.floats(0.0, 1.0), n_banned=st.integers(0, 5), with_mask=st.booleans(), neg_inf=st.booleans())
+       density=st.floats(0.0, 1.0), n_banned=st.integers(0, 5), with_mask=st.booleans(), neg_inf=st.booleans(),
+       nan=st.booleans())
 @settings(max_examples=300, deadline=None)
-def test_ranked_masked_is_the_repeated_masked_argmax(seed, n, k, levels, density, n_banned, with_mask, neg_inf):
+def test_ranked_masked_is_the_repeated_masked_argmax(seed, n, k, levels, density, n_banned, with_mask, neg_inf,
+                                                     nan):
     g = torch.Generator().manual_seed(seed)
     x = torch.randint(0, levels, (n,), generator=g).float()  # few levels: many ties
     if neg_inf:
         x[torch.rand(n, generator=g) < 0.3] = float("-inf")
+    if nan:  # argmax takes a NaN first (the lowest index first)
+        x[torch.rand(n, generator=g) < 0.2] = float("nan")
     allowed = (torch.rand(n, generator=g) < density) if with_mask else None
     banned = torch.randint(0, n, (n_banned,), generator=g).tolist()
     assert ranked_masked(x, allowed, banned, k) == _repeated_argmax(x, allowed, banned, k)

@@ -118,8 +118,9 @@ def test_the_top_token_first_step_equals_the_masked_step(spec: str, closing: boo
 
 def test_closing_refuses_a_token_the_grammar_does_not_allow_without_effect() -> None:
     """Closing's veto may be asked before the grammar (``Veto.proves``): a token the grammar does not allow is
-    refused, not counted as a refusal of the model's choice, and not searched; the step's first choice is still
-    the next token asked. A token it accepts is one the grammar allows."""
+    refused with None (its answer is the grammar's check too), not counted as a refusal of the model's choice,
+    and not searched; the step's first choice is still the next token asked. A token it accepts is one the
+    grammar allows."""
     tok = planted_tokenizer("smollm2")
     compiled = compile_grammar(parse_spec(SPECS[0]).grammar, tok.engine)
     policy = ConstrainedPolicy(compiled.matcher(tok.n_logits), tok.eos_ids, closing_limit=30)
@@ -138,7 +139,7 @@ def test_closing_refuses_a_token_the_grammar_does_not_allow_without_effect() -> 
     outside = [t for t in range(tok.engine.vocab_size) if not (int(words[t >> 5]) >> (t & 31)) & 1][:50]
     assert outside and min(tok.eos_ids) in outside  # EOS too: the grammar does not accept here
     for t in outside:
-        assert not closer.vet(t)
+        assert closer.vet(t) is None  # not the grammar's (False: allowed, and refused)
     assert (closer.changed, closer.refused, searched) == (0, 0, [])
     assert closer._first  # the model's choice is still to come
     inside = [t for t in range(tok.engine.vocab_size) if (int(words[t >> 5]) >> (t & 31)) & 1][:50]
@@ -204,3 +205,62 @@ def test_a_state_with_forced_tokens_allows_its_first_alone(seed: int, spec: str,
         assert ids_from_words(m.allowed_words(), tok.n_logits).tolist() == want, spec
         assert m.forced_token() == (forced[0] if forced and forced[0] < tok.n_logits else None)
         m.consume(rng.choice(want))
+
+
+SPARSE_SPECS = [*WALK_SPECS, "regex:[0-9]{1,6}", 'json:{"type":"array","items":{"type":"integer"}}']
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**31 - 1), spec=st.sampled_from(SPARSE_SPECS), tries=st.integers(1, 8),
+       p_accept=st.sampled_from([0.0, 0.001, 0.3]), special=st.sampled_from(["", "-inf", "nan"]))
+def test_a_proving_vetos_re_choices_by_its_own_checks_equal_ranking_then_vetting(
+        seed: int, spec: str, tries: int, p_accept: float, special: str) -> None:
+    """decoding/step.rejudged (closing's re-choices: each pick asked of the veto alone, whose None passes over a
+    token the grammar does not allow) against rechosen over the state's mask (the allowed tokens ranked, then
+    vetted): the same choice, and the veto asked of the same allowed tokens in the same order. States that force
+    no bytes along random walks: dense ones (a string's inside) and sparse ones (digits), where the picks give
+    out after DENSE_SPARE passed over and the mask's ranking goes on with the refusals so far; rows with -inf
+    and NaN entries too."""
+    import torch
+
+    from formtax.decoding.plan import GrammarStep, Veto
+    from formtax.decoding.sampling import GREEDY
+    from formtax.decoding.step import rechosen, rejudged
+
+    rng = random.Random(seed)
+    tok = planted_tokenizer("smollm2")
+    m = compile_grammar(parse_spec(spec).grammar, tok.engine).matcher(tok.n_logits)
+    states = []
+    for _ in range(14):
+        if m.stopped:
+            break
+        if not m.forces():
+            states.append(m.copy())
+        m.consume(rng.choice(ids_from_words(m.allowed_words(), tok.n_logits).tolist()))
+    if not states:
+        return
+    state = rng.choice(states)
+    allowed = ids_from_words(state.allowed_words(), tok.n_logits)
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(tok.n_logits, generator=g) * 3
+    if special:
+        x[torch.rand(tok.n_logits, generator=g) < 0.1] = float(special)
+    top = int(allowed[int(np.argmax(x.numpy()[allowed]))])  # the first choice, refused
+    accepted = {int(t) for t in allowed if rng.random() < p_accept} - {top}
+    fallback = int(rng.choice(allowed.tolist()))
+
+    def step(asked: list[int]) -> GrammarStep:
+        def accept(t: int) -> bool | None:
+            if not state.holds(t):
+                return None
+            asked.append(t)
+            return t in accepted
+
+        return GrammarStep(state, None, Veto(accept, lambda: fallback, tries, proves=True))
+
+    ours: list[int] = []
+    theirs: list[int] = []
+    got = rejudged(x, step(ours), top)
+    want = rechosen(x, step(theirs).plan(), GREEDY, None, [top])
+    assert got == want, (spec, top, got, want)
+    assert ours == theirs

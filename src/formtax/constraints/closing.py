@@ -144,25 +144,30 @@ class WitnessPool:
 
     def __init__(self, witnesses: Sequence[Sequence[int]] = ()) -> None:
         self.items: list[tuple[int, ...]] = []
+        self.members: set[tuple[int, ...]] = set()
         for w in witnesses:
             self.add(w)
 
     def add(self, witness: Sequence[int] | None) -> None:
         if not witness:
             return
-        have = set(self.items)
-        new = [s for k in range(len(witness)) if (s := tuple(witness[k:])) not in have]
+        new = [s for k in range(len(witness)) if (s := tuple(witness[k:])) not in self.members]
         if new:
-            self.items = sorted({*self.items, *new}, key=lambda w: (len(w), w))
+            self.members.update(new)
+            self.items = sorted(self.members, key=lambda w: (len(w), w))
 
     def first_fit(self, ll: llguidance.LLMatcher, before: Sequence[int], eos: int, left: int,
-                  skip: Sequence[int] | None = None) -> list[int] | None:
+                  skip: Sequence[int] | None = None, tried: WitnessPool | None = None, found: Sequence[int] = ()
+                  ) -> list[int] | None:
         """The shortest pooled witness of at most ``left`` tokens that completes ``ll``'s state after ``before``
-        (checked by the engine, nothing copied), or None."""
+        (checked by the engine, nothing copied), or None. ``tried``: a pool searched first, whose first fit was
+        ``found`` (empty: none); only a witness that comes before ``found`` (shorter, or as long and lower) and
+        that ``tried`` does not have can come before it, so only those are checked."""
+        key = (len(found), tuple(found))
         for w in self.items:
-            if len(w) > left:
+            if len(w) > left or (found and (len(w), w) >= key):
                 break
-            if skip is not None and list(w) == list(skip):
+            if (tried is not None and w in tried.members) or (skip is not None and list(w) == list(skip)):
                 continue
             if fits(ll, before, w, eos):
                 return list(w)
@@ -337,10 +342,14 @@ class Closer:
     def _pooled(self, before: Sequence[int], left: int, skip: Sequence[int] | None = None) -> list[int] | None:
         """The shortest witness of the two pools that completes the state after ``before`` in ``left`` tokens."""
         ll = self.matcher.ll
-        found = [w for pool in (self._shared, self._own) if (w := pool.first_fit(ll, before, self._eos, left, skip))]
-        if self.oracle is not None:
+        first = self._shared.first_fit(ll, before, self._eos, left, skip)
+        if self.oracle is None:  # the row's own pool adds only a witness before the shared one's (none it has)
+            own = self._own.first_fit(ll, before, self._eos, left, skip, tried=self._shared, found=first or ())
+            found = [w for w in (first, own) if w]
+        else:  # each pool's first fit, then the oracle's word on each
+            own = self._own.first_fit(ll, before, self._eos, left, skip)
             after = self._decode(before)
-            found = [w for w in found if self._valid(after, w)]
+            found = [w for w in (first, own) if w and self._valid(after, w)]
         if not found:
             return None
         self.pooled += 1
@@ -396,85 +405,83 @@ class Closer:
 
     def begin_step(self, step: int) -> bool:
         """A new step (``step`` tokens emitted of :attr:`limit`), so ``limit - step - 1`` are left after its own:
-        the next :meth:`accept` is asked of the model's own choice (for :attr:`changed`). Whether a witness is
+        the next :meth:`vet` is asked of the model's own choice (for :attr:`changed`). Whether a witness is
         known (:meth:`current`): without one closing keeps nothing at this step."""
         self._first = True
         self.left = self.limit - step - 1
         return (self.witness if self._known else self.current()) is not None
 
-    def vet(self, token: int) -> bool:
-        """:meth:`accept` with this step's tokens left (a step's :class:`~formtax.decoding.plan.Veto`). True only
-        for a token the grammar allows (every proof checks the token itself); a token it does not allow is refused
-        with no effect (not counted, not searched: the step's first choice is still to come), so the veto may be
-        asked before the grammar (``Veto.proves``)."""
-        ok = self._accept(token, self.left)
-        if ok is None:
-            return False
-        first, self._first = self._first, False
-        self.changed += int(first and not ok)
-        return ok
+    def vet(self, token: int) -> bool | None:
+        """Whether a completion still fits in this step's tokens left (:attr:`left`) after emitting ``token``: the
+        rule of closing mode, and a step's :class:`~formtax.decoding.plan.Veto`. The witness it proved after the
+        token is kept for :meth:`advance`; the step's first answer is the model's own choice, and refusing it
+        counts in :attr:`changed`.
 
-    def accept(self, token: int, left: int) -> bool:
-        """Whether a completion still fits in ``left`` tokens after emitting ``token`` (the witness after it is
-        kept for :meth:`advance`). The first call of a step is the model's own choice: refusing it counts in
-        :attr:`changed`."""
-        ok = self._accept(token, left)
-        if ok is None:
-            return False
-        first, self._first = self._first, False
-        self.changed += int(first and not ok)
-        return ok
+        ``token`` is refused only if no completion from the state after it fits. The checks run cheapest first
+        and stop at the first proof: the current witness goes on after the token (its own first token, or
+        replayed: the common case, one engine call); the state after the token accepts (nothing more is needed);
+        a pooled witness completes it; and only then a search from the state after the token, bounded by
+        :attr:`left` (and by :data:`STEP_MS`). The search runs wherever the cheaper proofs fail, also where the
+        budget binds: refusing a token without it would veto answers that fit (issue 46). With an oracle every
+        proof must also be an answer it accepts.
 
-    def _accept(self, token: int, left: int) -> bool | None:
-        """The rule: ``token`` is refused only if no completion from the state after it fits in ``left``.
-
-        The checks run cheapest first and stop at the first proof: the state after the token accepts (nothing
-        more is needed); the current witness goes on after the token (its own first token, or replayed); a
-        pooled witness completes it; and only then a search from the state after the token, bounded by ``left``
-        (and by :data:`STEP_MS`). The search runs wherever the cheaper proofs fail, also where the budget binds:
-        refusing a token without it would veto answers that fit (issue 46). With an oracle every proof must also
-        be an answer it accepts. None: the grammar does not allow ``token`` here (nothing is searched)."""
+        Every proof checks the token itself, so True only for a token the grammar allows; a token it does not
+        allow gets None, with no effect (not counted, not searched: the step's first choice is still to come),
+        so the veto may be asked before the grammar and answers its check too (``Veto.proves``). One method, not
+        a check and a counter around it: it is asked at every step of a closing row."""
+        left, eos, oracle = self.left, self._eos, self.oracle
         if token in self.eos_ids:
-            return self._valid(b"", []) if self.matcher.accepting else None
-        ll, eos, oracle = self._ll, self._eos, self.oracle
-        after = self._decode([token]) if oracle is not None else b""
+            if not self.matcher.accepting:
+                return None  # not the grammar's
+            return self._judged(self._valid(b"", []))
         w = self.witness if self._known else self.current()
-        if w and token == w[0] and len(w) - 1 <= left:
-            self._after[token] = w[1:]
-            return True
-        if (w is not None and len(w) <= left and fits(ll, [token], w, eos)
-                and (oracle is None or self._valid(after, w))):
-            self._after[token] = w  # the common case: one engine call
-            return True
+        if w is not None and len(w) <= left + 1:
+            if w and token == w[0]:
+                self._after[token] = w[1:]
+                self._first = False
+                return True
+            if (len(w) <= left and self._ll.validate_tokens([token, *w, eos]) == len(w) + 2
+                    and (oracle is None or self._valid(self._decode([token]), w))):
+                self._after[token] = w  # the witness replayed after the token
+                self._first = False
+                return True
+        ll = self._ll
         held = int(ll.validate_tokens([token, eos]))  # fits([token], []), and whether the grammar allows token
-        if held == 2 and self._valid(after, []):  # an accepting state needs nothing more
-            self._after[token] = []
-            return True
-        if not held:  # not a token the grammar allows: no proof to look for
+        if not held:  # not a token the grammar allows: no proof to look for, no effect
             return None
+        if held == 2 and self._valid(self._decode([token]) if oracle is not None else b"", []):
+            self._after[token] = []  # an accepting state needs nothing more
+            return self._judged(True)
         if left <= 0:  # the state after the token does not accept and no token is left (no witness is that short)
             self.refused += 1
-            return False
+            return self._judged(False)
         pooled = self._pooled([token], left, skip=w)
         if pooled is not None:
             self._after[token] = pooled
-            return True
+            return self._judged(True)
         child = ll.deep_copy()
         if not child.consume_token(token):
-            return False
+            return self._judged(False)
         found = self._search(child, left, self._decode([token]))
         ok = found is not None and len(found) <= left
         self._after[token] = found if ok else None
         self.refused += int(not ok)
+        return self._judged(ok)
+
+    def _judged(self, ok: bool) -> bool:
+        """:meth:`vet`'s answer ``ok`` for a token the grammar allows (a refused first choice counts in
+        :attr:`changed`)."""
+        first, self._first = self._first, False
+        self.changed += int(first and not ok)
         return ok
 
     def witness_after(self, token: int) -> list[int] | None:
-        """The completion :meth:`accept` proved after ``token`` (None when it refused it or was not asked): the key
+        """The completion :meth:`vet` proved after ``token`` (None when it refused it or was not asked): the key
         guard (constraints/jsonkeys.py) refuses a token whose completion would repeat a key."""
         return self._after.get(token)
 
     def advance(self, token: int) -> None:
-        """The policy consumed ``token``: its witness (if :meth:`accept` computed one) becomes the current one."""
+        """The policy consumed ``token``: its witness (if :meth:`vet` computed one) becomes the current one."""
         self._pending.append(token)
         w = self.witness
         if self._known and w and token == w[0]:

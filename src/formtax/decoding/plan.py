@@ -246,12 +246,13 @@ class Veto:
     emitted as a forced token (``fallback()`` is asked only then). For conditions too costly to evaluate over the
     whole vocabulary (closing mode asks whether a completion still fits after the token)."""
 
-    accept: Callable[[int], bool]
+    accept: Callable[[int], bool | None]
     fallback: Callable[[], int]
     tries: int = 8
     proves: bool = False
     """``accept`` is True only for a token the grammar allows (its proof checks the token itself, as closing's
-    does), and refuses a token the grammar does not allow without effect: it may be asked before the grammar."""
+    does), and answers None, without effect, for a token the grammar does not allow (False: allowed, and
+    refused): it may be asked before the grammar, and its answer is the grammar's check too."""
 
 
 class Policy(ABC):

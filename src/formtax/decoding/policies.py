@@ -68,7 +68,8 @@ class ConstrainedPolicy(Policy):
         self.first = True
         self.closer = None if closing_limit is None else Closer(matcher, closing_limit, eos_ids)
         self.closing_idle = False  # closing mode is on but can never act (constraints/extent.py): no closer built
-        self._veto: Veto | None = None
+        # closing's veto, the same every step (the closer holds the step's tokens left); a key guard's is per step
+        self._veto = None if self.closer is None else Veto(self.closer.vet, self.closer.fallback, proves=True)
         self._step: GrammarStep | None = None  # grammar_step's last: the same while closing's veto is
 
     def plan(self, logits: torch.Tensor, step: int) -> Plan:
@@ -97,7 +98,8 @@ class ConstrainedPolicy(Policy):
         if m.stopped:
             return GrammarStep(stop=grammar_stop(m))
         self.first = False
-        veto = None if self.closer is None else self._closing(step, ())
+        closer = self.closer
+        veto = self._veto if closer is not None and closer.begin_step(step) else None  # _closing's, without keys
         if self._step is None or self._step.veto is not veto:  # made again only where the veto changes
             self._step = GrammarStep(m, None, veto)
         return self._step
@@ -113,8 +115,6 @@ class ConstrainedPolicy(Policy):
             return None
         if self.keys is not None:  # closing and the key guard together: no completion may repeat a key
             return Veto(self._keyed_accept(frozenset(banned), closer.left), closer.fallback)
-        if self._veto is None:  # the same every step: the closer holds the step's tokens left
-            self._veto = Veto(closer.vet, closer.fallback, proves=True)
         return self._veto
 
     def _keyed_accept(self, banned: frozenset[int], left: int) -> Callable[[int], bool]:
@@ -126,7 +126,7 @@ class ConstrainedPolicy(Policy):
         assert closer is not None and keys is not None
 
         def accept(t: int) -> bool:
-            if t in banned or not closer.accept(t, left):
+            if t in banned or not closer.vet(t):
                 return False
             after = closer.witness_after(t)
             if after is None or not keys.repeats_in(ll.decode_bytes([t, *after])):

@@ -35,17 +35,19 @@ from formtax.decoding.devicestep import Entry, clear_bits, device_round, pack_bo
 from formtax.decoding.plan import Finish, GrammarStep, Plan, RowOutput, RowRequest, Step
 from formtax.decoding.sampling import GREEDY, Sampling
 from formtax.tensorops import (
+    DENSE_SPARE,
     argmax,
     ids_from_words,
     masked_argmax,
     ranked_held,
     ranked_in_words,
     ranked_masked,
+    ranked_picks,
 )
 
 __all__ = ["DRAWN", "Choice", "End", "RowCursor", "admits", "allowed_words", "choose", "choose_vetted", "decide",
            "draw_divert", "edit_row", "flags", "grammar_choice", "greedy_batch", "mass_words", "masked_mass",
-           "plan_end", "rechosen", "vetted"]
+           "plan_end", "rechosen", "rejudged", "vetted"]
 
 
 class Choice(NamedTuple):
@@ -156,25 +158,26 @@ def vetted(logits: torch.Tensor, plan: Plan, sampling: Sampling, gen: torch.Gene
     veto = plan.veto
     if veto is None or veto.accept(first.token):
         return first
-    return rechosen(logits, plan, sampling, gen, first.token, ranked)
+    return rechosen(logits, plan, sampling, gen, [first.token], ranked)
 
 
-def rechosen(logits: torch.Tensor, plan: Plan, sampling: Sampling, gen: torch.Generator | None, token: int,
-             ranked: Sequence[int] | None = None) -> Choice:
-    """:func:`vetted` after its veto refused the first choice, ``token`` (not asked again: a refusal may have
-    searched)."""
+def rechosen(logits: torch.Tensor, plan: Plan, sampling: Sampling, gen: torch.Generator | None,
+             refused: Sequence[int], ranked: Sequence[int] | None = None) -> Choice:
+    """:func:`vetted` after its veto refused the first choice and any re-choices after it, ``refused`` in order
+    (not asked again: a refusal may have searched); ``ranked``: the ids after them."""
     veto = plan.veto
     assert veto is not None
-    refused = [token]
+    refused = list(refused)
+    tries = veto.tries - len(refused)
     if ranked is None and sampling.greedy:
         words = plan.packed_words()
         if words is not None:  # a dense set by repeated argmax (a sparse one gives up: by its ids, below)
-            ranked = ranked_in_words(logits, words, plan.width, [*plan.banned, token], veto.tries - 1)
+            ranked = ranked_in_words(logits, words, plan.width, [*plan.banned, *refused], tries)
         if ranked is None:
             ids = plan.allowed_ids() if plan.has_mask else None  # (None for a mask off the host: the tensor)
-            ranked = ranked_masked(logits, plan.allowed if ids is None else None, [*plan.banned, token],
-                                   veto.tries - 1, ids)
-    for k in range(veto.tries - 1):
+            ranked = ranked_masked(logits, plan.allowed if ids is None else None, [*plan.banned, *refused],
+                                   tries, ids)
+    for k in range(tries):
         if ranked is not None:
             token = ranked[k]
         else:
@@ -210,12 +213,15 @@ def grammar_choice(g: GrammarStep, token: int, logits: Callable[[], torch.Tensor
             return Choice(token, True, held != HELD_NOT_ALONE and g.plan().only(token))
         forced = m.forced_token()  # a set of one token: its masked argmax, forced
         return Choice(forced, True, True) if forced is not None else g.plan()
-    if veto.proves and not m.forces():  # the veto's proof checks the token: one check
-        kept = veto.accept(token)
-        held = kept or m.holds(token)  # refused: by the veto (re-chosen below), or not the grammar's (no effect)
-    else:
-        held = m.holds(token)
-        kept = held and veto.accept(token)
+    if veto.proves and not m.forces():  # the veto's proof checks the token: one check, the grammar's too
+        verdict = veto.accept(token)
+        if verdict:
+            return Choice(token, True, not m.not_alone(token) and g.plan().only(token))
+        # refused: re-chosen by the veto's own checks; None, not the grammar's: its masked argmax (a state that
+        # forces no bytes names no forced token)
+        return g.plan() if verdict is None else rejudged(logits(), g, token)
+    held = m.holds(token)
+    kept = held and veto.accept(token)
     if kept:
         return Choice(token, True, not m.not_alone(token) and g.plan().only(token))
     if not held:
@@ -228,8 +234,40 @@ def grammar_choice(g: GrammarStep, token: int, logits: Callable[[], torch.Tensor
     if not m.forces():  # the veto refused it: its re-choices ranked by the engine's checks (the mask's bits here)
         ranked = ranked_held(logits(), m.holds, [token], veto.tries - 1)
         if ranked is not None:
-            return rechosen(logits(), Plan(veto=veto), GREEDY, None, token, ranked)
-    return rechosen(logits(), g.plan(), GREEDY, None, token)
+            return rechosen(logits(), Plan(veto=veto), GREEDY, None, [token], ranked)
+    return rechosen(logits(), g.plan(), GREEDY, None, [token])
+
+
+def rejudged(logits: torch.Tensor, g: GrammarStep, token: int) -> Choice:
+    """The re-choices of a row whose proving veto (``Veto.proves``: closing's) refused its top token ``token``,
+    in a state that forces no bytes (there the engine's check of one token is its mask bit): the row's picks, in
+    the masked argmax's order, are each asked of the veto alone. Its None passes over a token the grammar does not
+    allow (as the mask does), its False is one of its tries, and after ``tries`` refusals comes its fallback: the
+    choice :func:`rechosen` makes from the ranked allowed tokens, with one engine call a pick instead of the
+    grammar's check and then the veto's. Where the picks give out (more than :data:`DENSE_SPARE` passed over: a
+    sparse set; or a row off the host's fast path), :func:`rechosen` goes on by the mask, the refusals so far
+    banned."""
+    veto = g.veto
+    assert veto is not None
+    refused, misses = [token], 0
+    picks = ranked_picks(logits, refused, veto.tries + DENSE_SPARE + 1) if veto.tries > 1 else None
+    for j in picks or ():
+        if j < 0:  # nothing finite left: the mask's ranking pads as the masked argmax does
+            break
+        verdict = veto.accept(j)
+        if verdict:
+            return Choice(j, True, False)
+        if verdict is None:
+            misses += 1
+            if misses > DENSE_SPARE:
+                break
+            continue
+        refused.append(j)
+        if len(refused) == veto.tries:
+            break
+    if len(refused) == veto.tries:
+        return Choice(veto.fallback(), True, True)
+    return rechosen(logits, g.plan(), GREEDY, None, refused)
 
 
 def draw_divert(plan: Plan, logits: torch.Tensor, sampling: Sampling, gen: torch.Generator | None,
