@@ -138,7 +138,8 @@ def ranked_masked(x: torch.Tensor, allowed: torch.Tensor | None, banned: Sequenc
                   ids: np.ndarray | None = None) -> list[int] | None:
     """The ``k`` tokens the host's masked argmax would choose one after another, each time with the ones before it
     banned too: the allowed, unbanned ids by value, highest first, ties by the lower index; 0 once none with a
-    finite value is left (the re-choice is then an argmax over a row of ``-inf``). One gather and one partial sort instead of ``k`` argmaxes; None off the
+    finite value is left (the re-choice is then an argmax over a row of ``-inf``); NaN entries first, the lowest
+    index first (argmax takes a NaN first). One gather and one partial sort instead of ``k`` argmaxes; None off the
     host's fast path. ``ids``: the allowed ids, ascending, when the caller has them (``allowed`` is then not read)."""
     xa = _numpy(x)
     aa = None if allowed is None or ids is not None else _numpy(allowed)

@@ -194,7 +194,7 @@ def grammar_choice(g: GrammarStep, token: int, logits: Callable[[], torch.Tensor
     :func:`greedy_batch` and :func:`vetted` make under ``g.plan()``, without building it. Otherwise the plan:
     a refused top token is re-chosen here (:func:`rechosen`: the veto is not asked twice; in a state that forces
     no bytes its re-choices are ranked by the engine's check of each token, that state's mask bit, so no mask is
-    computed), and a top token the grammar does not hold gives the state's forced token where the engine names one
+    computed, or, for a proving veto, asked of the veto alone: :func:`rejudged`), and a top token the grammar does not hold gives the state's forced token where the engine names one
     (:meth:`~formtax.constraints.compile.Matcher.forced_token`: the set is that token alone; vetted as
     :func:`vetted` vets a first choice), else the plan (or the row's stop, at a dead end), for the masked argmax of
     :func:`greedy_batch` (``logits()``: the row's logits, read only for a re-choice).
