@@ -225,7 +225,7 @@ def _picks(xa: np.ndarray, banned: Sequence[int], need: int) -> Iterator[int]:
     order = _leading(xa, need)
     if order is not None:
         ban = set(banned)
-        yield from (j for j in order.tolist() if j not in ban)
+        yield from (j for j in order[:need].tolist() if j not in ban)  # (need counts the banned ones too)
         return
     row = xa.copy()
     if banned:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cached_property
@@ -106,6 +107,8 @@ HELD = 1
 """:meth:`Matcher.check`: the token is held (whether it is alone is not known)."""
 HELD_NOT_ALONE = 2
 """:meth:`Matcher.check`: the token is held, and another token is too."""
+REFUSED = -1
+""":meth:`Matcher.check_proved`: the grammar allows the token and the proof refuses it."""
 
 
 class Matcher:
@@ -228,6 +231,19 @@ class Matcher:
                 return 0
         elif not word_of(pre.words, self.n_logits, token):
             return 0
+        return HELD_NOT_ALONE if 0 <= self._tok.first_byte_tokens[token] < self.n_logits else HELD
+
+    def check_proved(self, token: int, proof: Callable[[int], bool | None]) -> int | None:
+        """:meth:`check` where a proof that checks the token itself answers for the grammar (a proving veto's
+        ``accept``: True, kept; False, allowed and refused; None, not allowed), in a state that forces no bytes,
+        where a check of one token is the mask's bit: :meth:`check`'s answer for a kept token, :data:`REFUSED` for
+        an allowed token the proof refuses, 0 for one the grammar does not allow. None where the state forces
+        bytes (the proof is not asked). One call for a closing row's greedy step."""
+        if self.forces():
+            return None
+        verdict = proof(token)
+        if not verdict:
+            return 0 if verdict is None else REFUSED
         return HELD_NOT_ALONE if 0 <= self._tok.first_byte_tokens[token] < self.n_logits else HELD
 
     @property

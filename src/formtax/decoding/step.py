@@ -30,7 +30,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from formtax.constraints.compile import HELD_NOT_ALONE
+from formtax.constraints.compile import HELD_NOT_ALONE, REFUSED
 from formtax.decoding.devicestep import Entry, clear_bits, device_round, pack_bool
 from formtax.decoding.plan import Finish, GrammarStep, Plan, RowOutput, RowRequest, Step
 from formtax.decoding.sampling import GREEDY, Sampling
@@ -213,13 +213,13 @@ def grammar_choice(g: GrammarStep, token: int, logits: Callable[[], torch.Tensor
             return Choice(token, True, held != HELD_NOT_ALONE and g.plan().only(token))
         forced = m.forced_token()  # a set of one token: its masked argmax, forced
         return Choice(forced, True, True) if forced is not None else g.plan()
-    if veto.proves and not m.forces():  # the veto's proof checks the token: one check, the grammar's too
-        verdict = veto.accept(token)
-        if verdict:
-            return Choice(token, True, not m.not_alone(token) and g.plan().only(token))
-        # refused: re-chosen by the veto's own checks; None, not the grammar's: its masked argmax (a state that
-        # forces no bytes names no forced token)
-        return g.plan() if verdict is None else rejudged(logits(), g, token)
+    got = m.check_proved(token, veto.accept) if veto.proves else None
+    if got is not None:  # a state that forces no bytes: the veto's proof is the grammar's check too (one check)
+        if got > 0:
+            return Choice(token, True, got != HELD_NOT_ALONE and g.plan().only(token))
+        # refused: re-chosen by the veto's own checks; not the grammar's: its masked argmax (a state that forces no
+        # bytes names no forced token)
+        return rejudged(logits(), g, token) if got == REFUSED else g.plan()
     held = m.holds(token)
     kept = held and veto.accept(token)
     if kept:
