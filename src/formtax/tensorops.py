@@ -191,35 +191,48 @@ def ranked_held(x: torch.Tensor, holds: Callable[[int], bool], banned: Sequence[
     last tokens), where unpacking the set's ids and sorting their values costs ten times the few argmaxes. None
     off the host's fast path, or after :data:`DENSE_SPARE` picks the set did not hold (a sparse set:
     :func:`ranked_masked` over its ids is then cheaper)."""
-    xa = _numpy(x)
-    if xa is None or k <= 0:
+    if k <= 0:
         return None
     out: list[int] = []
-    misses = 0
-    for j in _picks(xa, banned, k + DENSE_SPARE + len(banned) + 1):
+    for j, _ in answered_picks(x, lambda t: True if holds(t) else None, banned, k + len(banned) + 1) or ():
         if j < 0:  # nothing finite left: the re-choice is an argmax over -inf, the first index
             return out + [0] * (k - len(out))
-        if holds(j):
-            out.append(j)
-            if len(out) == k:
-                return out
-        else:
+        out.append(j)
+        if len(out) == k:
+            return out
+    return None
+
+
+def answered_picks(x: torch.Tensor, answer: Callable[[int], object], banned: Sequence[int], need: int
+                   ) -> Iterator[tuple[int, object]] | None:
+    """The picks repeated argmax makes over the row ``x`` (``banned`` ids left out, best first, ties by the lower
+    index) that ``answer`` answers (not None), each with its answer: the walk of a veto's re-choices, whose test is
+    a set's membership (:func:`ranked_held`) or a proving veto itself (decoding/step.rejudged). It ends after
+    :data:`DENSE_SPARE` picks answered None (a sparse set: the caller ranks by the mask), and yields ``(-1, None)``
+    once nothing finite is left. ``need`` picks answered are enough for the caller. None off the host's fast
+    path."""
+    xa = _numpy(x)
+    return None if xa is None else _answered(xa, answer, banned, need)
+
+
+def _answered(xa: np.ndarray, answer: Callable[[int], object], banned: Sequence[int], need: int
+              ) -> Iterator[tuple[int, object]]:
+    misses = 0
+    for j in _picks(xa, banned, need + DENSE_SPARE):
+        if j < 0:
+            yield -1, None
+            return
+        got = answer(j)
+        if got is None:
             misses += 1
             if misses > DENSE_SPARE:
-                return None
-    return out  # pragma: no cover - _picks never runs out first
-
-
-def ranked_picks(x: torch.Tensor, banned: Sequence[int], need: int) -> Iterator[int] | None:
-    """The picks repeated argmax makes over the row ``x``, ``banned`` ids left out, best first (ties by the lower
-    index), for a caller that tests each as it goes: at least ``need`` of them, then possibly no more; -1 once
-    nothing finite is left. None off the host's fast path."""
-    xa = _numpy(x)
-    return None if xa is None else _picks(xa, banned, need)
+                return
+        else:
+            yield j, got
 
 
 def _picks(xa: np.ndarray, banned: Sequence[int], need: int) -> Iterator[int]:
-    """Repeated argmax's picks over the row, banned ids left out, for :func:`ranked_held`: its first ``need``
+    """Repeated argmax's picks over the row, banned ids left out, for :func:`answered_picks`: its first ``need``
     from :func:`_leading` where it answers (no copy of the row), else one argmax at a time; -1 once nothing finite
     is left."""
     order = _leading(xa, need)

@@ -35,14 +35,13 @@ from formtax.decoding.devicestep import Entry, clear_bits, device_round, pack_bo
 from formtax.decoding.plan import Finish, GrammarStep, Plan, RowOutput, RowRequest, Step
 from formtax.decoding.sampling import GREEDY, Sampling
 from formtax.tensorops import (
-    DENSE_SPARE,
+    answered_picks,
     argmax,
     ids_from_words,
     masked_argmax,
     ranked_held,
     ranked_in_words,
     ranked_masked,
-    ranked_picks,
 )
 
 __all__ = ["DRAWN", "Choice", "End", "RowCursor", "admits", "allowed_words", "choose", "choose_vetted", "decide",
@@ -194,7 +193,8 @@ def grammar_choice(g: GrammarStep, token: int, logits: Callable[[], torch.Tensor
     :func:`greedy_batch` and :func:`vetted` make under ``g.plan()``, without building it. Otherwise the plan:
     a refused top token is re-chosen here (:func:`rechosen`: the veto is not asked twice; in a state that forces
     no bytes its re-choices are ranked by the engine's check of each token, that state's mask bit, so no mask is
-    computed, or, for a proving veto, asked of the veto alone: :func:`rejudged`), and a top token the grammar does not hold gives the state's forced token where the engine names one
+    computed, or, for a proving veto, asked of the veto alone: :func:`rejudged`), and a top token the grammar does
+    not hold gives the state's forced token where the engine names one
     (:meth:`~formtax.constraints.compile.Matcher.forced_token`: the set is that token alone; vetted as
     :func:`vetted` vets a first choice), else the plan (or the row's stop, at a dead end), for the masked argmax of
     :func:`greedy_batch` (``logits()``: the row's logits, read only for a re-choice).
@@ -249,19 +249,13 @@ def rejudged(logits: torch.Tensor, g: GrammarStep, token: int) -> Choice:
     banned."""
     veto = g.veto
     assert veto is not None
-    refused, misses = [token], 0
-    picks = ranked_picks(logits, refused, veto.tries + DENSE_SPARE + 1) if veto.tries > 1 else None
-    for j in picks or ():
+    refused = [token]
+    walk = answered_picks(logits, veto.accept, refused, veto.tries + 1) if veto.tries > 1 else None
+    for j, verdict in walk or ():
         if j < 0:  # nothing finite left: the mask's ranking pads as the masked argmax does
             break
-        verdict = veto.accept(j)
         if verdict:
             return Choice(j, True, False)
-        if verdict is None:
-            misses += 1
-            if misses > DENSE_SPARE:
-                break
-            continue
         refused.append(j)
         if len(refused) == veto.tries:
             break
