@@ -10,7 +10,7 @@ OUT=${OUT:-runs/metatool-two-models}
 START=$(date +%s)
 for model in smollm2-135m gemma3-270m; do
   formtax run --task metatool --pairs "${PAIRS:-12}" --strategies free,short,constrained --model "$model" \
-    --max-tokens 48 --batch-size 8 --out "$OUT/$model"
+    --max-tokens 48 --batch-size 8 --no-closing --out "$OUT/$model"  # paper 002's decoders do not close
   formtax report "$OUT/$model"
   formtax verify "$OUT/$model"
 done

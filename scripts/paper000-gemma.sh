@@ -13,7 +13,7 @@ START=$(date +%s)
 for spec in "gsm8k:${GSM8K_LIMIT:-100}:192" "svamp:${LIMIT:-20}:160" "arc-challenge:${LIMIT:-20}:128" "csqa:${LIMIT:-20}:128"; do
   IFS=: read -r task limit tokens <<<"$spec"
   formtax run --model gemma3-270m --task "$task" --shots 4 --strategies "$STRATEGIES" --limit "$limit" \
-    --max-tokens "$tokens" --batch-size 8 --out "$OUT/$task"
+    --max-tokens "$tokens" --batch-size 8 --no-closing --out "$OUT/$task"  # the paper's decoders do not close
   formtax report "$OUT/$task"
   formtax verify "$OUT/$task"
 done

@@ -203,10 +203,16 @@ def parse(text: str, answer: Any, strategy: str = "constrained", finish_reason: 
     return parse_text(text, None if answer is None else as_constraint(answer), strategy, finish_reason)
 
 
+def closing_default(capabilities: frozenset[Capability]) -> bool:
+    """Closing mode's default for an engine of these capabilities: on wherever formtax has the logits of every
+    step, on every route (generate, the runner, formtax serve, the vLLM plugin: issues 56 and 57)."""
+    return Capability.STEP_LOGITS in capabilities
+
+
 def resolve_closing(model: Backend, closing: bool | None) -> bool:
     """Closing mode's setting for this backend (see :func:`generate_batch`)."""
-    steps = Capability.STEP_LOGITS in model.capabilities
-    if closing is None:  # one default on every route that steps the model (hf, vLLM, its plugin: issue 57)
+    steps = closing_default(model.capabilities)
+    if closing is None:
         return steps
     if closing and not steps:
         raise ConfigError(f"closing mode needs the logits of every step, which backend {model.name!r} does not "

@@ -49,11 +49,11 @@ class Case:
 
 
 def runner_route(tmp: Path, fn: LogitsFn | Backend, strategy: str, slot: str, max_tokens: int,
-                 temperature: float = 0.0, closing: bool | None = True, monkeypatch: Any = None
+                 temperature: float = 0.0, closing: bool | None = None, monkeypatch: Any = None
                  ) -> tuple[Record, Request]:
     """A one-item run of ``strategy`` (a grid spec, e.g. ``nl2format@none``) with the answer slot ``slot`` (e.g.
     ``{int:0..99}``) on the fake model ``fn`` or a loaded backend; the record and the Request the runner decoded
-    (``closing=None``: the run's own default)."""
+    (``closing=None``: the run's own default, as every route's)."""
     import formtax.runner.execute as execute
 
     planned: list[Request] = []

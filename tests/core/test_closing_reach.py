@@ -123,3 +123,60 @@ def test_the_server_response_carries_the_closing_parse_flag():
     exact = formtax.generate(FakeBackend(random_logits(seed=0)), "q", "constrained", {"type": "integer"},
                              max_tokens=3, raw=True)
     assert "closing_parse" not in extension(exact)
+
+
+def record_of_choices(fields: int = 6) -> str:
+    """A record SPEC like the EAE study's JSON answers: each field a choice over ~590 word n-grams of a passage."""
+    import random
+
+    from formtax.constraints.parse import record_spec
+    from formtax.constraints.template import choice_slot
+
+    rng = random.Random(0)
+    words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 9))) for _ in range(120)]
+    grams = list(dict.fromkeys(" ".join(words[i:i + k]) for i in range(len(words)) for k in range(1, 6)))
+    return record_spec([(f"Role{k}", choice_slot(grams)) for k in range(fields)])
+
+
+def test_a_record_of_large_choices_is_closed_not_refused():
+    """Closing on a grammar too large for the wide byte search (the EAE study's JSON answers: before the narrow
+    search and the merge after forced bytes its start search ran out of time and every such request was refused):
+    the json strategy's request decodes and its answer parses."""
+    r = formtax.generate(FakeBackend(random_logits(seed=1)), "q", "json", record_of_choices(), max_tokens=463)
+    assert r.stats["closing"] is True and r.parse_ok and r.tokens.total <= 463
+
+
+def test_the_narrow_search_is_the_wide_one_where_it_turned_nothing_away():
+    """Where the narrow byte search (8 states a length) turned no state away, the wide one (48) meets the same
+    states and finds the same completion; on a record of large choices it does turn states away, and its
+    completion is real (the engine accepts it) and, with the merge after forced bytes, within a byte a field of
+    the shortest (every field's shortest alternative)."""
+    import re
+
+    from formtax.constraints import parse_spec
+    from formtax.constraints.clock import search_clock
+    from formtax.constraints.shortest import byte_matcher, shortest_bytes
+
+    def both(grammar: str) -> tuple:
+        return tuple(shortest_bytes(byte_matcher(grammar), b"", 400, search_clock() + 60, max_width=w)
+                     for w in (8, 48))
+
+    whole = 0
+    for spec in ("The answer is: {int}", "choice:yes|no|maybe|yesterday", r"regex:(\w+ )*[0-9]+\.",
+                 'json:{"type":"object","properties":{"a":{"type":"string","maxLength":6},"n":{"type":"integer"}},'
+                 '"required":["a","n"]}', 'json:{"type":"array","items":{"type":"integer"},"minItems":3}'):
+        narrow, wide = both(parse_spec(spec).grammar)
+        assert narrow.data is not None and wide.data is not None and len(wide.data) <= len(narrow.data), spec
+        if not narrow.narrowed:
+            whole += 1
+            assert (narrow.data, narrow.work) == (wide.data, wide.work), spec
+    assert whole >= 2  # the template and the choice, here
+    grammar = parse_spec(record_of_choices()).grammar
+    narrow, wide = both(grammar)
+    assert narrow.narrowed and narrow.data is not None and wide.data is not None
+    assert validate_with_engine(grammar, narrow.data.decode())[0] and validate_with_engine(grammar, wide.data.decode())[0]
+    alts = [re.findall(r'"((?:[^"\\]|\\.)*)"', line.split(":", 1)[1]) for line in grammar.splitlines()
+            if re.match(r"\w+_f\d+:", line)]
+    shortest = len(wide.data) - sum(len(v) for v in re.findall(rb': ("[^"]*"|null)', wide.data)) \
+        + sum(min(len(a.encode().decode("unicode_escape")) for a in field) for field in alts)
+    assert len(wide.data) <= shortest + len(alts)

@@ -88,7 +88,7 @@ def planned(tmp_path_factory):
     try:
         for case in CASES:
             rec, req = runner_route(tmp_path_factory.mktemp(case.id), FN, case.strategy, SLOT, case.max_tokens,
-                                    case.temperature, closing=True, monkeypatch=mp)
+                                    case.temperature, monkeypatch=mp)  # closing: the run's default
             mp.undo()
             res = formtax.generate(FakeBackend(FN), req.prompt, case.strategy, rec.answer_spec,
                                    max_tokens=req.max_tokens, temperature=case.temperature, seed=req.seed)
@@ -158,8 +158,8 @@ def test_one_request_same_behaviour_on_every_route(planned, servers, case, route
 
 def test_closing_default_is_on_wherever_formtax_steps_the_model(servers, tmp_path, monkeypatch):
     """A JSON answer that fits 30 tokens only with closing (without it the json strategy needs 40): every route
-    takes it by default and refuses it with closing off. The runner's default is off (its grids reproduce the
-    papers' decoders: docs/cli.md), and its records say so."""
+    takes it by default and refuses it with closing off. The runner's default is the same (on where formtax steps
+    the model), and its records say so."""
     q, answer, budget = [{"role": "user", "content": "What is 2+3?"}], SLOT, 30
     res = formtax.generate(FakeBackend(FN), q, "json", answer, max_tokens=budget)
     assert res.parse_ok and res.stats["closing"] is True
@@ -179,11 +179,11 @@ def test_closing_default_is_on_wherever_formtax_steps_the_model(servers, tmp_pat
     with pytest.raises(ValueError, match="cannot fit the answer"):
         plugin_route(FN, q, {**args, "formtax_closing": 0}, plugin_budget("json", answer, budget))
     # the runner plans its own budget (the json answer's reserve on top of the reasoning): its records say
-    # whether closing ran, on when asked, off by default
-    for closing in (True, None):
+    # whether closing ran: on by default, off when turned off
+    for closing in (None, False):
         rec, req = runner_route(tmp_path / str(closing), FN, "json", SLOT, 60, closing=closing,
                                 monkeypatch=monkeypatch)
-        assert req.closing is bool(closing) and rec.stats["closing"] is bool(closing)
+        assert req.closing is (closing is None) and rec.stats["closing"] is (closing is None)
 
 
 # NL-to-Format's prompted answer (level none) as the runner's strict parser and formtax's reader see it: the second

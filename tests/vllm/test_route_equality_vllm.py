@@ -54,7 +54,7 @@ def planned(tmp_path_factory, vllm_backend, default_model):
         for case in CASES:
             for engine, backend in (("hf", default_model), ("vllm", vllm_backend)):
                 rec, req = runner_route(tmp_path_factory.mktemp(f"{case.id}-{engine}"), backend, case.strategy,
-                                        SLOT, case.max_tokens, case.temperature, closing=True, monkeypatch=mp)
+                                        SLOT, case.max_tokens, case.temperature, monkeypatch=mp)  # closing: its default
                 mp.undo()
                 res = formtax.generate(backend, req.prompt, case.strategy, rec.answer_spec,
                                        max_tokens=req.max_tokens, temperature=case.temperature, seed=req.seed)
@@ -136,9 +136,9 @@ def test_the_plugin_equals_generate(planned, vllm_server, case):
     assert r.choices[0].finish_reason == openai_finish(res)
 
 
-def test_closing_default_is_on_on_every_vllm_route(vllm_backend, servers, vllm_server):
+def test_closing_default_is_on_on_every_vllm_route(vllm_backend, servers, vllm_server, tmp_path, monkeypatch):
     """A JSON answer that fits 30 tokens only with closing: taken by default, refused with closing off, by
-    generate, formtax serve --backend vllm and the plugin alike."""
+    generate, formtax serve --backend vllm and the plugin alike; the runner's default is the same."""
     q, budget = [{"role": "user", "content": "What is 2+3?"}], 30
     res = formtax.generate(vllm_backend, q, "json", SLOT, max_tokens=budget)
     assert res.parse_ok and res.stats["closing"] is True
@@ -159,6 +159,10 @@ def test_closing_default_is_on_on_every_vllm_route(vllm_backend, servers, vllm_s
     with pytest.raises(openai.BadRequestError, match="cannot fit the answer"):
         client.chat.completions.create(model=model, messages=q, max_tokens=budget + 1, temperature=0.0,
                                        extra_body={"vllm_xargs": {**xargs, "formtax_closing": 0}})
+    for closing in (None, False):  # the runner plans its own budget; its records say whether closing ran
+        rec, req = runner_route(tmp_path / str(closing), vllm_backend, "json", SLOT, 60, closing=closing,
+                                monkeypatch=monkeypatch)
+        assert req.closing is (closing is None) and rec.stats["closing"] is (closing is None)
 
 
 STORY = [{"role": "user", "content": "Write a short story about a cat who finds a key."}]

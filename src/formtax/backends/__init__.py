@@ -62,6 +62,32 @@ def _planted(model: str | None, device: str, dtype: str) -> Backend:
     return PlantedBackend.load(model)
 
 
+def backend_capabilities(name: str) -> frozenset[Capability]:
+    """What the named engine can do, read from its class without loading a model: a run settles closing's default
+    before its model loads (runner/run.py). Unknown names are :func:`load_backend`'s to refuse."""
+    if name == "hf":
+        from formtax.backends.hf import HFBackend
+
+        return HFBackend.capabilities
+    if name == "fake":
+        from formtax.backends.fake import FakeBackend
+
+        return FakeBackend.capabilities
+    if name == "vllm":
+        from formtax.backends.vllm.backend import VLLMBackend
+
+        return VLLMBackend.capabilities
+    if name == "openai":
+        from formtax.backends.openai_backend import OpenAIBackend
+
+        return OpenAIBackend.capabilities
+    if name == "planted":
+        from formtax.planted.backend import PlantedBackend
+
+        return PlantedBackend.capabilities
+    return frozenset()
+
+
 BACKENDS: dict[str, Callable[..., Backend]] = {"hf": _hf, "fake": _fake, "vllm": _vllm, "openai": _openai, "planted": _planted}
 TAKES_OPTIONS = {"hf", "vllm", "openai"}  # backends whose factory accepts keyword options (model / engine / server)
 
@@ -78,4 +104,5 @@ def load_backend(name: str, model: str | None = None, device: str = "cpu", dtype
     return factory(model, device, dtype, **options)
 
 
-__all__ = ["BACKENDS", "Backend", "Batch", "Capability", "TokenizerInfo", "load_backend", "require"]
+__all__ = ["BACKENDS", "Backend", "Batch", "Capability", "TokenizerInfo", "backend_capabilities", "load_backend",
+           "require"]

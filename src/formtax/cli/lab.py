@@ -75,9 +75,11 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json-layout", choices=["flexible", "compact"], default="flexible",
                    help="json strategy: JSON whitespace wherever a parser allows it (default; paper 003's schema) "
                         "or json.dumps' compact spelling")
-    p.add_argument("--closing", action="store_true",
-                   help="closing mode: every constrained answer finishes inside its budget (off by default: the "
-                        "papers' decoders); the tokens table then reports per strategy how many records it changed")
+    p.add_argument("--closing", action=argparse.BooleanOptionalAction, default=None,
+                   help="closing mode: every constrained answer finishes inside its budget (default: on wherever "
+                        "formtax steps the model, as in formtax generate and serve; a resumed run keeps its own); "
+                        "--no-closing runs the papers' decoders; the tokens table reports per strategy how many "
+                        "records closing changed")
     p.add_argument("--batch-size", type=int, default=8, help="requests decoded together")
     p.add_argument("--extractor-model", default=None,
                    help="nl2format: the model of the second (extraction) call, e.g. a larger one as in paper 003 "

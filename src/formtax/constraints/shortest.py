@@ -19,10 +19,17 @@ any at ``n + 1``, and the first accepting state met is a shortest completion. Tw
 
 States of equal length are merged when they have the same allowed set *and* the same JSON bracket stack of the text
 that led there (inside strings, with escapes): the stack tells ``[{...`` from ``{...``, which the allowed set alone
-does not (the token beam's known miss). The merge is not a proof of equivalence (two regex states may allow the same
+does not (the token beam's known miss). A state reached right after forced bytes is also merged with one of the same
+fingerprint reached shorter after the same forced bytes, at any length, unless that one is its own ancestor: in a
+record of choices ``"Victim": "a", "Injurer": `` and ``"Victim": "Balcombe", "Injurer": `` are one state, so one
+field's alternatives are not carried into every later field (docs/ALGORITHMS.md); an ancestor is exempt because a
+state the fingerprint cannot tell from one earlier on its own path is a counter's next step (an array's fourth item
+against its third under ``minItems``). The merge is not a proof of equivalence (two regex states may allow the same
 bytes and differ later), so the search is exact only up to that fingerprint and the per-length width
-(:data:`MAX_WIDTH`); whatever it returns is real, since the engine accepted every byte. It stops at ``max_bytes`` (no
-completion that short: None) or at a deadline (``timed_out``).
+(``max_width``, :data:`MAX_WIDTH`); whatever it returns is real, since the engine accepted every byte. It stops at
+``max_bytes`` (no completion that short: None) or at a deadline (``timed_out``); ``narrowed`` says whether the width
+turned a state away (if not, a wider search would meet exactly the same states: closing's narrow-then-wide search
+rests on it).
 
 With ``accept`` (an oracle over the whole text, for schemas the grammar only approximates) an accepting state is a
 completion only if the oracle accepts its text; the search goes on past the others, for at most
@@ -63,6 +70,7 @@ _LOWER, _UPPER, _DIGIT = _span(97, 122), _span(65, 90), _span(48, 57)
 _CONTROL = _span(0, 31) & ~(1 << 9 | 1 << 10 | 1 << 13)
 _HIGH = _span(128, 255)
 _PRINTABLE = _span(32, 126)
+_BYTES = _span(0, 255)
 _PUNCT = sum(1 << b for b in range(33, 127) if not chr(b).isalnum() and chr(b) not in '"\\{}[]')
 _CLASSES = [(_LOWER, 1 << 97), (_UPPER, 1 << 65), (_DIGIT, 1 << 48 | 1 << 49)]
 _CANDIDATES: LRU[tuple[int, int], tuple[int, ...]] = LRU(4096)
@@ -173,6 +181,9 @@ class Found:
     data: bytes | None
     timed_out: bool = False  # stopped by its deadline or its work bound
     unusable: bool = False  # the byte engine refused the text that leads to the state (nothing is proved)
+    narrowed: bool = False  # the width bound turned a state away: a wider search may find another (shorter) one
+    work: int = 0  # the states it generated (each one engine copy and consume): its cost, whatever the machine
+    seconds: float = 0.0  # the search's own time (search_clock), kept with it in the cache
 
 
 def byte_matcher(grammar: str) -> llguidance.LLMatcher:
@@ -200,7 +211,7 @@ def is_json_document(grammar: str) -> bool:
 
 def shortest_bytes(start: llguidance.LLMatcher, before: bytes, max_bytes: int, deadline: float,
                    accept: Callable[[bytes], bool] | None = None, extra: int = 0, json_doc: bool = False,
-                   literals: Sequence[bytes] = (), max_nodes: int = 1 << 30) -> Found:
+                   literals: Sequence[bytes] = (), max_nodes: int = 1 << 30, max_width: int = MAX_WIDTH) -> Found:
     """The shortest byte string that takes ``start`` (a byte matcher, untouched) to an accepting state (module
     docstring). ``before``: the text that led to ``start`` (its bracket stack; the oracle reads it whole).
     ``json_doc`` (:func:`is_json_document`): the search is an A* whose lower bound is the number of brackets and
@@ -208,7 +219,8 @@ def shortest_bytes(start: llguidance.LLMatcher, before: bytes, max_bytes: int, d
     ``max_nodes``: the states it may expand, a bound on its work that, unlike the deadline, does not depend on the
     machine's load (so an output never does); past either it stops with ``timed_out``.
     ``literals`` (the grammar's, and with an oracle the schema's strings): a state's progress along them is part of
-    its fingerprint, so ``"t`` on the way to ``"then"`` is not merged with ``"a``."""
+    its fingerprint, so ``"t`` on the way to ``"then"`` is not merged with ``"a``. ``max_width``: the states kept per
+    byte length (the module docstring)."""
     prefixes = {lit[:k] for lit in literals for k in range(1, len(lit) + 1)}
     longest = max((len(p) for p in prefixes), default=0)
 
@@ -231,7 +243,19 @@ def shortest_bytes(start: llguidance.LLMatcher, before: bytes, max_bytes: int, d
     buckets: dict[int, deque[int]] = {len(root) if json_doc else 0: deque([0])}
     seen: set[tuple[int, int, str, bytes, tuple[int, int, int]]] = {(0, nodes[0][1], root, at, run0)}
     width: dict[int, int] = {}
-    oracle_calls = popped = 0
+    oracle_calls = popped = work = 0
+    narrowed = False
+
+    best: dict[tuple[bytes, int, str, bytes, tuple[int, int, int]], tuple[int, int]] = {}
+
+    def descends(i: int, a: int) -> bool:
+        """Whether node ``a`` is node ``i`` or one of its ancestors."""
+        stop = nodes[a][3]
+        while i >= 0 and nodes[i][3] >= stop:
+            if i == a:
+                return True
+            i = nodes[i][4]
+        return False
 
     def path(i: int) -> bytes:
         parts = []
@@ -250,37 +274,54 @@ def shortest_bytes(start: llguidance.LLMatcher, before: bytes, max_bytes: int, d
             del buckets[f]
         popped += 1
         if popped > max_nodes or (popped % 32 == 0 and past(deadline)):
-            return Found(None, timed_out=True)
+            return Found(None, timed_out=True, narrowed=narrowed, work=work)
         ll, bits, stack, length, _, _, at, run = nodes[i]
         if ll.is_accepting():
             if accept is None:
-                return Found(path(i))
+                return Found(path(i), narrowed=narrowed, work=work)
             if oracle_calls < MAX_ORACLE_CALLS:
                 oracle_calls += 1
                 if accept(before + path(i)):
-                    return Found(path(i))
+                    return Found(path(i), narrowed=narrowed, work=work)
         for b in candidates(bits, extra):
             child = ll.deep_copy()  # not consume-then-rollback: the engine refuses rollback past a capped lexeme
+            work += 1
             if not child.consume_token(b):
                 continue
-            forced = b"" if child.is_accepting() else bytes(child.compute_ff_bytes())
-            if forced and not child.consume_tokens(list(forced)):
-                continue
+            child_bits = _bits(child)
+            forced = b""
+            # the engine's forced bytes (costly on a large grammar) only where a single byte is allowed: else none
+            if not child.is_accepting() and (child_bits & _BYTES).bit_count() == 1:
+                forced = bytes(child.compute_ff_bytes())
+                if forced:
+                    if not child.consume_tokens(list(forced)):
+                        continue
+                    child_bits = _bits(child)
             added = bytes([b]) + forced
             n = length + len(added)
-            child_bits = _bits(child)
             child_stack, child_at = stack_of(added, stack), at
             for c in added if longest else b"":
                 child_at = progress(child_at, c)
             child_run = (*_run(added, run[0], run[1]), _since_quote(added, run[2]))
-            key = (n, child_bits, child_stack, child_at, child_run)
+            fp = (child_bits, child_stack, child_at, child_run)
+            key = (n, *fp)
             g = n + (len(child_stack) if json_doc else 0)
-            if g <= max_bytes and key not in seen and width.get(n, 0) < MAX_WIDTH:
-                seen.add(key)
-                width[n] = width.get(n, 0) + 1
-                nodes.append((child, child_bits, child_stack, n, i, added, child_at, child_run))
-                buckets.setdefault(g, deque()).append(len(nodes) - 1)
-    return Found(None)
+            if g > max_bytes or key in seen:
+                continue
+            if width.get(n, 0) >= max_width:
+                narrowed = True
+                continue
+            if forced:
+                shorter = best.get((forced, *fp))
+                if shorter is not None and shorter[0] < n and not descends(i, shorter[1]):
+                    continue  # the same state, reached shorter another way (docstring)
+                if shorter is None or n < shorter[0]:
+                    best[(forced, *fp)] = (n, len(nodes))
+            seen.add(key)
+            width[n] = width.get(n, 0) + 1
+            nodes.append((child, child_bits, child_stack, n, i, added, child_at, child_run))
+            buckets.setdefault(g, deque()).append(len(nodes) - 1)
+    return Found(None, narrowed=narrowed, work=work)
 
 
 @dataclass
@@ -289,7 +330,7 @@ class _Entry:
     bound: int  # the max_bytes it was searched with
 
 
-_FOUND: LRU[tuple[str, str, bytes, bool], _Entry] = LRU(8192)
+_FOUND: LRU[tuple[str, str, bytes, bool, int], _Entry] = LRU(8192)
 """Byte searches by (grammar, oracle's name, the state's fingerprint: a digest of the bytes from the grammar's
 start, which determine the engine's state). A hit is what a fresh search would return (it is deterministic); one that
 timed out is never kept."""
@@ -297,22 +338,25 @@ timed out is never kept."""
 
 def cached_shortest(grammar: str, oracle: str, start: Callable[[], llguidance.LLMatcher], before: bytes,
                     max_bytes: int, deadline: float, accept: Callable[[bytes], bool] | None = None,
-                    extra: int = 0, literals: Sequence[bytes] = (), max_nodes: int = 1 << 30) -> Found:
+                    extra: int = 0, literals: Sequence[bytes] = (), max_nodes: int = 1 << 30,
+                    max_width: int = MAX_WIDTH) -> Found:
     """:func:`shortest_bytes` from the state ``before`` leads to, through the cache: a completion found within a
     bound serves every bound it fits; a proof that none exists within a bound serves every smaller bound."""
     began = search_clock()
-    key = (grammar, oracle, hashlib.blake2b(before, digest_size=16).digest(), accept is not None)
+    key = (grammar, oracle, hashlib.blake2b(before, digest_size=16).digest(), accept is not None, max_width)
     hit = _FOUND.get(key)
     if hit is not None:
         d = hit.found.data
         if d is not None:  # the shortest: it serves a bound it fits, and proves none fits a smaller one
-            return hit.found if len(d) <= max_bytes else Found(None)
+            return hit.found if len(d) <= max_bytes else Found(None, narrowed=hit.found.narrowed)
         if hit.bound >= max_bytes:  # none within a larger bound: none within this one
             return hit.found
     state = start()  # compiling the byte grammar (once per grammar) is not the search's time
-    deadline += search_clock() - began
+    searching = search_clock()
+    deadline += searching - began
     found = shortest_bytes(state, before, max_bytes, deadline, accept, extra, is_json_document(grammar), literals,
-                           max_nodes)
+                           max_nodes, max_width)
+    found.seconds = search_clock() - searching
     if not (found.timed_out or found.unusable):
         _FOUND.put(key, _Entry(found, max_bytes))
     return found

@@ -70,7 +70,7 @@ def study_config(world: World, path: Path, strategies: list[str] | None = None, 
                      temperature=temperature if temperature is not None else float(st.get("temperature", 0.0)),
                      max_tokens=max_tokens if max_tokens is not None else int(st.get("max_tokens", 128)),
                      reasoning_tokens=reasoning_tokens, batch_size=batch_size, fem=fem,
-                     task_options={"world": str(path.resolve())})
+                     task_options={"world": str(path.resolve())}, closing=False)  # the truths' rule does not close
 
 
 def world_fem(world: World, path: Path, out_dir: Path) -> str | None:

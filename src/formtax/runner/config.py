@@ -84,7 +84,9 @@ class RunConfig:
     fem: str | None = None  # decog / ctrlg: FEM artifact(s), FILE or NAME=FILE,... (strategies/decog.py)
     seeding: str = "request"  # how a request's sampler seed is made from its seed index: see sampler_seed
     json_layout: str = "flexible"  # the json strategy's layout (constraints/jsonreason.py): flexible | compact
-    closing: bool = False  # closing mode (constraints/closing.py); off: the papers' decoders
+    # closing mode (constraints/closing.py); None: its default, settled when the run starts (runner/run.py): on
+    # wherever formtax steps the model, as on every other route (issue 56); a resumed run keeps its own
+    closing: bool | None = None
     # a system message before every chat prompt ("": an empty one, so the template's own default, e.g. SmolLM's,
     # is not injected); None: the task's messages as they are
     system_prompt: str | None = None

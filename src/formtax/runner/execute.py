@@ -153,6 +153,8 @@ def sampler_seed(p: Planned, seeding: str = "request") -> int:
 
 def request_for(task: Task, p: Planned, config: RunConfig) -> Request:
     """The strategy request of one planned grid entry (also what the calibration truths are computed for)."""
+    if config.closing is None:
+        raise ConfigError("the run's closing mode is not settled (runner/run.py's run_closing settles it)")
     budget = planned_budget(task, p, config)
     return Request(prompt=p.messages, constraint=p.constraint(), max_tokens=budget["max_tokens"],
                    closing=config.closing, reserve=budget.get("answer_tokens"),

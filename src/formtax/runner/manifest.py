@@ -7,7 +7,9 @@ Layouts (``tests/fixtures/manifests`` keeps a real one of each, written by that 
 * version 0 (no ``schema_version``; commits 07e205b to this one): the same top-level keys, growing over time:
   ``hypotheses`` (3ba92f1), ``task_notes`` (5976de3), ``extensions`` and each resumption's ``machine`` load
   later; ``config`` holds the RunConfig fields of its day (15 at first, 31 at 5976de3);
-* version 1: ``schema_version`` is written; ``config`` holds every field.
+* version 1: ``schema_version`` is written; ``config`` holds every field;
+* version 2: ``config.closing`` is always the setting the run ran with (closing's default became on wherever
+  formtax steps the model, settled when a run starts: runner/run.py).
 
 Migrating 0 to 1 fills what an older layout lacks with the defaults those runs ran under (a field added later
 defaults to the behaviour before it existed) and leaves ``config_identity`` untouched: the records' run identity is
@@ -29,7 +31,10 @@ from formtax.errors import DataError
 from formtax.records.store import read_manifest, write_manifest
 from formtax.runner.config import RunConfig
 
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2
+EARLIER_DEFAULTS = {"closing": False}
+"""The settings runs recorded before version 2 ran with where their config leaves them out (a later default is
+not what they ran with)."""
 
 
 def _spec_fields() -> dict[str, Any]:
@@ -108,7 +113,12 @@ def _from_v0(raw: dict[str, Any]) -> dict[str, Any]:
     return {**raw, "schema_version": 1}
 
 
-MIGRATIONS = {0: _from_v0}
+def _from_v1(raw: dict[str, Any]) -> dict[str, Any]:
+    """Version 1 to 2: a setting whose default changed is filled with the one these runs ran under."""
+    return {**raw, "config": {**EARLIER_DEFAULTS, **raw.get("config", {})}, "schema_version": 2}
+
+
+MIGRATIONS = {0: _from_v0, 1: _from_v1}
 """``version -> function`` taking a manifest of that version to the next one."""
 
 

@@ -30,7 +30,8 @@ from typing import Any
 import filelock
 
 from formtax import __version__
-from formtax.backends import Backend, load_backend
+from formtax.api import closing_default
+from formtax.backends import Backend, backend_capabilities, load_backend
 from formtax.backends.model_files import check_model_name, has_chat_template
 from formtax.decoding.sampling import Sampling
 from formtax.errors import ConfigError, DataError, FormtaxError
@@ -58,7 +59,7 @@ from formtax.runner.execute import (
     strategy_for,
 )
 from formtax.runner.grid import Planned, check_prompt_identity, parse_strategy_spec, plan_grid
-from formtax.runner.manifest import MANIFEST_VERSION, load_manifest, save_manifest
+from formtax.runner.manifest import MANIFEST_VERSION, Manifest, load_manifest, save_manifest
 from formtax.tasks import (
     PromptStyle,
     Task,
@@ -202,6 +203,18 @@ def run(config: RunConfig, out_dir: Path, progress: Callable[[int, int], None] |
         raise
 
 
+def run_closing(config: RunConfig, loaded: Manifest | None, backend: Backend | None = None) -> bool:
+    """Closing mode for this session of a run: as given; else a resumed run's own (its manifest says what it ran
+    with); else closing's default for the backend (the one given, else the named one's class), on wherever formtax
+    steps the model, as on every other route (:func:`formtax.api.closing_default`). Settled before the model
+    loads, so the run's identity names it."""
+    if config.closing is not None:
+        return config.closing
+    if loaded is not None:
+        return bool(loaded.run_config().closing)
+    return closing_default(backend.capabilities if backend is not None else backend_capabilities(config.backend))
+
+
 def _run(config: RunConfig, out_dir: Path, progress: Callable[[int, int], None] | None,
          backend: Backend | None) -> RunSummary:
     t_start = time.perf_counter()
@@ -245,6 +258,7 @@ def _run(config: RunConfig, out_dir: Path, progress: Callable[[int, int], None] 
     out_dir.mkdir(parents=True, exist_ok=True)
     loaded = load_manifest(out_dir)  # any earlier layout, migrated (runner/manifest.py)
     manifest = None if loaded is None else json.loads(loaded.model_dump_json())
+    config = replace(config, closing=run_closing(config, loaded, backend))
     identity = config.identity()  # before --model-defaults is resolved: a resumed run names the same request
     extension: dict[str, Any] | None = None
     if manifest is not None and manifest.get("config_identity") != identity:
