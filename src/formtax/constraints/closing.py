@@ -81,6 +81,11 @@ MAX_START_BYTES = 1 << 16  # the longest start witness searched for without a bu
 NARROW_WIDTH = 8
 """The states per byte length of a witness search's first, narrow pass (:func:`find_witness`; ours: on the EAE
 study's 93 kB record grammar it finds a 130-byte completion in 0.2 s where 48 states per length take 1.3 s)."""
+LARGE_GRAMMAR = 32_768
+"""Grammar text (characters) from which the narrow pass runs on past the first state it turns away, to back the wide one
+(ours): on a large grammar each state costs tens of microseconds and the wide search may not finish; below it the
+narrow pass stops there and the wide one runs, as cheap as before (the narrow pass run through had cost the closing
+fuzz 20% more time, bench/closing.py)."""
 
 
 class ClosingParse(StrEnum):
@@ -126,11 +131,12 @@ def find_witness(ll: llguidance.LLMatcher, tok: EngineTokenizer, grammar: str, b
 
     The byte search runs narrow first (:data:`NARROW_WIDTH`); where that one turned no state away it met every
     state the wide one (:data:`~formtax.constraints.shortest.MAX_WIDTH`) would, so its answer is the wide one's.
-    Else the wide search decides, and the narrow one's completion (real, if not the shortest) backs it where the
-    wide one stops at its bounds or is not run: where it cannot finish in the time left, predicted at
-    ``MAX_WIDTH / NARROW_WIDTH`` times the narrow search's own time (it keeps that many times the states; a
-    narrow search that found nothing always goes on to the wide one). So where the wide search finishes, the
-    witness is what it always was; a grammar too large for it still gets a real witness instead of a refusal."""
+    Else the wide search decides; on a grammar of :data:`LARGE_GRAMMAR` characters or more the narrow pass runs on
+    to the end and its completion (real, if not the shortest) backs the wide one where that stops at its bounds or
+    is not run: where it cannot finish in the time left, predicted at ``MAX_WIDTH / NARROW_WIDTH`` times the narrow
+    search's own time (it keeps that many times the states; a narrow search that found nothing always goes on to
+    the wide one). So where the wide search finishes, the witness is what it always was; a grammar too large for it
+    still gets a real witness instead of a refusal."""
     ms = caller_bound(ms)
     deadline = search_clock() + ms / 1000
     max_bytes = min(max(0, max_tokens) * longest_token(tok), MAX_START_BYTES)
@@ -138,7 +144,7 @@ def find_witness(ll: llguidance.LLMatcher, tok: EngineTokenizer, grammar: str, b
     bytes_by = deadline - 0.5 * ms / 1000
     args = (grammar, oracle_key, start or (lambda: replay(grammar, before)), before, max_bytes, bytes_by, oracle,
             literal_bytes(literals), literals, max_nodes)
-    found = cached_shortest(*args, max_width=NARROW_WIDTH)
+    found = cached_shortest(*args, max_width=NARROW_WIDTH, until_narrowed=len(grammar) < LARGE_GRAMMAR)
     wide_fits = search_clock() + MAX_WIDTH / NARROW_WIDTH * found.seconds < bytes_by
     if found.narrowed and (found.data is None or wide_fits):  # the wide search decides, the narrow one backs it
         wide = cached_shortest(*args, max_width=MAX_WIDTH)

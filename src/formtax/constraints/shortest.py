@@ -211,7 +211,8 @@ def is_json_document(grammar: str) -> bool:
 
 def shortest_bytes(start: llguidance.LLMatcher, before: bytes, max_bytes: int, deadline: float,
                    accept: Callable[[bytes], bool] | None = None, extra: int = 0, json_doc: bool = False,
-                   literals: Sequence[bytes] = (), max_nodes: int = 1 << 30, max_width: int = MAX_WIDTH) -> Found:
+                   literals: Sequence[bytes] = (), max_nodes: int = 1 << 30, max_width: int = MAX_WIDTH,
+                   until_narrowed: bool = False) -> Found:
     """The shortest byte string that takes ``start`` (a byte matcher, untouched) to an accepting state (module
     docstring). ``before``: the text that led to ``start`` (its bracket stack; the oracle reads it whole).
     ``json_doc`` (:func:`is_json_document`): the search is an A* whose lower bound is the number of brackets and
@@ -220,7 +221,8 @@ def shortest_bytes(start: llguidance.LLMatcher, before: bytes, max_bytes: int, d
     machine's load (so an output never does); past either it stops with ``timed_out``.
     ``literals`` (the grammar's, and with an oracle the schema's strings): a state's progress along them is part of
     its fingerprint, so ``"t`` on the way to ``"then"`` is not merged with ``"a``. ``max_width``: the states kept per
-    byte length (the module docstring)."""
+    byte length (the module docstring); ``until_narrowed``: stop (None, ``narrowed``) at the first state the width
+    turns away."""
     prefixes = {lit[:k] for lit in literals for k in range(1, len(lit) + 1)}
     longest = max((len(p) for p in prefixes), default=0)
 
@@ -309,6 +311,8 @@ def shortest_bytes(start: llguidance.LLMatcher, before: bytes, max_bytes: int, d
             if g > max_bytes or key in seen:
                 continue
             if width.get(n, 0) >= max_width:
+                if until_narrowed:
+                    return Found(None, narrowed=True, work=work)
                 narrowed = True
                 continue
             if forced:
@@ -330,7 +334,7 @@ class _Entry:
     bound: int  # the max_bytes it was searched with
 
 
-_FOUND: LRU[tuple[str, str, bytes, bool, int], _Entry] = LRU(8192)
+_FOUND: LRU[tuple[str, str, bytes, bool, int, bool], _Entry] = LRU(8192)
 """Byte searches by (grammar, oracle's name, the state's fingerprint: a digest of the bytes from the grammar's
 start, which determine the engine's state). A hit is what a fresh search would return (it is deterministic); one that
 timed out is never kept."""
@@ -339,11 +343,12 @@ timed out is never kept."""
 def cached_shortest(grammar: str, oracle: str, start: Callable[[], llguidance.LLMatcher], before: bytes,
                     max_bytes: int, deadline: float, accept: Callable[[bytes], bool] | None = None,
                     extra: int = 0, literals: Sequence[bytes] = (), max_nodes: int = 1 << 30,
-                    max_width: int = MAX_WIDTH) -> Found:
+                    max_width: int = MAX_WIDTH, until_narrowed: bool = False) -> Found:
     """:func:`shortest_bytes` from the state ``before`` leads to, through the cache: a completion found within a
     bound serves every bound it fits; a proof that none exists within a bound serves every smaller bound."""
     began = search_clock()
-    key = (grammar, oracle, hashlib.blake2b(before, digest_size=16).digest(), accept is not None, max_width)
+    key = (grammar, oracle, hashlib.blake2b(before, digest_size=16).digest(), accept is not None, max_width,
+           until_narrowed)
     hit = _FOUND.get(key)
     if hit is not None:
         d = hit.found.data
@@ -355,7 +360,7 @@ def cached_shortest(grammar: str, oracle: str, start: Callable[[], llguidance.LL
     searching = search_clock()
     deadline += searching - began
     found = shortest_bytes(state, before, max_bytes, deadline, accept, extra, is_json_document(grammar), literals,
-                           max_nodes, max_width)
+                           max_nodes, max_width, until_narrowed)
     found.seconds = search_clock() - searching
     if not (found.timed_out or found.unusable):
         _FOUND.put(key, _Entry(found, max_bytes))
