@@ -15,7 +15,8 @@ How "a completion still fits" is decided (ours; llguidance exposes no shortest-c
   tokenizer (:mod:`formtax.constraints.shortest`), and writes it in the model's tokens (canonical tokenisation,
   checked by the engine); the token beam of :mod:`formtax.constraints.beam` runs only where that cannot be done.
   It runs narrow first (:data:`NARROW_WIDTH` states per byte length): where that search turned no state away it was
-  the whole search; else the wide one decides and the narrow one's completion backs it (:func:`find_witness`).
+  the whole search; else the wide one decides and, on a large grammar, the narrow one's completion backs it
+  (:func:`find_witness`).
   Searches are bounded in work (states expanded) and, as a backstop, in time; a JSON schema whose every instance
   needs more bytes than the budget can carry is refused before anything compiles
   (:mod:`formtax.constraints.closing_bound`). Any witness is real (the engine accepted every token), so the
